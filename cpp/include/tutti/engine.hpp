@@ -1,0 +1,142 @@
+// The batch I/O contract shared by the io_uring and the POSIX engines.
+//
+// A batch is n requests given as parallel arrays: file index, file offset,
+// nbytes, memory address. Each request gets one int32 result: nbytes on success,
+// -errno on failure. A request is never reported partial: short transfers and
+// -EAGAIN are re-queued inside the engine. Consecutive requests that are
+// contiguous in the file are coalesced into one operation (one SQE, one
+// preadv); an operation fails or succeeds as a whole.
+//
+// Thread safety: reads and writes go through separate submission paths (two
+// rings, two worker pools), each serialised by its own mutex, so a read batch
+// and a write batch from two threads proceed concurrently. Opening and closing
+// files may happen while batches run.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+namespace tutti {
+
+enum class Op : int { kRead = 0, kWrite = 1 };
+
+struct Counters {
+  std::atomic<uint64_t> batches{0};      // submit() calls
+  std::atomic<uint64_t> requests{0};     // requests in those batches
+  std::atomic<uint64_t> bytes{0};        // bytes moved successfully
+  std::atomic<uint64_t> submissions{0};  // SQEs prepared / preadv calls issued
+  std::atomic<uint64_t> enter_calls{0};  // io_uring_enter (or preadv/pwritev) system calls
+  std::atomic<uint64_t> requeues{0};     // short transfers and -EAGAIN re-queued
+  std::atomic<uint64_t> errors{0};       // requests that ended with -errno
+};
+
+// A batch described by the caller; arrays are owned by the caller.
+struct Batch {
+  const int64_t* file = nullptr;
+  const int64_t* offset = nullptr;
+  const int64_t* nbytes = nullptr;
+  const uint64_t* addr = nullptr;
+  size_t n = 0;
+};
+
+// Registered memory regions (for READ_FIXED / WRITE_FIXED), sorted by address.
+struct BufferMap {
+  struct Region {
+    uint64_t start;
+    uint64_t end;
+    int index;  // registered buffer index
+  };
+  std::vector<Region> regions;
+  // Index of the registered buffer holding [addr, addr+len), or -1.
+  int find(uint64_t addr, uint64_t len) const;
+};
+
+// One I/O operation: a file-contiguous run of requests.
+struct IoOp {
+  int64_t file;
+  int64_t offset;
+  int64_t nbytes;
+  int64_t done = 0;
+  uint32_t iov_begin;
+  uint32_t iov_count;
+  uint32_t req_begin;
+  uint32_t req_end;
+  int buf_index = -1;  // registered buffer for a single-iovec op, or -1
+};
+
+struct Plan {
+  std::vector<IoOp> ops;
+  std::vector<iovec> iovs;
+};
+
+// Coalescing policy for build_plan.
+struct PlanPolicy {
+  bool vectored = true;        // merge file-contiguous requests into one op with several iovecs
+  size_t max_iov = 1024;       // IOV_MAX
+  int64_t max_op_bytes = 1 << 30;
+  const BufferMap* buffers = nullptr;  // split fixed ops at registered-buffer boundaries
+};
+
+// Validate requests (bad ones get -EINVAL/-EBADF in results) and coalesce the rest.
+Plan build_plan(const Batch& b, const PlanPolicy& policy, size_t nfiles, int32_t* results);
+// Advance an op after a short transfer of `res` bytes (adjusts its iovecs).
+void advance_op(Plan& plan, IoOp& op, int64_t res);
+// Mark every request of op with result r (nbytes on success, -errno on failure).
+void finish_op(const Plan& plan, const IoOp& op, const Batch& b, int err, int32_t* results,
+               Counters& c);
+
+// Open files shared by an engine's submission paths.
+class FileTable {
+ public:
+  ~FileTable();
+  int open(const std::string& path, bool writable, bool direct);  // -> file index
+  void close(int index);
+  int fd(int index) const;  // -1 when closed
+  size_t size() const;
+  std::string path(int index) const;
+  void close_all();
+
+ private:
+  mutable std::shared_mutex mu_;
+  std::vector<int> fds_;
+  std::vector<std::string> paths_;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual std::string name() const = 0;
+  // Open a file (O_DIRECT when direct) and return its index for batches.
+  virtual int open_file(const std::string& path, bool writable, bool direct);
+  virtual void close_file(int index);
+  // Register [addr, addr+len) regions for fixed I/O; returns how many were registered
+  // (0 when the engine does not use registered buffers).
+  virtual int register_buffers(const std::vector<std::pair<uint64_t, uint64_t>>& regions) = 0;
+  virtual void unregister_buffers() = 0;
+  // Run one batch to completion. results has b.n entries.
+  virtual void submit(Op op, const Batch& b, int32_t* results) = 0;
+  virtual void close() = 0;
+
+  Counters counters;
+  FileTable files;
+};
+
+struct EngineOptions {
+  unsigned queue_depth = 1024;  // SQ entries per ring / in-flight ops per batch
+  bool vectored = true;         // coalesce file-contiguous requests into READV/WRITEV
+  bool register_files = true;
+  unsigned threads = 8;         // posix engine: workers per direction
+};
+
+std::unique_ptr<Engine> make_uring_engine(const EngineOptions& opt);  // throws SysError
+std::unique_ptr<Engine> make_posix_engine(const EngineOptions& opt);
+bool uring_compiled();
+
+}  // namespace tutti

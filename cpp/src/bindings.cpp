@@ -1,0 +1,145 @@
+// pybind11 bindings only: int64 arrays in, one int32 result per request out,
+// GIL released for the whole batch. No logic lives here.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "tutti/engine.hpp"
+#include "tutti/error.hpp"
+#include "tutti/memory.hpp"
+
+namespace py = pybind11;
+using tutti::Engine;
+
+namespace {
+
+using I64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+using U64 = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
+
+size_t same_length(std::initializer_list<py::ssize_t> sizes) {
+  py::ssize_t n = *sizes.begin();
+  for (auto s : sizes) TUTTI_EXPECT(s == n, "batch arrays must have the same length");
+  return static_cast<size_t>(n);
+}
+
+py::array_t<int32_t> submit(Engine& e, tutti::Op op, const I64& file, const I64& offset,
+                            const I64& nbytes, const U64& addr) {
+  size_t n = same_length({file.size(), offset.size(), nbytes.size(), addr.size()});
+  py::array_t<int32_t> results(static_cast<py::ssize_t>(n));
+  tutti::Batch b{file.data(), offset.data(), nbytes.data(), addr.data(), n};
+  int32_t* out = results.mutable_data();
+  {
+    py::gil_scoped_release release;
+    e.submit(op, b, out);
+  }
+  return results;
+}
+
+py::dict counters(const Engine& e) {
+  const auto& c = e.counters;
+  py::dict d;
+  d["batches"] = c.batches.load();
+  d["requests"] = c.requests.load();
+  d["bytes"] = c.bytes.load();
+  d["submissions"] = c.submissions.load();
+  d["enter_calls"] = c.enter_calls.load();
+  d["requeues"] = c.requeues.load();
+  d["errors"] = c.errors.load();
+  return d;
+}
+
+std::unique_ptr<Engine> make_engine(const std::string& kind, unsigned queue_depth, bool vectored,
+                                    unsigned threads) {
+  tutti::EngineOptions opt;
+  opt.queue_depth = queue_depth;
+  opt.vectored = vectored;
+  opt.threads = threads;
+  if (kind == "uring") return tutti::make_uring_engine(opt);
+  if (kind == "posix") return tutti::make_posix_engine(opt);
+  throw tutti::Error("unknown engine kind '" + kind + "' (expected uring or posix)", __FILE__,
+                     __LINE__);
+}
+
+py::array_t<uint64_t> checksum_groups(const U64& addr, const I64& len, const I64& group_start,
+                                      unsigned threads) {
+  same_length({addr.size(), len.size()});
+  TUTTI_EXPECT(group_start.size() >= 1, "group_start needs at least one entry");
+  size_t ngroups = static_cast<size_t>(group_start.size() - 1);
+  const int64_t* gs = group_start.data();
+  for (size_t g = 0; g < ngroups; ++g)
+    TUTTI_EXPECT(gs[g] >= 0 && gs[g] <= gs[g + 1] && gs[g + 1] <= addr.size(),
+                 "group_start must be non-decreasing and within the arrays");
+  py::array_t<uint64_t> out(static_cast<py::ssize_t>(ngroups));
+  uint64_t* o = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    tutti::checksum_groups(addr.data(), len.data(), gs, ngroups, o, threads);
+  }
+  return out;
+}
+
+void memcpy_batch(const U64& dst, const U64& src, const I64& len, unsigned threads) {
+  size_t n = same_length({dst.size(), src.size(), len.size()});
+  py::gil_scoped_release release;
+  tutti::memcpy_batch(dst.data(), src.data(), len.data(), n, threads);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_engine, m) {
+  m.doc() = "tutti_hicache I/O engine (io_uring / POSIX), checksums and aligned buffers";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const tutti::SysError& e) {
+      py::object exc = py::module_::import("builtins").attr("OSError")(
+          e.err(), e.what(), e.path().empty() ? py::object(py::none()) : py::str(e.path()));
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    } catch (const tutti::Error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  py::class_<Engine>(m, "Engine")
+      .def_property_readonly("name", &Engine::name)
+      .def("open_file", &Engine::open_file, py::arg("path"), py::arg("writable"),
+           py::arg("direct") = true, py::call_guard<py::gil_scoped_release>())
+      .def("close_file", &Engine::close_file, py::call_guard<py::gil_scoped_release>())
+      .def("register_buffers", &Engine::register_buffers, py::arg("regions"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("unregister_buffers", &Engine::unregister_buffers,
+           py::call_guard<py::gil_scoped_release>())
+      .def("read", [](Engine& e, const I64& f, const I64& o, const I64& n, const U64& a) {
+            return submit(e, tutti::Op::kRead, f, o, n, a);
+          }, py::arg("file"), py::arg("offset"), py::arg("nbytes"), py::arg("addr"))
+      .def("write", [](Engine& e, const I64& f, const I64& o, const I64& n, const U64& a) {
+            return submit(e, tutti::Op::kWrite, f, o, n, a);
+          }, py::arg("file"), py::arg("offset"), py::arg("nbytes"), py::arg("addr"))
+      .def("counters", &counters)
+      .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>());
+
+  m.def("make_engine", &make_engine, py::arg("kind"), py::arg("queue_depth") = 1024,
+        py::arg("vectored") = true, py::arg("threads") = 8);
+  m.def("uring_compiled", &tutti::uring_compiled);
+  m.def("checksum_groups", &checksum_groups, py::arg("addr"), py::arg("nbytes"),
+        py::arg("group_start"), py::arg("threads") = 1);
+  m.def("checksum", [](py::buffer b) {
+    py::buffer_info info = b.request();
+    return tutti::checksum(info.ptr, static_cast<size_t>(info.size * info.itemsize));
+  });
+  m.def("memcpy_batch", &memcpy_batch, py::arg("dst"), py::arg("src"), py::arg("nbytes"),
+        py::arg("threads") = 1);
+
+  py::class_<tutti::AlignedBuffer>(m, "AlignedBuffer", py::buffer_protocol())
+      .def(py::init<size_t>(), py::arg("nbytes"))
+      .def_property_readonly("address",
+                             [](const tutti::AlignedBuffer& b) {
+                               return reinterpret_cast<uint64_t>(b.data());
+                             })
+      .def_property_readonly("nbytes", &tutti::AlignedBuffer::nbytes)
+      .def_buffer([](tutti::AlignedBuffer& b) {
+        return py::buffer_info(b.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.nbytes())}, {1});
+      });
+}

@@ -1,0 +1,92 @@
+// Byte work that must not run in Python: payload checksums (XXH3-64 over a slot's
+// pieces), batched memcpy for the aligned bounce path, and page-aligned buffers.
+#include "tutti/memory.hpp"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "tutti/error.hpp"
+
+namespace tutti {
+namespace {
+
+// Run fn(begin, end) over [0, n) on up to `threads` threads, splitting by weight.
+template <class Fn>
+void parallel_ranges(size_t n, const std::vector<uint64_t>& weight_prefix, unsigned threads,
+                     Fn fn) {
+  const uint64_t total = weight_prefix.empty() ? 0 : weight_prefix.back();
+  constexpr uint64_t kMinPerThread = 32ull << 20;
+  unsigned t = static_cast<unsigned>(std::min<uint64_t>(threads, total / kMinPerThread + 1));
+  t = std::max(1u, std::min<unsigned>(t, static_cast<unsigned>(n ? n : 1)));
+  if (t == 1) {
+    fn(0, n);
+    return;
+  }
+  std::vector<size_t> cuts{0};
+  for (unsigned k = 1; k < t; ++k) {
+    uint64_t target = total * k / t;
+    size_t i = std::lower_bound(weight_prefix.begin(), weight_prefix.end(), target) -
+               weight_prefix.begin();
+    cuts.push_back(std::max(cuts.back(), std::min(i, n)));
+  }
+  cuts.push_back(n);
+  std::vector<std::thread> pool;
+  for (unsigned k = 1; k < t; ++k) pool.emplace_back(fn, cuts[k], cuts[k + 1]);
+  fn(cuts[0], cuts[1]);
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace
+
+void checksum_groups(const uint64_t* addr, const int64_t* len, const int64_t* group_start,
+                     size_t ngroups, uint64_t* out, unsigned threads) {
+  std::vector<uint64_t> prefix(ngroups);
+  uint64_t acc = 0;
+  for (size_t g = 0; g < ngroups; ++g) {
+    for (int64_t i = group_start[g]; i < group_start[g + 1]; ++i) acc += len[i];
+    prefix[g] = acc;
+  }
+  parallel_ranges(ngroups, prefix, threads, [&](size_t begin, size_t end) {
+    XXH3_state_t* st = XXH3_createState();
+    for (size_t g = begin; g < end; ++g) {
+      XXH3_64bits_reset(st);
+      for (int64_t i = group_start[g]; i < group_start[g + 1]; ++i)
+        XXH3_64bits_update(st, reinterpret_cast<const void*>(addr[i]), len[i]);
+      out[g] = XXH3_64bits_digest(st);
+    }
+    XXH3_freeState(st);
+  });
+}
+
+uint64_t checksum(const void* data, size_t n) { return XXH3_64bits(data, n); }
+
+void memcpy_batch(const uint64_t* dst, const uint64_t* src, const int64_t* len, size_t n,
+                  unsigned threads) {
+  std::vector<uint64_t> prefix(n);
+  uint64_t acc = 0;
+  for (size_t i = 0; i < n; ++i) prefix[i] = (acc += len[i]);
+  parallel_ranges(n, prefix, threads, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i)
+      std::memcpy(reinterpret_cast<void*>(dst[i]), reinterpret_cast<const void*>(src[i]), len[i]);
+  });
+}
+
+AlignedBuffer::AlignedBuffer(size_t nbytes) : nbytes_(nbytes) {
+  TUTTI_EXPECT(nbytes > 0, "AlignedBuffer: nbytes must be positive");
+  void* p = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) TUTTI_SYS_FAIL(errno, "mmap " + std::to_string(nbytes) + " bytes", "");
+  data_ = p;
+}
+
+AlignedBuffer::~AlignedBuffer() {
+  if (data_) munmap(data_, nbytes_);
+}
+
+}  // namespace tutti

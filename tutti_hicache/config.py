@@ -1,0 +1,184 @@
+"""One frozen configuration for the store, the SGLang backend and the linker.
+
+At a glance:
+    TuttiConfig.from_sources(extra_config, env=os.environ) -> TuttiConfig
+    SETTINGS: the table of every key (name, type, default, meaning); docs/settings.md mirrors it.
+
+Each setting ``<name>`` is read from the key ``tutti_<name>`` of SGLang's extra config
+(``--hicache-storage-backend-extra-config`` or the linker's ``linker_extra_config``), else
+from the environment variable ``TUTTI_HICACHE_<NAME>``, else its default. Keys without the
+``tutti_`` prefix belong to SGLang and are ignored here. An unknown ``tutti_`` key, a wrong
+type, an out-of-range value or an unusable directory raises ``ValueError`` naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+PREFIX = "tutti_"
+ENV_PREFIX = "TUTTI_HICACHE_"
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    kind: str  # "str", "int", "float", "bool", "dirs", "choice"
+    default: Any
+    doc: str
+    choices: tuple = ()
+    minimum: Optional[float] = None
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("dirs", "dirs", (), "Store directories, one per SSD (JSON list, or a comma/colon separated string in the env var). Required."),
+    Setting("capacity_gb", "float", 64.0, "Byte cap of this identity's store, over all directories together (GB = 2^30 bytes).", minimum=0.0),
+    Setting("engine", "choice", "auto", "I/O engine: auto (io_uring, else POSIX threads, reason logged once), uring, posix.", ("auto", "uring", "posix")),
+    Setting("io_mode", "choice", "vectored", "io_uring coalescing: vectored (one READV per file-contiguous run) or fixed (one READ_FIXED per memory-contiguous run on registered buffers).", ("vectored", "fixed")),
+    Setting("queue_depth", "int", 1024, "io_uring entries per ring = operations in flight per batch.", minimum=8),
+    Setting("threads", "int", 8, "POSIX engine workers per direction, and checksum/copy threads.", minimum=1),
+    Setting("verify", "bool", True, "Verify the XXH3 checksum of every page read (slots published by another process are always verified)."),
+    Setting("revision", "str", "", "Weights revision, part of the identity: a weight update never replays stale KV."),
+    Setting("model", "str", "", "Model identity override (default: SGLang's model_name)."),
+    Setting("segment_gb", "float", 1.0, "Size of one preallocated segment file.", minimum=1.0 / 1024),
+    Setting("durability", "choice", "none", "none: crash-consistent against process kills (payload before header, O_DIRECT); sync: also fdatasync before and after publishing headers (power-loss safe, slower).", ("none", "sync")),
+    Setting("rescan_interval_s", "float", 1.0, "Minimum seconds between re-scans of segments other processes changed (triggered by a miss).", minimum=0.0),
+    Setting("free_space_floor_gb", "float", 0.0, "Refuse to grow segment files when the filesystem would keep less free space than this.", minimum=0.0),
+)
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def _parse_bool(key: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return v.strip().lower() in ("1", "true", "yes", "on")
+    raise ValueError(f"{key}: expected a boolean, got {v!r}")
+
+
+def _parse_number(key: str, v: Any, cast: Callable) -> Any:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError(f"{key}: expected a number, got {v!r}")
+    try:
+        out = cast(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}: expected a number, got {v!r}") from None
+    if cast is int and isinstance(v, float) and v != out:
+        raise ValueError(f"{key}: expected an integer, got {v!r}")
+    return out
+
+
+def _parse_dirs(key: str, v: Any) -> tuple[str, ...]:
+    if isinstance(v, str):
+        text = v.strip()
+        if text.startswith("["):
+            v = json.loads(text)
+        else:
+            v = [p for p in text.replace(":", ",").split(",") if p.strip()]
+    if not isinstance(v, (list, tuple)) or not all(isinstance(p, str) and p for p in v):
+        raise ValueError(f"{key}: expected a list of directory paths, got {v!r}")
+    dirs = tuple(os.path.abspath(os.path.expanduser(p.strip())) for p in v)
+    if len(set(dirs)) != len(dirs):
+        raise ValueError(f"{key}: directories must be distinct, got {list(dirs)}")
+    return dirs
+
+
+def _parse(setting: Setting, key: str, v: Any) -> Any:
+    if setting.kind == "bool":
+        return _parse_bool(key, v)
+    if setting.kind == "dirs":
+        return _parse_dirs(key, v)
+    if setting.kind in ("int", "float"):
+        out = _parse_number(key, v, int if setting.kind == "int" else float)
+        if setting.minimum is not None and out < setting.minimum:
+            raise ValueError(f"{key}: must be >= {setting.minimum}, got {v!r}")
+        return out
+    if not isinstance(v, str):
+        raise ValueError(f"{key}: expected a string, got {v!r}")
+    if setting.kind == "choice" and v not in setting.choices:
+        raise ValueError(f"{key}: expected one of {list(setting.choices)}, got {v!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class TuttiConfig:
+    dirs: tuple[str, ...] = ()
+    capacity_gb: float = 64.0
+    engine: str = "auto"
+    io_mode: str = "vectored"
+    queue_depth: int = 1024
+    threads: int = 8
+    verify: bool = True
+    revision: str = ""
+    model: str = ""
+    segment_gb: float = 1.0
+    durability: str = "none"
+    rescan_interval_s: float = 1.0
+    free_space_floor_gb: float = 0.0
+
+    @property
+    def capacity_bytes(self) -> int:
+        return int(self.capacity_gb * GiB)
+
+    @property
+    def segment_bytes(self) -> int:
+        return int(self.segment_gb * GiB)
+
+    @classmethod
+    def from_sources(cls, extra_config: Optional[Mapping[str, Any]] = None,
+                     env: Optional[Mapping[str, str]] = None, **overrides: Any) -> "TuttiConfig":
+        """Merge defaults < environment < extra_config < overrides, validate, and return."""
+        env = os.environ if env is None else env
+        extra = dict(extra_config or {})
+        unknown = [k for k in extra if k.startswith(PREFIX) and k[len(PREFIX):] not in _BY_NAME]
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown tutti setting (known: {sorted(PREFIX + s.name for s in SETTINGS)})")
+        values: dict[str, Any] = {}
+        for s in SETTINGS:
+            env_key = ENV_PREFIX + s.name.upper()
+            if PREFIX + s.name in extra:
+                values[s.name] = _parse(s, PREFIX + s.name, extra[PREFIX + s.name])
+            elif env.get(env_key, "") != "":
+                values[s.name] = _parse(s, env_key, env[env_key])
+        for name, v in overrides.items():
+            if name not in _BY_NAME:
+                raise ValueError(f"{PREFIX}{name}: unknown tutti setting")
+            values[name] = _parse(_BY_NAME[name], PREFIX + name, v)
+        return cls(**values)
+
+    def with_(self, **changes: Any) -> "TuttiConfig":
+        for name, v in changes.items():
+            _parse(_BY_NAME[name], PREFIX + name, v)
+        return dataclasses.replace(self, **changes)
+
+
+def check_dirs(cfg: TuttiConfig) -> None:
+    """Create missing store directories (0700) and check they are writable directories."""
+    if not cfg.dirs:
+        raise ValueError(f"{PREFIX}dirs: at least one store directory is required "
+                         f"(or set {ENV_PREFIX}DIRS)")
+    for d in cfg.dirs:
+        try:
+            os.makedirs(d, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"{PREFIX}dirs: cannot create {d}: {e.strerror}") from None
+        if not os.path.isdir(d):
+            raise ValueError(f"{PREFIX}dirs: {d} is not a directory")
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise ValueError(f"{PREFIX}dirs: {d} is not writable")
+
+
+def settings_markdown() -> str:
+    """The table of docs/settings.md, generated from SETTINGS."""
+    rows = ["| key | env var | type | default | meaning |", "| --- | --- | --- | --- | --- |"]
+    for s in SETTINGS:
+        kind = "|".join(s.choices) if s.kind == "choice" else s.kind
+        default = json.dumps(list(s.default)) if s.kind == "dirs" else json.dumps(s.default)
+        rows.append(f"| `{PREFIX}{s.name}` | `{ENV_PREFIX}{s.name.upper()}` | {kind} | `{default}` | {s.doc} |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,84 @@
+"""Loads the C++ extension and picks the I/O engine.
+
+At a glance:
+    extension() -> module          the compiled ``tutti_hicache._engine`` (clear ImportError if absent)
+    open_engine(cfg) -> Engine      io_uring, or the POSIX thread pool; `auto` logs why it fell back
+    probe_o_direct(dir) -> bool     whether files in `dir` accept O_DIRECT
+
+An Engine moves batches of requests given as arrays (file index, file offset, nbytes,
+address): ``engine.read(...)`` / ``engine.write(...)`` return one int32 per request (nbytes
+or -errno), with the GIL released for the whole batch. Reads and writes have separate
+submission paths (two rings / two worker pools), so one thread's write batch never waits
+behind another thread's read batch in the engine.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import tempfile
+from types import ModuleType
+
+logger = logging.getLogger("tutti_hicache.engine")
+_ext: ModuleType | None = None
+_fallback_logged = False
+
+
+def extension() -> ModuleType:
+    global _ext
+    if _ext is None:
+        try:
+            from . import _engine  # type: ignore[attr-defined]
+        except ImportError as e:
+            raise ImportError(
+                "tutti_hicache._engine (the C++ I/O engine) is not built; install the package "
+                "with `pip install .` (needs a C++17 compiler, cmake, and libxxhash-dev; "
+                f"liburing-dev for the io_uring engine): {e}") from e
+        _ext = _engine
+    return _ext
+
+
+def open_engine(kind: str = "auto", queue_depth: int = 1024, vectored: bool = True,
+                threads: int = 8):
+    """Create an engine. kind: auto | uring | posix. `uring` raises OSError if unavailable."""
+    ext = extension()
+    if kind not in ("auto", "uring", "posix"):
+        raise ValueError(f"tutti_engine: expected auto, uring or posix, got {kind!r}")
+    if kind in ("auto", "uring"):
+        try:
+            return ext.make_engine("uring", queue_depth, vectored, threads)
+        except OSError as e:
+            if kind == "uring":
+                raise
+            _log_fallback(e)
+    return ext.make_engine("posix", queue_depth, vectored, threads)
+
+
+def _log_fallback(err: OSError) -> None:
+    global _fallback_logged
+    if _fallback_logged:
+        return
+    _fallback_logged = True
+    reason = {
+        errno.ENOSYS: "io_uring is not available (kernel without it, or tutti built without liburing)",
+        errno.EPERM: "io_uring is blocked (e.g. a container seccomp profile)",
+        errno.EACCES: "io_uring is blocked (e.g. kernel.io_uring_disabled)",
+    }.get(err.errno, f"io_uring setup failed: {err}")
+    logger.warning("tutti: using the POSIX thread-pool engine: %s", reason)
+
+
+def probe_o_direct(directory: str) -> bool:
+    """True when a file created in `directory` can be opened with O_DIRECT."""
+    fd, path = tempfile.mkstemp(prefix=".tutti-probe-", dir=directory)
+    os.close(fd)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_DIRECT)
+        os.close(fd)
+        return True
+    except OSError as e:
+        if e.errno == errno.EINVAL:
+            return False
+        raise
+    finally:
+        os.unlink(path)

@@ -1,0 +1,172 @@
+"""Pure bookkeeping of the object store: key -> slot, LRU eviction, pins, free slots.
+
+At a glance (no I/O, no torch, no threads; the store holds the lock around every call):
+    grant(slots, dirty)          make slots allocatable by this process (its own segments)
+    reserve(key, evict) -> Reservation | None
+                                 a free slot, or the least recently used unpinned own entry
+                                 evicted when `evict`; None when neither exists
+    publish(res, checksum, seq)  the reserved slot now holds key (visible to readers)
+    abort(res)                   give a reserved slot back (dirty: its header may be torn)
+    pin(keys) -> entries         pin present keys for a read (eviction skips pinned slots)
+    unpin(slots)
+    learn(slot, key, checksum, seq, owned)   an entry found on disk (rebuild, re-scan)
+    drop(key)                    forget a key (bad checksum, clear)
+
+A slot is "dirty" when it may hold a valid header on disk; the store writes a tombstone
+header before reusing a dirty slot so a torn rewrite can never be read as the old key.
+Only slots granted to this process are ever allocated or evicted; entries learned from
+other processes' segments are readable but never reused here.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+
+@dataclass
+class Entry:
+    slot: int
+    checksum: int
+    seq: int
+    owned: bool
+    pins: int = 0
+
+
+@dataclass(frozen=True)
+class Reservation:
+    key: str
+    slot: int
+    dirty: bool
+    evicted: Optional[str] = None  # key whose slot was taken
+
+
+class SlotIndex:
+    def __init__(self) -> None:
+        self.entries: dict[str, Entry] = {}
+        self.by_slot: dict[int, str] = {}
+        self.lru: OrderedDict[str, None] = OrderedDict()  # own, published, oldest first
+        self.free: deque[tuple[int, bool]] = deque()  # (slot, dirty)
+        self.reserved: dict[str, int] = {}
+        self.pinned_slots: dict[int, int] = {}
+        self.zombies: set[int] = set()  # own slots dropped while pinned: freed at last unpin
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.entries
+
+    def grant(self, slots: Iterable[int], dirty: bool) -> None:
+        self.free.extend((int(s), dirty) for s in slots)
+
+    def prefix_len(self, keys: list[str]) -> int:
+        """Number of leading keys present; touches them in the LRU."""
+        n = 0
+        for k in keys:
+            if k not in self.entries:
+                break
+            if k in self.lru:
+                self.lru.move_to_end(k)
+            n += 1
+        return n
+
+    def reserve(self, key: str, evict: bool) -> Optional[Reservation]:
+        if key in self.entries or key in self.reserved:
+            raise KeyError(f"reserve: {key} is already present or being written")
+        if self.free:
+            slot, dirty = self.free.popleft()
+            self.reserved[key] = slot
+            return Reservation(key, slot, dirty)
+        if not evict:
+            return None
+        victim = next((k for k in self.lru if self.entries[k].pins == 0), None)
+        if victim is None:
+            return None
+        slot = self.entries[victim].slot
+        self._remove(victim)
+        self.evictions += 1
+        self.reserved[key] = slot
+        return Reservation(key, slot, True, evicted=victim)
+
+    def publish(self, res: Reservation, checksum: int, seq: int) -> None:
+        del self.reserved[res.key]
+        self._add(res.key, Entry(res.slot, checksum, seq, owned=True))
+
+    def abort(self, res: Reservation) -> None:
+        del self.reserved[res.key]
+        self.free.appendleft((res.slot, True))
+
+    def pin(self, keys: list[str]) -> list[Optional[Entry]]:
+        out = []
+        for k in keys:
+            e = self.entries.get(k)
+            if e is not None:
+                e.pins += 1
+                self.pinned_slots[e.slot] = self.pinned_slots.get(e.slot, 0) + 1
+                if k in self.lru:
+                    self.lru.move_to_end(k)
+            out.append(e)
+        return out
+
+    def unpin(self, slots: Iterable[int]) -> None:
+        for s in slots:
+            n = self.pinned_slots.get(s, 0)
+            if n <= 1:
+                self.pinned_slots.pop(s, None)
+                if s in self.zombies:
+                    self.zombies.discard(s)
+                    self.free.append((s, True))
+            else:
+                self.pinned_slots[s] = n - 1
+            key = self.by_slot.get(s)
+            if key is not None and self.entries[key].pins > 0:
+                self.entries[key].pins -= 1
+
+    def learn(self, slot: int, key: str, checksum: int, seq: int, owned: bool) -> bool:
+        """Record an entry read from disk. Newer sequence numbers win; returns True if kept."""
+        old_key = self.by_slot.get(slot)
+        if old_key == key and self.entries[key].seq == seq:
+            if owned and not self.entries[key].owned:
+                self.entries[key].owned = True
+                self.lru[key] = None
+            return True
+        if old_key is not None:
+            self._remove(old_key)
+        cur = self.entries.get(key)
+        if cur is not None:
+            if cur.seq >= seq:
+                return False
+            self._remove(key)
+        self._add(key, Entry(slot, checksum, seq, owned))
+        return True
+
+    def forget_slot(self, slot: int) -> None:
+        key = self.by_slot.get(slot)
+        if key is not None:
+            self._remove(key)
+
+    def drop(self, key: str) -> Optional[int]:
+        """Forget key; an own slot goes back to the free list (dirty). Returns the slot."""
+        e = self.entries.get(key)
+        if e is None:
+            return None
+        self._remove(key)
+        if e.owned and e.slot in self.pinned_slots:
+            self.zombies.add(e.slot)
+        elif e.owned:
+            self.free.append((e.slot, True))
+        return e.slot
+
+    def _add(self, key: str, e: Entry) -> None:
+        self.entries[key] = e
+        self.by_slot[e.slot] = key
+        if e.owned:
+            self.lru[key] = None
+
+    def _remove(self, key: str) -> None:
+        e = self.entries.pop(key)
+        self.by_slot.pop(e.slot, None)
+        self.lru.pop(key, None)

@@ -1,0 +1,399 @@
+"""The object store: one slot per KV page in preallocated segment files, striped over dirs.
+
+At a glance:
+    store = ObjectStore(cfg, geometry, identity, writer=True)
+    store.prefix_len(keys) -> int                 leading keys present (memory only, no I/O)
+    store.read_pages(keys, addrs, aligned) -> bool[n]
+    store.write_pages(keys, addrs, aligned) -> bool[n]
+    store.clear(); store.close(); store.stats()
+
+`addrs` is a uint64 array [n_pages, objects_per_page] of host addresses, one per object in
+on-disk order (SlotLayout). `aligned` says every address and object size is a multiple of
+4 KiB, so objects move straight between disk and memory (O_DIRECT, zero copy); otherwise
+whole slots go through an aligned bounce buffer and C++ copies the pieces.
+
+On disk: <dir>/tutti-<fingerprint>/seg-<row>.dat, one "row" of segments = the same segment
+number in every directory. A writer process owns the rows it holds an exclusive flock on
+(allocation and eviction only there); every process reads every row, and re-scans the
+headers of rows that other processes changed when a lookup misses (rate limited).
+Publication order per write batch: tombstone headers of reused slots -> payloads -> headers.
+A reader trusts a slot only through a valid header (see header.py) and, when verifying,
+the payload's XXH3 checksum. Thread-safe: one lock around the index; I/O outside it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import header
+from .config import TuttiConfig, check_dirs
+from .engine import extension, open_engine
+from .index import SlotIndex
+from .layout import HEADER_NBYTES, PageGeometry, Placement, SlotLayout
+from .segments import SegmentFiles
+
+logger = logging.getLogger("tutti_hicache.store")
+
+
+@dataclass
+class StoreStats:
+    read_pages: int = 0
+    read_bytes: int = 0
+    read_seconds: float = 0.0
+    hits: int = 0
+    misses: int = 0
+    checksum_failures: int = 0
+    read_errors: int = 0
+    write_pages: int = 0
+    write_bytes: int = 0
+    write_seconds: float = 0.0
+    dedup_skips: int = 0
+    write_failures: int = 0
+    rescans: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class ObjectStore(SegmentFiles):
+    def __init__(self, cfg: TuttiConfig, geometry: PageGeometry, identity: dict,
+                 writer: bool = True, engine=None):
+        check_dirs(cfg)
+        self.cfg = cfg
+        self.layout = SlotLayout(geometry)
+        self.identity = dict(identity)
+        self.fingerprint = header.fingerprint(self.identity)
+        self.writer = writer
+        self.placement = Placement(len(cfg.dirs), self.layout.slot_nbytes, cfg.segment_bytes)
+        self.capacity_slots = cfg.capacity_bytes // self.layout.slot_nbytes
+        if self.capacity_slots < 1:
+            raise ValueError(f"tutti_capacity_gb: {cfg.capacity_gb} GB holds no slot of "
+                             f"{self.layout.slot_nbytes} bytes")
+        self.n_rows = self.placement.segments_for(self.capacity_slots)
+        self.ns_dirs = [os.path.join(d, "tutti-" + self.fingerprint.hex()) for d in cfg.dirs]
+        self.engine = engine or open_engine(cfg.engine, cfg.queue_depth,
+                                            cfg.io_mode == "vectored", cfg.threads)
+        self.index = SlotIndex()
+        self._lock = threading.RLock()
+        self._io_lock = {"r": threading.Lock(), "w": threading.Lock()}
+        self._staging = {}
+        self._zero = extension().AlignedBuffer(HEADER_NBYTES)
+        self._file_table = np.full((len(cfg.dirs), self.n_rows), -1, dtype=np.int64)
+        self._lock_fds: dict[int, list[int]] = {}
+        self._row_mtime: dict[int, list[int]] = {}
+        self._seq = time.time_ns()
+        self._stats = StoreStats()
+        self._last_rescan = 0.0
+        self._rescan_wanted = threading.Event()
+        self._dirty_slots: set[int] = set()
+        self._claim_checked: dict[int, float] = {}
+        self._closed = False
+        self._make_namespaces()
+        self._rebuild()
+
+    # ------------------------------------------------------------------ lookups
+    def prefix_len(self, keys: list[str]) -> int:
+        """Number of leading keys present (from memory). A short answer asks for a re-scan."""
+        with self._lock:
+            n = self.index.prefix_len(keys)
+        if n < len(keys):
+            self._request_rescan()
+        return n
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return key in self.index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    # -------------------------------------------------------------------- reads
+    def read_pages(self, keys: list[str], addrs: np.ndarray, aligned: bool) -> np.ndarray:
+        """Restore pages into host memory; per page True only when every byte is verified."""
+        t0 = time.perf_counter()
+        n = len(keys)
+        ok = np.zeros(n, dtype=bool)
+        with self._lock:
+            entries = self.index.pin(keys)
+        present = np.array([e is not None for e in entries], dtype=bool)
+        idx = np.flatnonzero(present)
+        slots = np.array([entries[i].slot for i in idx], dtype=np.int64)
+        try:
+            if len(idx):
+                ok[idx] = self._read_slots(slots, addrs[idx], aligned)
+                ok[idx] &= self._verify(entries, idx, addrs)
+        finally:
+            with self._lock:
+                self.index.unpin(slots.tolist())
+        self._account_read(ok, n, time.perf_counter() - t0)
+        return ok
+
+    def _read_slots(self, slots: np.ndarray, addrs: np.ndarray, aligned: bool) -> np.ndarray:
+        files, offsets = self._slot_files(slots)
+        lay = self.layout
+        m = len(lay.object_nbytes)
+        if aligned:
+            res = self.engine.read(np.repeat(files, m),
+                                   (offsets[:, None] + lay.object_offsets[None, :]).ravel(),
+                                   np.tile(lay.object_nbytes, len(slots)), addrs.ravel())
+            good = (res.reshape(len(slots), m) == lay.object_nbytes[None, :]).all(axis=1)
+            self._count_errors(res, "read")
+            return good
+        with self._io_lock["r"]:
+            stage = self._stage("r", len(slots))
+            base = stage.address + np.arange(len(slots), dtype=np.uint64) * lay.payload_nbytes
+            res = self.engine.read(files, offsets + HEADER_NBYTES,
+                                   np.full(len(slots), lay.payload_nbytes, np.int64), base)
+            good = res == lay.payload_nbytes
+            self._count_errors(res, "read")
+            src = base[:, None] + (lay.object_offsets - HEADER_NBYTES).astype(np.uint64)[None, :]
+            sel = np.flatnonzero(good)
+            extension().memcpy_batch(addrs[sel].ravel(), src[sel].ravel(),
+                                     np.tile(lay.object_nbytes, len(sel)), self.cfg.threads)
+            return good
+
+    def _verify(self, entries, idx: np.ndarray, addrs: np.ndarray) -> np.ndarray:
+        must = np.array([self.cfg.verify or not entries[i].owned for i in idx], dtype=bool)
+        good = np.ones(len(idx), dtype=bool)
+        if not must.any():
+            return good
+        sel = idx[must]
+        sums = self._checksums(addrs[sel])
+        expect = np.array([entries[i].checksum for i in sel], dtype=np.uint64)
+        bad = sums != expect
+        if bad.any():
+            good[np.flatnonzero(must)[bad]] = False
+            self._drop_corrupt([entries[i] for i in sel[bad]])
+        return good
+
+    def _drop_corrupt(self, bad_entries) -> None:
+        with self._lock:
+            for e in bad_entries:
+                key = self.index.by_slot.get(e.slot)
+                if key is not None:
+                    logger.warning("tutti: checksum mismatch in slot %d (key %s): dropped, "
+                                   "served as a miss", e.slot, key)
+                    self.index.drop(key)
+            self._stats.checksum_failures += len(bad_entries)
+
+    def _checksums(self, addrs: np.ndarray) -> np.ndarray:
+        n, m = addrs.shape
+        return extension().checksum_groups(
+            addrs.ravel(), np.tile(self.layout.object_nbytes, n),
+            np.arange(0, n * m + 1, m, dtype=np.int64), self.cfg.threads)
+
+    # ------------------------------------------------------------------- writes
+    def write_pages(self, keys: list[str], addrs: np.ndarray, aligned: bool) -> np.ndarray:
+        """Store pages not yet present; per page True when stored (or already there)."""
+        t0 = time.perf_counter()
+        n = len(keys)
+        ok = np.zeros(n, dtype=bool)
+        if not self.writer:
+            return ok
+        todo, reservations = self._reserve(keys, ok)
+        if todo:
+            idx = np.array(todo, dtype=np.int64)
+            written = self._write_reserved(reservations, addrs[idx], aligned)
+            ok[idx] = written
+        self._account_write(len(todo), int(ok[todo].sum()) if todo else 0,
+                            time.perf_counter() - t0)
+        return ok
+
+    def _reserve(self, keys: list[str], ok: np.ndarray):
+        todo, res = [], []
+        with self._lock:
+            for i, k in enumerate(keys):
+                if header.encode_key(k) is None:
+                    logger.warning("tutti: unusable key %r (not a non-empty str of <= %d bytes)",
+                                   k, header.MAX_KEY_BYTES)
+                    continue
+                if k in self.index or k in self.index.reserved:
+                    ok[i] = True
+                    self.index.prefix_len([k])
+                    self._stats.dedup_skips += 1
+                    continue
+                r = self._reserve_one(k)
+                if r is not None:
+                    todo.append(i)
+                    res.append(r)
+        return todo, res
+
+    def _reserve_one(self, key: str):
+        r = self.index.reserve(key, evict=False)
+        while r is None and self._claim_next_row():
+            r = self.index.reserve(key, evict=False)
+        return r or self.index.reserve(key, evict=True)
+
+    def _write_reserved(self, res: list, addrs: np.ndarray, aligned: bool) -> np.ndarray:
+        slots = np.array([r.slot for r in res], dtype=np.int64)
+        files, offsets = self._slot_files(slots)
+        sums = self._checksums(addrs)
+        with self._lock:
+            seqs = self._seq + 1 + np.arange(len(res), dtype=np.uint64)
+            self._seq += len(res)
+        good = self._tombstone(res, files, offsets)
+        good &= self._write_payloads(files, offsets, addrs, aligned)
+        self._sync(files[good])
+        good &= self._write_headers(res, slots, files, offsets, sums, seqs, good)
+        self._sync(files[good])
+        with self._lock:
+            for r, g, c, q in zip(res, good, sums, seqs):
+                if g:
+                    self.index.publish(r, int(c), int(q))
+                else:
+                    self.index.abort(r)
+        return good
+
+    def _tombstone(self, res, files, offsets) -> np.ndarray:
+        good = np.ones(len(res), dtype=bool)
+        dirty = np.flatnonzero([r.dirty for r in res])
+        if len(dirty):
+            out = self.engine.write(files[dirty], offsets[dirty],
+                                    np.full(len(dirty), HEADER_NBYTES, np.int64),
+                                    np.full(len(dirty), self._zero.address, np.uint64))
+            good[dirty] = out == HEADER_NBYTES
+            self._count_errors(out, "write")
+        return good
+
+    def _write_payloads(self, files, offsets, addrs, aligned) -> np.ndarray:
+        lay = self.layout
+        n, m = addrs.shape
+        if aligned:
+            res = self.engine.write(np.repeat(files, m),
+                                    (offsets[:, None] + lay.object_offsets[None, :]).ravel(),
+                                    np.tile(lay.object_nbytes, n), addrs.ravel())
+            self._count_errors(res, "write")
+            return (res.reshape(n, m) == lay.object_nbytes[None, :]).all(axis=1)
+        with self._io_lock["w"]:
+            stage = self._stage("w", n)
+            base = stage.address + np.arange(n, dtype=np.uint64) * lay.payload_nbytes
+            dst = base[:, None] + (lay.object_offsets - HEADER_NBYTES).astype(np.uint64)[None, :]
+            extension().memcpy_batch(dst.ravel(), addrs.ravel(), np.tile(lay.object_nbytes, n),
+                                     self.cfg.threads)
+            res = self.engine.write(files, offsets + HEADER_NBYTES,
+                                    np.full(n, lay.payload_nbytes, np.int64), base)
+            self._count_errors(res, "write")
+            return res == lay.payload_nbytes
+
+    def _write_headers(self, res, slots, files, offsets, sums, seqs, good) -> np.ndarray:
+        sel = np.flatnonzero(good)
+        out = np.zeros(len(res), dtype=bool)
+        if not len(sel):
+            return out
+        buf = extension().AlignedBuffer(len(sel) * HEADER_NBYTES)
+        raw = np.frombuffer(buf, dtype=np.uint8).reshape(len(sel), HEADER_NBYTES)
+        header.pack(raw, [header.encode_key(res[i].key) for i in sel], slots[sel], seqs[sel],
+                    sums[sel], self.fingerprint, int(self.layout.object_nbytes.sum()),
+                    time.time_ns())
+        w = self.engine.write(files[sel], offsets[sel], np.full(len(sel), HEADER_NBYTES, np.int64),
+                              buf.address + np.arange(len(sel), dtype=np.uint64) * HEADER_NBYTES)
+        self._count_errors(w, "write")
+        out[sel] = w == HEADER_NBYTES
+        return out
+
+    def _sync(self, files: np.ndarray) -> None:
+        if self.cfg.durability != "sync":
+            return
+        for f in np.unique(files):
+            path = self._engine_paths.get(int(f))
+            if path:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
+
+    # ------------------------------------------------------------ maintenance
+    def clear(self) -> int:
+        """Forget every page this process owns and tombstone their headers on disk.
+
+        Pages published by other processes sharing the directories are left to them.
+        Returns the number of pages dropped."""
+        with self._lock:
+            own = [(k, e.slot) for k, e in self.index.entries.items() if e.owned]
+            for k, _ in own:
+                self.index.drop(k)
+            for k in [k for k, e in self.index.entries.items() if not e.owned]:
+                self.index.forget_slot(self.index.entries[k].slot)
+        if own:
+            slots = np.array([s for _, s in own], dtype=np.int64)
+            files, offsets = self._slot_files(slots)
+            self.engine.write(files, offsets, np.full(len(own), HEADER_NBYTES, np.int64),
+                              np.full(len(own), self._zero.address, np.uint64))
+        return len(own)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._rescan_wanted.set()
+        self.engine.close()
+        for fds in self._lock_fds.values():
+            for fd in fds:
+                os.close(fd)
+        self._lock_fds.clear()
+
+    def stats(self) -> dict:
+        with self._lock:
+            s = dict(self._stats.__dict__)
+            s.pop("extra")
+            s.update(pages=len(self.index), evictions=self.index.evictions,
+                     capacity_slots=self.capacity_slots, slot_nbytes=self.layout.slot_nbytes,
+                     owned_rows=len(self._lock_fds))
+        s["engine"] = self.engine.name
+        s.update({f"engine_{k}": v for k, v in self.engine.counters().items()})
+        return s
+
+    def register_memory(self, regions: list[tuple[int, int]]) -> int:
+        """Register host memory (the KV pool) with the engine for fixed-buffer I/O."""
+        self._registered = list(regions)
+        return self.engine.register_buffers(self._registered)
+
+    # ------------------------------------------------------------ internals
+    def _account_read(self, ok, n, seconds) -> None:
+        with self._lock:
+            s = self._stats
+            hit = int(ok.sum())
+            s.read_pages += n
+            s.hits += hit
+            s.misses += n - hit
+            s.read_bytes += hit * self.layout.geometry.page_nbytes
+            s.read_seconds += seconds
+
+    def _account_write(self, n, good, seconds) -> None:
+        with self._lock:
+            s = self._stats
+            s.write_pages += good
+            s.write_failures += n - good
+            s.write_bytes += good * self.layout.geometry.page_nbytes
+            s.write_seconds += seconds
+
+    def _count_errors(self, res: np.ndarray, what: str) -> None:
+        bad = res < 0
+        if bad.any():
+            first = int(res[bad][0])
+            with self._lock:
+                self._stats.read_errors += int(bad.sum()) if what == "read" else 0
+            logger.warning("tutti: %d %s request(s) failed (first: %s)", int(bad.sum()), what,
+                           os.strerror(-first))
+
+    def _stage(self, which: str, n_slots: int):
+        need = max(1, n_slots) * self.layout.payload_nbytes
+        buf = self._staging.get(which)
+        if buf is None or buf.nbytes < need:
+            buf = extension().AlignedBuffer(need)
+            self._staging[which] = buf
+        return buf
+
+    def _slot_files(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        d, row, off = self.placement.locate(slots)
+        return self._file_table[d, row], off
+
