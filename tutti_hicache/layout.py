@@ -10,8 +10,9 @@ At a glance:
 
 On-disk object order ("canonical"): K and V of layer 0, then layer 1, ... for MHA; one
 object per layer for MLA. Layer l of many pages is then one contiguous run per page.
-Host ``page_first`` pages cannot be split by layer without a gather: they are stored as
-the host's own objects (MHA: K then V, each all layers; MLA: one) under order "page_first".
+Host ``page_first`` (and MHA ``page_head``) pages cannot be split by layer without a
+gather: they are stored as the host's own objects (MHA: K then V, each all layers; MLA: one)
+under their own order name, so they serve the host tier only.
 No I/O, no torch; all sizes in bytes.
 """
 
@@ -24,7 +25,7 @@ import numpy as np
 
 ALIGN = 4096
 HEADER_NBYTES = 4096
-ORDERS = ("canonical", "page_first")
+ORDERS = ("canonical", "page_first", "page_head")
 KINDS = ("mha", "mla")
 
 
@@ -61,7 +62,7 @@ class PageGeometry:
     def object_nbytes(self) -> tuple[int, ...]:
         p, n_l = self.page_size, self.num_layers
         kb, vb = p * self.k_token_bytes, p * self.v_token_bytes
-        if self.order == "page_first":
+        if self.order != "canonical":
             return (kb * n_l,) if self.kind == "mla" else (kb * n_l, vb * n_l)
         if self.kind == "mla":
             return (kb,) * n_l

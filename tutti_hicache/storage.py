@@ -1,0 +1,215 @@
+"""TuttiStorage: SGLang's HiCacheStorage (L3 below the host pool) on the tutti object store.
+
+At a glance (SGLang calls; thread in brackets):
+    TuttiStorage(storage_config, kwargs)            [scheduler] validates tutti_* settings
+    register_mem_pool_host(pool)                    [scheduler] maps + registers the host pool,
+                                                    opens the store (index rebuilt from disk)
+    batch_exists(keys) -> int                       [prefetch] leading run present, memory only
+    batch_get_v1(keys, host_indices) -> [bool]      [io-aux] one engine batch, zero copy
+    batch_set_v1(keys, host_indices) -> [bool]      [backup] dedupe, then one engine batch per phase
+    get/batch_get/set/batch_set/exists              legacy flat-page API (SGLang's generic path)
+    clear() / close() / get_stats()                 [scheduler]
+
+Selected unpatched with ``--hicache-storage-backend dynamic
+--hicache-storage-backend-extra-config '{"backend_name":"tutti","module_path":
+"tutti_hicache.storage","class_name":"TuttiStorage","interface_v1":1,"tutti_dirs":[...]}'``,
+or as ``--hicache-storage-backend tutti`` through the plugin or the patch set.
+I/O failures never raise into SGLang's threads: they become False (a miss) and a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, List, Optional
+
+import numpy as np
+import torch
+
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+
+from .config import TuttiConfig, check_dirs
+from .hostmap import HostMap
+from .store import ObjectStore
+
+logger = logging.getLogger("tutti_hicache.storage")
+
+
+def _storage_metrics_cls():
+    try:
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+    except ImportError:  # older SGLang
+        from sglang.srt.metrics.collector import StorageMetrics  # type: ignore
+    return StorageMetrics
+
+
+def identity_of(cfg: TuttiConfig, sc: HiCacheStorageConfig, hm: HostMap) -> dict:
+    """Everything that makes two processes' pages interchangeable (the namespace)."""
+    g = hm.geometry
+    pool = hm.pool
+    ident = {
+        "format": 1, "model": cfg.model or sc.model_name or "", "revision": cfg.revision,
+        "kind": g.kind, "dtype": str(pool.dtype).replace("torch.", ""), "layers": g.num_layers,
+        "page_size": g.page_size, "k_token_bytes": g.k_token_bytes,
+        "v_token_bytes": g.v_token_bytes, "order": g.order,
+        "pp": [sc.pp_rank, sc.pp_size], "cp": [sc.attn_cp_rank, sc.attn_cp_size],
+    }
+    if g.kind == "mha":  # heads are sharded by TP; MLA's latent is replicated on every rank
+        ident["tp"] = [sc.tp_rank, sc.tp_size]
+        ident["heads"] = [pool.head_num, pool.head_dim, getattr(pool, "v_head_dim", pool.head_dim)]
+    else:
+        ident["kv_cache_dim"] = pool.kv_cache_dim
+    return ident
+
+
+class TuttiStorage(HiCacheStorage):
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[Any] = None):
+        self.storage_config = storage_config
+        self.cfg = TuttiConfig.from_sources(storage_config.extra_config or {})
+        check_dirs(self.cfg)
+        self.store: Optional[ObjectStore] = None
+        self.hostmap: Optional[HostMap] = None
+        self._metrics_lock = threading.Lock()
+        self._metrics = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [],
+                         "backup_bandwidth": []}
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------ attach
+    def register_mem_pool_host(self, mem_pool_host) -> None:
+        super().register_mem_pool_host(mem_pool_host)
+        if self.store is not None:
+            self.store.close()
+        hm = HostMap.from_pool(mem_pool_host)
+        ident = identity_of(self.cfg, self.storage_config, hm)
+        writer = bool(getattr(self.storage_config, "is_storage_writer", True))
+        self.store = ObjectStore(self.cfg, hm.geometry, ident, writer=writer)
+        self.hostmap = hm
+        registered = self.store.register_memory(hm.regions)
+        logger.info("tutti: attached %s pool (%s, %d layers, page %d) to %s: %d pages on disk, "
+                    "%s engine, %d buffer(s) registered%s", hm.geometry.kind,
+                    mem_pool_host.layout, hm.geometry.num_layers, hm.geometry.page_size,
+                    list(self.cfg.dirs), len(self.store), self.store.engine.name, registered,
+                    "" if writer else ", read-only rank")
+        if not hm.aligned:
+            logger.warning("tutti: host pool objects are not 4 KiB-aligned (small KV objects, "
+                           "fp8 or tiny pages): using the aligned bounce path (one copy)")
+
+    def register_mem_host_pool_v2(self, host_pool, host_pool_name) -> None:
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        if str(getattr(host_pool_name, "value", host_pool_name)) != "kv":
+            self._warn_once(f"pool:{host_pool_name}",
+                            "tutti: sidecar host pool %r (draft/SWA/Mamba/indexer) is not stored; "
+                            "models that need it will see no L3 hits", host_pool_name)
+
+    # ----------------------------------------------------------- queries
+    def batch_exists(self, keys: List[str], extra_info=None) -> int:
+        try:
+            return self.store.prefix_len(list(keys)) if self.store else 0
+        except Exception:
+            logger.exception("tutti: batch_exists failed; reporting a miss")
+            return 0
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    # ------------------------------------------------------ zero-copy I/O
+    def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor, extra_info=None) -> List[bool]:
+        return self._io("get", keys, lambda: self.hostmap.page_addresses(host_indices, len(keys)),
+                        self.hostmap.aligned if self.hostmap else False)
+
+    def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor, extra_info=None) -> List[bool]:
+        return self._io("set", keys, lambda: self.hostmap.page_addresses(host_indices, len(keys)),
+                        self.hostmap.aligned if self.hostmap else False)
+
+    def _io(self, op: str, keys, addresses, aligned: bool) -> List[bool]:
+        keys = list(keys)
+        if self.store is None:
+            self._warn_once("noattach", "tutti: storage called before register_mem_pool_host")
+            return [False] * len(keys)
+        try:
+            t0 = time.perf_counter()
+            addrs = addresses()
+            fn = self.store.read_pages if op == "get" else self.store.write_pages
+            ok = fn(keys, addrs, aligned)
+            self._record(op, int(ok.sum()), time.perf_counter() - t0)
+            return ok.tolist()
+        except Exception:
+            logger.exception("tutti: batch %s of %d pages failed; reported as a miss", op, len(keys))
+            return [False] * len(keys)
+
+    # ----------------------------------------------------- legacy flat API
+    def _flat_ok(self, tensors) -> bool:
+        nbytes = self.hostmap.geometry.page_nbytes
+        return all(t is not None and t.is_contiguous() and t.device.type == "cpu"
+                   and t.numel() * t.element_size() == nbytes for t in tensors)
+
+    def batch_get(self, keys, target_locations=None, target_sizes=None):
+        keys = list(keys)
+        targets = list(target_locations or [])
+        if self.hostmap is None or len(targets) != len(keys) or not self._flat_ok(targets):
+            return [None] * len(keys)
+        ok = self._io("get", keys, lambda: self.hostmap.flat_addresses(targets),
+                      _aligned_tensors(targets, self.hostmap))
+        return [t if good else None for t, good in zip(targets, ok)]
+
+    def get(self, key, target_location=None, target_sizes=None):
+        return self.batch_get([key], [target_location])[0]
+
+    def batch_set(self, keys, values=None, target_locations=None, target_sizes=None) -> bool:
+        keys = list(keys)
+        values = [v.contiguous() if v is not None else None for v in (values or [])]
+        if self.hostmap is None or len(values) != len(keys) or not self._flat_ok(values):
+            return False
+        ok = self._io("set", keys, lambda: self.hostmap.flat_addresses(values),
+                      _aligned_tensors(values, self.hostmap))
+        return all(ok)
+
+    def set(self, key, value=None, target_location=None, target_sizes=None) -> bool:
+        return self.batch_set([key], [value])
+
+    # ------------------------------------------------------- maintenance
+    def clear(self) -> None:
+        """Drop every page of this rank's identity: index and on-disk headers (tombstoned)."""
+        if self.store is not None:
+            n = self.store.clear()
+            logger.info("tutti: cleared %d pages", n)
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    def get_stats(self):
+        with self._metrics_lock:
+            m = _storage_metrics_cls()()
+            for name, values in self._metrics.items():
+                getattr(m, name).extend(values)
+                values.clear()
+        return m
+
+    def tutti_stats(self) -> dict:
+        """Richer counters: bytes, hits, misses, checksum failures, evictions, engine calls."""
+        return self.store.stats() if self.store else {}
+
+    def _record(self, op: str, pages: int, seconds: float) -> None:
+        if not pages:
+            return
+        gbps = pages * self.hostmap.geometry.page_nbytes / max(seconds, 1e-9) / 1e9
+        prefix = "prefetch" if op == "get" else "backup"
+        with self._metrics_lock:
+            self._metrics[f"{prefix}_pgs"].append(pages)
+            self._metrics[f"{prefix}_bandwidth"].append(gbps)
+            for v in self._metrics.values():
+                del v[:-4096]  # bounded when nobody polls (metrics disabled)
+
+    def _warn_once(self, tag: str, msg: str, *args) -> None:
+        if tag not in self._warned:
+            self._warned.add(tag)
+            logger.warning(msg, *args)
+
+
+def _aligned_tensors(tensors, hm: HostMap) -> bool:
+    offs = hm.flat_object_offsets()
+    base = np.array([t.data_ptr() for t in tensors], dtype=np.uint64)
+    return bool(hm.aligned and (base % 4096 == 0).all() and (offs % 4096 == 0).all())
