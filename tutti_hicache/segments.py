@@ -209,6 +209,8 @@ class SegmentFiles:
         owned = self._owned_mask(slots)
         learned = 0
         with self._lock:
+            extra = self._stats.extra
+            extra["bad_headers"] = extra.get("bad_headers", 0) + int((~p.valid & ~p.empty).sum())
             for i in np.flatnonzero(p.valid):
                 learned += self.index.learn(int(slots[i]), p.keys[i], int(p.checksum[i]),
                                             int(p.seq[i]), bool(owned[i]))

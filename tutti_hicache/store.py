@@ -329,6 +329,35 @@ class ObjectStore(SegmentFiles):
                               np.full(len(own), self._zero.address, np.uint64))
         return len(own)
 
+    def check(self, repair: bool = False, chunk: int = 256) -> dict:
+        """Verify every indexed page's payload checksum (fsck). With repair, bad pages owned by
+        this process are dropped and their headers tombstoned. Returns counts."""
+        with self._lock:
+            items = [(k, e) for k, e in self.index.entries.items()]
+        bad, checked = [], 0
+        m = len(self.layout.object_nbytes)
+        for i in range(0, len(items), chunk):
+            part = items[i:i + chunk]
+            stage = extension().AlignedBuffer(len(part) * self.layout.payload_nbytes)
+            base = stage.address + np.arange(len(part), dtype=np.uint64) * self.layout.payload_nbytes
+            addrs = base[:, None] + (self.layout.object_offsets - HEADER_NBYTES).astype(np.uint64)[None, :]
+            slots = np.array([e.slot for _, e in part], dtype=np.int64)
+            ok = self._read_slots(slots, addrs, aligned=False)
+            sums = self._checksums(addrs.reshape(len(part), m))
+            for (k, e), good, c in zip(part, ok, sums):
+                if not good or int(c) != e.checksum:
+                    bad.append((k, e))
+            checked += len(part)
+        if repair and bad:
+            self._drop_corrupt([e for _, e in bad])
+            own = np.array([e.slot for _, e in bad if e.owned], dtype=np.int64)
+            if len(own):
+                files, offsets = self._slot_files(own)
+                self.engine.write(files, offsets, np.full(len(own), HEADER_NBYTES, np.int64),
+                                  np.full(len(own), self._zero.address, np.uint64))
+        return {"checked": checked, "bad": len(bad), "bad_keys": [k for k, _ in bad][:20],
+                "bad_headers": self._stats.extra.get("bad_headers", 0)}
+
     def close(self) -> None:
         with self._lock:
             if self._closed:

@@ -1,0 +1,308 @@
+"""`tutti-hicache bench store` and `demo`: L3 -> host-pool restore, measured side by side.
+
+At a glance:
+    run(BenchSpec) -> dict      one run on one medium: raw O_DIRECT read, tutti write/restore
+                                (verify on and off), SGLang HiCacheFile write/restore, all through
+                                SGLang's real controller methods into a real host pool
+    table(result) -> str        the human-readable table
+
+"Raw" is the better of a sequential 8 MiB O_DIRECT read and a multi-threaded O_DIRECT read at
+tutti's own operation size, of a same-size file on the same medium in the same run. Every
+restored page is compared with the page that was written (byte for byte).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import _sglang_harness as H
+
+GEOMETRIES = {
+    # name: (kind, layers, kv heads or kv_lora_rank, head_dim or rope dim, page, dtype)
+    "small": ("mha", 8, 8, 128, 64, "bfloat16"),
+    "llama3-8b": ("mha", 32, 8, 128, 64, "bfloat16"),
+    "llama3-70b-tp8": ("mha", 80, 1, 128, 64, "bfloat16"),
+    "deepseek-v3": ("mla", 61, 512, 64, 64, "bfloat16"),
+}
+BATCH = 128  # SGLang's STORAGE_BATCH_SIZE
+
+
+@dataclass
+class BenchSpec:
+    medium: str
+    geometry: str = "llama3-8b"
+    pages: int = 256
+    layout: str = "layer_first"
+    engine: str = "auto"
+    io_mode: str = "vectored"
+    queue_depth: int = 1024
+    threads: int = 8
+    with_file: bool = True
+    keep: bool = False
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def make_pool(geometry: str, layout: str, n_pages: int):
+    import torch
+    kind, layers, a, b, page, dtype = GEOMETRIES[geometry]
+    dt = getattr(torch, dtype)
+    if kind == "mha":
+        return H.make_mha_host_pool(layout, layers, a, b, page, dt, n_pages)
+    return H.make_mla_host_pool(layout, layers, a, b, page, dt, n_pages)
+
+
+def fast_fill(pool, seed: int) -> None:
+    """Random bytes (never all zero) over the whole host pool, quickly."""
+    rng = np.random.default_rng(seed)
+    for t in {id(t): t for t in _pool_tensors(pool)}.values():
+        flat = t.view(-1).view(__import__("torch").uint8).numpy()
+        for start in range(0, flat.size, 1 << 26):
+            chunk = flat[start:start + (1 << 26)]
+            chunk[:] = np.frombuffer(rng.bytes(chunk.size), dtype=np.uint8) | 1
+
+
+def _pool_tensors(pool):
+    return [pool.kv_buffer] if hasattr(pool, "kv_cache_dim") else [pool.k_buffer, pool.v_buffer]
+
+
+def pages_equal(pool, src, dst) -> bool:
+    """Byte-exact comparison of the pages at src and dst slots (same pool)."""
+    import torch
+    p = pool.page_size
+    for s, d in zip(src[::p].tolist(), dst[::p].tolist()):
+        a = pool.get_data_page(s, flat=False).contiguous().view(torch.uint8)
+        b = pool.get_data_page(d, flat=False).contiguous().view(torch.uint8)
+        if not torch.equal(a, b):
+            return False
+    return True
+
+
+# ------------------------------------------------------------------ raw medium
+def drop_page_cache(paths) -> str:
+    """Evict files from the page cache: drop_caches when allowed, else fadvise per file."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "drop_caches"
+    except OSError:
+        pass
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return "fadvise"
+
+
+def _aligned(nbytes: int) -> mmap.mmap:
+    return mmap.mmap(-1, nbytes)
+
+
+def write_raw_file(path: str, nbytes: int, chunk: int = 8 << 20) -> None:
+    buf = _aligned(chunk)
+    buf.write(os.urandom(chunk))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
+    try:
+        for off in range(0, nbytes, chunk):
+            os.pwritev(fd, [memoryview(buf)[: min(chunk, nbytes - off)]], off)
+    finally:
+        os.close(fd)
+
+
+def raw_read_GBps(path: str, nbytes: int, req: int, threads: int) -> float:
+    """O_DIRECT read of [0, nbytes) in `req`-byte requests over `threads` threads; GB/s."""
+    req = max(4096, req // 4096 * 4096)
+    offsets = list(range(0, nbytes - req + 1, req))
+
+    def worker(k: int) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        buf = memoryview(_aligned(req))
+        try:
+            for off in offsets[k::threads]:
+                os.preadv(fd, [buf], off)
+        finally:
+            os.close(fd)
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return len(offsets) * req / (time.perf_counter() - t0) / 1e9
+
+
+# ------------------------------------------------------------------ backends
+def _timed(fn, lat: list):
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        lat.append(time.perf_counter() - t0)
+        return out
+    return wrapper
+
+
+def _tutti_backend(spec: BenchSpec, store_dir: str, pool, verify: bool):
+    from .storage import TuttiStorage
+    extra = {"tutti_dirs": [store_dir], "tutti_capacity_gb": 1024.0, "tutti_engine": spec.engine,
+             "tutti_io_mode": spec.io_mode, "tutti_queue_depth": spec.queue_depth,
+             "tutti_threads": spec.threads, "tutti_verify": verify, **spec.extra}
+    sc = H.make_storage_config(is_mla=GEOMETRIES[spec.geometry][0] == "mla",
+                               is_page_first_layout=spec.layout == "page_first",
+                               model_name=f"bench-{spec.geometry}", extra_config=extra)
+    t0 = time.perf_counter()
+    st = TuttiStorage(sc, {})
+    ctrl = H.make_controller(st, pool, pool.page_size, sc, zero_copy=True)
+    return st, ctrl, time.perf_counter() - t0
+
+
+def _restore(ctrl, backend, keys, dst, attr: str):
+    lat: list[float] = []
+    setattr(backend, attr, _timed(getattr(backend, attr), lat))
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    done = H.controller_transfer(ctrl, keys, dst)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    delattr(backend, attr)
+    return done, wall, cpu, lat
+
+
+def _latency(lat: list[float]) -> dict:
+    if not lat:
+        return {"p50_ms": None, "p99_ms": None}
+    q = np.percentile(np.array(lat) * 1e3, [50, 99])
+    return {"p50_ms": float(q[0]), "p99_ms": float(q[1])}
+
+
+def bench_tutti(spec, work, pool, keys, src, dst, nbytes) -> dict:
+    store_dir = os.path.join(work, "tutti")
+    st, ctrl, _ = _tutti_backend(spec, store_dir, pool, verify=True)
+    t0 = time.perf_counter()
+    written = H.controller_backup(ctrl, keys, src)
+    write_s = time.perf_counter() - t0
+    st.close()
+    out = {"tutti_write_GBps": nbytes / write_s / 1e9, "tutti_written_pages": written}
+    for verify in (True, False):
+        drop_page_cache([])
+        st, ctrl, open_s = _tutti_backend(spec, store_dir, pool, verify=verify)
+        c0 = st.store.engine.counters()
+        _poison(pool, dst)
+        done, wall, cpu, lat = _restore(ctrl, st, keys, dst, "batch_get_v1")
+        c1 = st.store.engine.counters()
+        ok = done == len(keys) * pool.page_size and pages_equal(pool, src, dst)
+        tag = "" if verify else "_noverify"
+        out.update({f"tutti_read{tag}_GBps": nbytes / wall / 1e9,
+                    f"tutti{tag}_cpu_s_per_GB": cpu / (nbytes / 1e9),
+                    f"tutti{tag}_verified_bytes_equal": ok,
+                    f"tutti{tag}_batch_latency": _latency(lat)})
+        if verify:
+            batches = max(1, len(lat))
+            out.update({"tutti_open_s": open_s, "engine": st.store.engine.name,
+                        "enter_calls_per_batch": (c1["enter_calls"] - c0["enter_calls"]) / batches,
+                        "submissions_per_batch": (c1["submissions"] - c0["submissions"]) / batches,
+                        "tutti_op_bytes": (c1["bytes"] - c0["bytes"]) / max(1, c1["submissions"] - c0["submissions"]),
+                        "tutti_stats": st.tutti_stats()})
+        st.close()
+    return out
+
+
+def _poison(pool, dst) -> None:
+    """Zero the destination pages so a page the restore skipped cannot compare equal."""
+    p = pool.page_size
+    for s in dst[::p].tolist():
+        pool.get_data_page(s, flat=False).zero_()
+
+
+def bench_file(spec, work, pool, keys, src, dst, nbytes) -> dict:
+    from sglang.srt.mem_cache.hicache_storage import HiCacheFile
+    file_dir = os.path.join(work, "file")
+    os.environ.pop("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", None)
+    sc = H.make_storage_config(is_mla=GEOMETRIES[spec.geometry][0] == "mla",
+                               is_page_first_layout=spec.layout == "page_first",
+                               model_name=f"bench-{spec.geometry}",
+                               extra_config={"file_storage_path": file_dir})
+    be = HiCacheFile(sc)
+    ctrl = H.make_controller(be, pool, pool.page_size, sc, zero_copy=False, backend_type="file")
+    t0 = time.perf_counter()
+    H.controller_backup(ctrl, keys, src)
+    write_s = time.perf_counter() - t0
+    files = [os.path.join(file_dir, f) for f in os.listdir(file_dir)]
+    how = drop_page_cache(files)
+    be = HiCacheFile(sc)
+    ctrl = H.make_controller(be, pool, pool.page_size, sc, zero_copy=False, backend_type="file")
+    _poison(pool, dst)
+    done, wall, cpu, lat = _restore(ctrl, be, keys, dst, "batch_get")
+    ok = done == len(keys) * pool.page_size and pages_equal(pool, src, dst)
+    return {"file_write_GBps": nbytes / write_s / 1e9, "file_read_GBps": nbytes / wall / 1e9,
+            "file_cpu_s_per_GB": cpu / (nbytes / 1e9), "file_verified_bytes_equal": ok,
+            "file_batch_latency": _latency(lat), "page_cache_drop": how}
+
+
+def run(spec: BenchSpec) -> dict:
+    version = H.ensure_sglang()
+    os.makedirs(spec.medium, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="tutti-bench-", dir=spec.medium)
+    try:
+        pool = make_pool(spec.geometry, spec.layout, 2 * spec.pages + 1)
+        fast_fill(pool, spec.seed)
+        p = pool.page_size
+        src, dst = pool.alloc(spec.pages * p), pool.alloc(spec.pages * p)
+        keys = H.make_page_keys(spec.pages, spec.seed)
+        from .hostmap import HostMap
+        hm = HostMap.from_pool(pool)
+        nbytes = spec.pages * hm.geometry.page_nbytes
+        res = {"spec": asdict(spec), "sglang": version, "bytes": nbytes,
+               "page_bytes": hm.geometry.page_nbytes, "object_bytes": int(hm.object_nbytes[0]),
+               "host_aligned": hm.aligned}
+        res.update(bench_tutti(spec, work, pool, keys, src, dst, nbytes))
+        raw_path = os.path.join(work, "raw.bin")
+        write_raw_file(raw_path, nbytes)
+        seq = raw_read_GBps(raw_path, nbytes, 8 << 20, 1)
+        op = int(res["tutti_op_bytes"])  # raw at tutti's own request size, 8 and 32 deep
+        par = max(raw_read_GBps(raw_path, nbytes, op, n) for n in (spec.threads, 4 * spec.threads))
+        os.unlink(raw_path)
+        res.update({"raw_seq_8MiB_GBps": seq, "raw_parallel_GBps": par, "raw_read_GBps": max(seq, par)})
+        if spec.with_file:
+            res.update(bench_file(spec, work, pool, keys, src, dst, nbytes))
+        res["tutti_pct_of_raw"] = 100 * res["tutti_read_GBps"] / res["raw_read_GBps"]
+        if res.get("file_read_GBps"):
+            res["tutti_over_file"] = res["tutti_read_GBps"] / res["file_read_GBps"]
+        return res
+    finally:
+        if not spec.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def table(r: dict) -> str:
+    def f(v, unit=""):
+        return "-" if v is None else (f"{v:.2f}{unit}" if isinstance(v, float) else f"{v}{unit}")
+    lat = r.get("tutti_batch_latency", {})
+    flat = r.get("file_batch_latency", {})
+    rows = [
+        ("medium", r["spec"]["medium"], ""), ("geometry / layout", f"{r['spec']['geometry']} / {r['spec']['layout']}", ""),
+        ("pages x bytes", f"{r['spec']['pages']} x {r['page_bytes']}", f"{r['bytes'] / 2**30:.2f} GiB"),
+        ("raw O_DIRECT read GB/s", f(r["raw_read_GBps"]), f"seq 8MiB {f(r['raw_seq_8MiB_GBps'])}, parallel {f(r['raw_parallel_GBps'])}"),
+        ("tutti restore GB/s (verify on)", f(r["tutti_read_GBps"]), f"{f(r['tutti_pct_of_raw'])}% of raw"),
+        ("tutti restore GB/s (verify off)", f(r["tutti_read_noverify_GBps"]), ""),
+        ("SGLang file restore GB/s", f(r.get("file_read_GBps")), f"tutti/file = {f(r.get('tutti_over_file'))}x"),
+        ("tutti / file write GB/s", f"{f(r['tutti_write_GBps'])} / {f(r.get('file_write_GBps'))}", ""),
+        ("CPU s per GB restored (tutti / file)", f"{f(r['tutti_cpu_s_per_GB'])} / {f(r.get('file_cpu_s_per_GB'))}", ""),
+        ("io_uring_enter per 128-page batch", f(r["enter_calls_per_batch"]), f"engine {r['engine']}, {f(r['submissions_per_batch'])} SQEs/batch"),
+        ("batch latency p50/p99 ms (tutti)", f"{f(lat.get('p50_ms'))} / {f(lat.get('p99_ms'))}", ""),
+        ("batch latency p50/p99 ms (file)", f"{f(flat.get('p50_ms'))} / {f(flat.get('p99_ms'))}", ""),
+        ("restored bytes equal (tutti / file)", f"{r['tutti_verified_bytes_equal']} / {r.get('file_verified_bytes_equal')}", ""),
+        ("store open (index rebuild) s", f(r["tutti_open_s"]), ""),
+    ]
+    w = max(len(a) for a, _, _ in rows)
+    return "\n".join(f"{a:<{w}}  {b:>14}  {c}" for a, b, c in rows)
