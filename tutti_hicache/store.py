@@ -68,7 +68,9 @@ class ObjectStore(SegmentFiles):
         check_dirs(cfg)
         self.cfg = cfg
         self.layout = SlotLayout(geometry)
-        self.identity = dict(identity)
+        g = geometry  # the page geometry is always part of the identity, whatever the caller passed
+        self.identity = {**identity, "geometry": [g.kind, g.num_layers, g.page_size,
+                                                  g.k_token_bytes, g.v_token_bytes, g.order]}
         self.fingerprint = header.fingerprint(self.identity)
         self.writer = writer
         self.placement = Placement(len(cfg.dirs), self.layout.slot_nbytes, cfg.segment_bytes)

@@ -1,0 +1,242 @@
+"""ObjectStore with real I/O: round trips, restart, eviction, pins, dedupe, corruption, sharing."""
+
+import multiprocessing as mp
+import os
+
+import numpy as np
+import pytest
+
+from tutti_hicache.config import TuttiConfig
+from tutti_hicache.engine import extension
+from tutti_hicache.layout import PageGeometry
+from tutti_hicache.store import ObjectStore
+
+E = extension()
+GEOM = PageGeometry("mha", 4, 16, 2 * 64 * 2, 2 * 64 * 2)  # 8 objects of 4 KiB per page
+IDENT = {"model": "unit", "tp": [0, 1]}
+
+
+def cfg_for(dirs, **kw):
+    base = {"tutti_dirs": [str(d) for d in dirs], "tutti_capacity_gb": 64 * 36864 / 2**30,
+            "tutti_segment_gb": 1 / 1024, "tutti_rescan_interval_s": 0.0}
+    base.update(kw)
+    return TuttiConfig.from_sources(base, env={})
+
+
+class Pages:
+    """n host pages of GEOM in an aligned buffer, with random content."""
+
+    def __init__(self, n, seed, geometry=GEOM, offset=0):
+        m = len(geometry.object_nbytes)
+        self.obj = geometry.object_nbytes[0]
+        self.buf = E.AlignedBuffer(n * m * self.obj + offset + 4096)
+        self.a = np.frombuffer(self.buf, dtype=np.uint8)
+        if seed is not None:
+            self.a[:] = np.random.default_rng(seed).integers(1, 256, self.a.size, dtype=np.uint8)
+        self.addrs = (self.buf.address + offset + np.arange(n * m, dtype=np.uint64) * self.obj).reshape(n, m)
+        self.n, self.m, self.offset = n, m, offset
+
+    def page(self, i):
+        s = self.offset + i * self.m * self.obj
+        return self.a[s:s + self.m * self.obj]
+
+
+def keys(n, tag="k"):
+    return [f"{tag}{i:063x}"[-64:] for i in range(n)]
+
+
+@pytest.fixture
+def store(store_dirs):
+    s = ObjectStore(cfg_for(store_dirs), GEOM, IDENT)
+    yield s
+    s.close()
+
+
+def test_roundtrip_and_restart(store_dirs):
+    src, ks = Pages(20, seed=1), keys(20)
+    s = ObjectStore(cfg_for(store_dirs), GEOM, IDENT)
+    assert s.write_pages(ks, src.addrs, True).all()
+    s.close()
+    s = ObjectStore(cfg_for(store_dirs), GEOM, IDENT)
+    assert len(s) == 20 and s.prefix_len(ks + ["missing"]) == 20
+    dst = Pages(20, seed=None)
+    assert s.read_pages(ks, dst.addrs, True).all()
+    assert all((dst.page(i) == src.page(i)).all() for i in range(20))
+    s.close()
+
+
+def test_bounce_path_for_unaligned_memory(store):
+    src, dst = Pages(5, seed=2, offset=8), Pages(5, seed=None, offset=24)
+    assert store.write_pages(keys(5), src.addrs, False).all()
+    assert store.read_pages(keys(5), dst.addrs, False).all()
+    assert all((dst.page(i) == src.page(i)).all() for i in range(5))
+
+
+def test_dedupe_writes_nothing_twice(store):
+    src = Pages(4, seed=3)
+    assert store.write_pages(keys(4), src.addrs, True).all()
+    before = store.engine.counters()["bytes"]
+    assert store.write_pages(keys(4), src.addrs, True).all()
+    assert store.engine.counters()["bytes"] == before
+    assert store.stats()["dedup_skips"] == 4
+
+
+def test_capacity_is_a_hard_bound_with_lru_eviction(store_dirs):
+    s = ObjectStore(cfg_for(store_dirs), GEOM, IDENT)
+    src = Pages(16, seed=4)
+    for round_ in range(6):
+        assert s.write_pages(keys(16, f"r{round_}"), src.addrs, True).all()
+    st = s.stats()
+    assert st["pages"] == st["capacity_slots"] == 64 and st["evictions"] == 32
+    assert s.prefix_len(keys(16, "r5")) == 16 and s.prefix_len(keys(16, "r1")) == 0
+    used = sum(os.path.getsize(os.path.join(r, f)) for d in store_dirs
+               for r, _, fs in os.walk(d) for f in fs if f.endswith(".dat"))
+    assert used <= s.cfg.capacity_bytes
+    s.close()
+
+
+def test_pinned_pages_survive_eviction(store):
+    src = Pages(16, seed=5)
+    for r in range(4):
+        store.write_pages(keys(16, f"a{r}"), src.addrs, True)
+    pinned = keys(16, "a0")  # the least recently used
+    with store._lock:
+        store.index.pin(pinned)
+    store.write_pages(keys(16, "b"), src.addrs, True)
+    assert store.prefix_len(pinned) == 16
+    with store._lock:
+        store.index.unpin([store.index.entries[k].slot for k in pinned])
+
+
+def test_corrupt_payload_is_a_miss_and_dropped(store):
+    src, ks = Pages(3, seed=6), keys(3)
+    store.write_pages(ks, src.addrs, True)
+    slot = store.index.entries[ks[1]].slot
+    files, offs = store._slot_files(np.array([slot]))
+    path = store._engine_paths[int(files[0])]
+    with open(path, "r+b") as f:
+        f.seek(int(offs[0]) + 4096 + 100)
+        b = f.read(1)
+        f.seek(int(offs[0]) + 4096 + 100)
+        f.write(bytes([b[0] ^ 0x40]))
+    dst = Pages(3, seed=None)
+    ok = store.read_pages(ks, dst.addrs, True)
+    assert ok.tolist() == [True, False, True]
+    assert store.stats()["checksum_failures"] == 1 and ks[1] not in store
+
+
+def test_corrupt_header_is_not_served_after_restart(store_dirs):
+    s = ObjectStore(cfg_for(store_dirs), GEOM, IDENT)
+    src, ks = Pages(3, seed=7), keys(3)
+    s.write_pages(ks, src.addrs, True)
+    files, offs = s._slot_files(np.array([s.index.entries[ks[0]].slot]))
+    path = s._engine_paths[int(files[0])]
+    s.close()
+    with open(path, "r+b") as f:
+        f.seek(int(offs[0]) + 90)  # inside the key
+        f.write(b"Z")
+    s = ObjectStore(cfg_for(store_dirs), GEOM, IDENT)
+    assert ks[0] not in s and s.prefix_len(ks[1:]) == 2
+    assert s.stats()["pages"] == 2
+    s.close()
+
+
+def test_other_identity_sees_nothing(store_dirs):
+    s = ObjectStore(cfg_for(store_dirs), GEOM, IDENT)
+    src = Pages(2, seed=8)
+    s.write_pages(keys(2), src.addrs, True)
+    s.close()
+    for ident in ({"model": "unit", "tp": [1, 2]}, {"model": "other", "tp": [0, 1]},
+                  {"model": "unit", "tp": [0, 1], "revision": "v2"}):
+        o = ObjectStore(cfg_for(store_dirs), GEOM, ident)
+        assert len(o) == 0
+        o.close()
+    o = ObjectStore(cfg_for(store_dirs), PageGeometry("mha", 4, 16, 256, 256, "page_first"), IDENT)
+    assert len(o) == 0
+    o.close()
+
+
+def test_changed_directory_set_is_refused(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    ObjectStore(cfg_for([a, b]), GEOM, IDENT).close()
+    with pytest.raises(ValueError, match="tutti_dirs"):
+        ObjectStore(cfg_for([a]), GEOM, IDENT)
+
+
+def test_striping_over_two_dirs(tmp_path):
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    s = ObjectStore(cfg_for(dirs), GEOM, IDENT)
+    src = Pages(10, seed=9)
+    s.write_pages(keys(10), src.addrs, True)
+    slots = sorted(e.slot for e in s.index.entries.values())
+    assert slots == list(range(10))
+    for d in dirs:
+        assert any(f.endswith(".dat") for _, _, fs in os.walk(d) for f in fs)
+    s.close()
+
+
+def test_files_are_private(store):
+    src = Pages(1, seed=10)
+    store.write_pages(keys(1), src.addrs, True)
+    for d in store.ns_dirs:
+        assert os.stat(d).st_mode & 0o777 == 0o700
+        for f in os.listdir(d):
+            assert os.stat(os.path.join(d, f)).st_mode & 0o777 == 0o600, f
+
+
+def _writer(dirs, n, q):
+    s = ObjectStore(cfg_for(dirs), GEOM, IDENT)
+    src = Pages(n, seed=11)
+    q.put(bool(s.write_pages(keys(n, "w"), src.addrs, True).all()))
+    q.get()  # hold the rows until the parent has read
+    s.close()
+
+
+def test_second_process_reads_what_the_first_published(tmp_path):
+    """One writer process, one reader (writer=False, like an MLA non-writer rank)."""
+    dirs = [tmp_path / "s"]
+    reader = ObjectStore(cfg_for(dirs), GEOM, IDENT, writer=False)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_writer, args=(dirs, 12, q))
+    p.start()
+    try:
+        assert q.get(timeout=60)
+        assert reader.prefix_len(keys(12, "w")) == 0  # not seen yet: asks for a re-scan
+        reader.rescan()
+        assert reader.prefix_len(keys(12, "w")) == 12
+        dst = Pages(12, seed=None)
+        assert reader.read_pages(keys(12, "w"), dst.addrs, True).all()
+        src = Pages(12, seed=11)
+        assert all((dst.page(i) == src.page(i)).all() for i in range(12))
+    finally:
+        q.put("done")
+        p.join(30)
+        reader.close()
+
+
+def test_two_writers_share_without_clobbering(tmp_path):
+    """Two writer processes of one identity (DP replicas) own disjoint rows (flock)."""
+    dirs = [tmp_path / "s"]
+    a = ObjectStore(cfg_for(dirs), GEOM, IDENT)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_writer, args=(dirs, 20, q))
+    p.start()
+    try:
+        assert q.get(timeout=60)
+        src = Pages(20, seed=12)
+        assert a.write_pages(keys(20, "a"), src.addrs, True).all()
+        a.rescan()
+        assert a.prefix_len(keys(20, "w")) == 20 and a.prefix_len(keys(20, "a")) == 20
+        dst = Pages(20, seed=None)
+        assert a.read_pages(keys(20, "w"), dst.addrs, True).all()
+        other = Pages(20, seed=11)
+        assert all((dst.page(i) == other.page(i)).all() for i in range(20))
+        mine = {e.slot for k, e in a.index.entries.items() if k.startswith("a")}
+        theirs = {e.slot for k, e in a.index.entries.items() if k.startswith("w")}
+        assert not mine & theirs
+    finally:
+        q.put("done")
+        p.join(30)
+        a.close()
