@@ -44,6 +44,14 @@ def _storage_metrics_cls():
     return StorageMetrics
 
 
+def is_storage_writer(sc: HiCacheStorageConfig) -> bool:
+    """SGLang's rule (0.5.23 has the property; 0.5.17 predates it): MLA writes from rank 0 only."""
+    prop = getattr(type(sc), "is_storage_writer", None)
+    if prop is not None:
+        return bool(sc.is_storage_writer)
+    return not sc.is_mla_model or sc.tp_rank == 0
+
+
 def identity_of(cfg: TuttiConfig, sc: HiCacheStorageConfig, hm: HostMap) -> dict:
     """Everything that makes two processes' pages interchangeable (the namespace)."""
     g = hm.geometry
@@ -82,7 +90,7 @@ class TuttiStorage(HiCacheStorage):
             self.store.close()
         hm = HostMap.from_pool(mem_pool_host)
         ident = identity_of(self.cfg, self.storage_config, hm)
-        writer = bool(getattr(self.storage_config, "is_storage_writer", True))
+        writer = is_storage_writer(self.storage_config)
         self.store = ObjectStore(self.cfg, hm.geometry, ident, writer=writer)
         self.hostmap = hm
         registered = self.store.register_memory(hm.regions)

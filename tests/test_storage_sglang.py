@@ -1,0 +1,290 @@
+"""TuttiStorage against the real SGLang classes on CPU (the installed version: 0.5.23 or 0.5.17).
+
+Real MHA/MLA host pools in every layout, driven through SGLang's own controller methods
+(_page_backup, _storage_hit_query, _page_transfer) with 200 pages (two 128-page batches),
+zero-copy (batch_*_v1) and generic (batch_get/batch_set) paths, restart in between, byte-exact.
+"""
+
+import multiprocessing as mp
+import os
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.sglang
+
+PAGE = 16
+N = 200
+CASES = [("mha", l) for l in ("layer_first", "page_first", "page_first_direct", "page_head")]
+CASES += [("mla", l) for l in ("layer_first", "page_first", "page_first_direct")]
+
+
+def make_pool(h, kind, layout, n_pages=2 * N + 8):
+    # MHA: 2 layers x 2 heads x 64 dims bf16 = 4 KiB objects (zero copy); MLA: 48 dims (bounce)
+    if kind == "mha":
+        return h.make_mha_host_pool(layout, 2, 2, 64, PAGE, torch.bfloat16, n_pages)
+    return h.make_mla_host_pool(layout, 2, 32, 16, PAGE, torch.bfloat16, n_pages)
+
+
+def tutti(h, dirs, kind, layout, tp_rank=0, tp_size=1, **extra):
+    from tutti_hicache.storage import TuttiStorage
+    cfg = {"tutti_dirs": [str(d) for d in dirs], "tutti_capacity_gb": 0.25,
+           "tutti_rescan_interval_s": 0.0, **extra}
+    sc = h.make_storage_config(tp_rank=tp_rank, tp_size=tp_size, is_mla=kind == "mla",
+                               is_page_first_layout=layout == "page_first", extra_config=cfg)
+    return TuttiStorage(sc, {}), sc
+
+
+def controller(h, backend, pool, sc, zero_copy=True):
+    return h.make_controller(backend, pool, PAGE, sc, zero_copy=zero_copy)
+
+
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["zero_copy", "generic"])
+@pytest.mark.parametrize("kind,layout", CASES)
+def test_roundtrip_through_the_controller(sglang, store_dirs, kind, layout, zero_copy):
+    h = sglang
+    pool = make_pool(h, kind, layout)
+    src, dst = pool.alloc(N * PAGE), pool.alloc(N * PAGE)
+    h.fill_random(pool, src, seed=1)
+    want = h.page_bytes(pool, src)
+    keys = h.make_page_keys(N, seed=2)
+    st, sc = tutti(h, store_dirs, kind, layout)
+    assert h.controller_backup(controller(h, st, pool, sc, zero_copy), keys, src) == N
+    st.close()
+    st, sc = tutti(h, store_dirs, kind, layout)  # a restart: the index comes from disk
+    ctrl = controller(h, st, pool, sc, zero_copy)
+    assert h.controller_hit_query(ctrl, keys) == N
+    assert h.controller_transfer(ctrl, keys, dst) == N * PAGE
+    assert h.page_bytes(pool, dst) == want
+    stats = st.tutti_stats()
+    assert stats["hits"] == N and stats["checksum_failures"] == 0
+    st.close()
+
+
+def test_missing_page_stops_the_prefix(sglang, tmp_path):
+    h = sglang
+    pool = make_pool(h, "mha", "layer_first")
+    src, dst = pool.alloc(N * PAGE), pool.alloc(N * PAGE)
+    h.fill_random(pool, src, seed=3)
+    keys = h.make_page_keys(N, seed=4)
+    st, sc = tutti(h, [tmp_path], "mha", "layer_first")
+    ctrl = controller(h, st, pool, sc)
+    assert h.controller_backup(ctrl, keys, src) == N
+    with st.store._lock:
+        st.store.index.drop(keys[150])
+    assert h.controller_hit_query(ctrl, keys) == 150
+    done = h.controller_transfer(ctrl, keys, dst)
+    assert done == 150 * PAGE  # the second batch counts up to its first miss
+    assert h.page_bytes(pool, dst[: 150 * PAGE]) == h.page_bytes(pool, src[: 150 * PAGE])
+    st.close()
+
+
+def test_dynamic_factory_path(sglang, tmp_path):
+    h = sglang
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    from tutti_hicache.storage import TuttiStorage
+    pool = make_pool(h, "mha", "page_first_direct")
+    extra = {"backend_name": "tutti", "module_path": "tutti_hicache.storage",
+             "class_name": "TuttiStorage", "interface_v1": 1, "tutti_dirs": [str(tmp_path)],
+             "tutti_capacity_gb": 0.1}
+    sc = h.make_storage_config(extra_config=extra)
+    be = StorageBackendFactory.create_backend("dynamic", sc, pool)
+    assert isinstance(be, TuttiStorage)
+    be.register_mem_pool_host(pool)
+    assert be.batch_exists(["00" * 32]) == 0
+    be.close()
+
+
+def test_bad_config_is_a_value_error_naming_the_key(sglang, tmp_path):
+    h = sglang
+    from tutti_hicache.storage import TuttiStorage
+    for extra, key in (({"tutti_dirs": [str(tmp_path)], "tutti_capcity_gb": 1}, "tutti_capcity_gb"),
+                       ({}, "tutti_dirs"),
+                       ({"tutti_dirs": [str(tmp_path)], "tutti_threads": "x"}, "tutti_threads")):
+        with pytest.raises(ValueError, match=key):
+            TuttiStorage(h.make_storage_config(extra_config=extra), {})
+    st, _ = tutti(h, [tmp_path], "mha", "layer_first", tutti_capacity_gb=1e-6)
+    with pytest.raises(ValueError, match="tutti_capacity_gb"):
+        st.register_mem_pool_host(make_pool(h, "mha", "layer_first", 4))
+
+
+def test_wrong_host_indices_are_a_clean_miss(sglang, tmp_path):
+    h = sglang
+    pool = make_pool(h, "mha", "layer_first", 8)
+    st, _ = tutti(h, [tmp_path], "mha", "layer_first")
+    st.register_mem_pool_host(pool)
+    idx = pool.alloc(2 * PAGE)
+    keys = h.make_page_keys(2)
+    assert st.batch_set_v1(keys, idx[:-1]) == [False, False]  # wrong length
+    assert st.batch_set_v1(keys, idx + 1) == [False, False]  # not page-aligned
+    assert st.batch_set_v1(keys, idx + 10**9) == [False, False]  # outside the pool
+    assert st.batch_set_v1(keys, idx) == [True, True]
+    assert st.batch_get_v1([keys[0], "not-a-key"], idx) == [True, False]
+    st.close()
+
+
+def test_concurrent_reads_and_writes(sglang, tmp_path):
+    """SGLang's io-aux (reads) and backup (writes) threads call the backend at the same time."""
+    h = sglang
+    pool = make_pool(h, "mha", "layer_first", 3 * 64 + 4)
+    st, _ = tutti(h, [tmp_path], "mha", "layer_first")
+    st.register_mem_pool_host(pool)
+    a, b, c = (pool.alloc(64 * PAGE) for _ in range(3))
+    h.fill_random(pool, a, seed=5)
+    h.fill_random(pool, c, seed=6)
+    ka, kc = h.make_page_keys(64, 7), h.make_page_keys(64, 8)
+    assert all(st.batch_set_v1(ka, a))
+    errors = []
+
+    def reader():
+        for _ in range(10):
+            if not all(st.batch_get_v1(ka, b)):
+                errors.append("read")
+
+    def writer():
+        for i in range(10):
+            if not all(st.batch_set_v1([k + f"{i}" for k in kc], c)):
+                errors.append("write")
+
+    ts = [threading.Thread(target=reader), threading.Thread(target=writer)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors and h.page_bytes(pool, b) == h.page_bytes(pool, a)
+    st.close()
+
+
+def test_get_stats_is_sglangs_storage_metrics(sglang, tmp_path):
+    h = sglang
+    pool = make_pool(h, "mha", "layer_first", 8)
+    st, _ = tutti(h, [tmp_path], "mha", "layer_first")
+    st.register_mem_pool_host(pool)
+    idx = pool.alloc(4 * PAGE)
+    st.batch_set_v1(h.make_page_keys(4), idx)
+    st.batch_get_v1(h.make_page_keys(4), idx)
+    m = st.get_stats()
+    assert type(m).__name__ == "StorageMetrics"
+    assert m.backup_pgs == [4] and m.prefetch_pgs == [4] and len(m.prefetch_bandwidth) == 1
+    assert st.get_stats().prefetch_pgs == []  # drained
+    st.clear()
+    assert st.batch_exists(h.make_page_keys(4)) == 0
+    st.close()
+
+
+def test_unsupported_pool_is_refused_loudly(sglang, tmp_path):
+    from tutti_hicache.hostmap import HostMap, UnsupportedPool
+
+    class Odd:
+        layout = "page_unified"
+        kv_cache_dim = 8
+
+    with pytest.raises(UnsupportedPool, match="page_unified"):
+        HostMap.from_pool(Odd())
+
+
+def test_failure_injector_never_escapes(sglang, tmp_path, monkeypatch):
+    """SGLang's own failure injector wraps the backend: no exception, hits only byte-exact."""
+    h = sglang
+    import sglang.srt.mem_cache.hicache_storage as hs
+    if not hasattr(hs, "HiCacheStorageFailureInjector"):
+        pytest.skip("this SGLang version has no failure injector (added after 0.5.17)")
+    monkeypatch.setenv("SGLANG_TEST_HICACHE_BACKEND_RANDOM_FAILURE", "0.2")
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+    pool = make_pool(h, "mha", "layer_first")
+    src, dst = pool.alloc(N * PAGE), pool.alloc(N * PAGE)
+    h.fill_random(pool, src, seed=9)
+    want = h.page_bytes(pool, src)
+    extra = {"backend_name": "tutti", "module_path": "tutti_hicache.storage",
+             "class_name": "TuttiStorage", "interface_v1": 1, "tutti_dirs": [str(tmp_path)],
+             "tutti_capacity_gb": 0.25}
+    sc = h.make_storage_config(extra_config=extra)
+    be = StorageBackendFactory.create_backend("dynamic", sc, pool)
+    assert type(be).__name__ == "HiCacheStorageFailureInjector"
+    ctrl = controller(h, be, pool, sc)
+    keys = h.make_page_keys(N, 10)
+    for _ in range(5):
+        h.controller_backup(ctrl, keys, src)
+    for _ in range(5):
+        pool.kv_buffer.view(-1)[:0]
+        done = h.controller_transfer(ctrl, keys, dst) // PAGE
+        assert h.page_bytes(pool, dst[: done * PAGE]) == want[:done]
+    be.close()
+
+
+def _mp_worker(kind, tp_rank, dirs, seed, q):
+    try:
+        from tutti_hicache import _sglang_harness as h
+        h.ensure_sglang()
+        from tutti_hicache.storage import is_storage_writer
+        layout = "layer_first"
+        pool = make_pool(h, kind, layout, 40)
+        st, sc = tutti(h, dirs, kind, layout, tp_rank=tp_rank, tp_size=2)
+        st.register_mem_pool_host(pool)
+        idx = pool.alloc(32 * PAGE)
+        h.fill_random(pool, idx, seed)
+        ok = st.batch_set_v1(h.make_page_keys(32, 99), idx) if is_storage_writer(sc) else []
+        q.put((all(ok), h.page_bytes(pool, idx)))
+    except BaseException as e:  # report instead of leaving the parent waiting
+        q.put((False, repr(e)))
+        raise
+    q.get()
+    st.close()
+
+
+def _spawn(kind, tp_rank, dirs, seed):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_mp_worker, args=(kind, tp_rank, [str(d) for d in dirs], seed, q))
+    p.start()
+    return p, q
+
+
+def test_mla_writer_rank_and_reader_rank_share_pages(sglang, tmp_path):
+    """MLA is rank-replicated: tp0 writes, tp1 (another process) finds and reads the same pages."""
+    h = sglang
+    p, q = _spawn("mla", 0, [tmp_path], seed=11)
+    try:
+        ok, want = q.get(timeout=120)
+        assert ok, want
+        pool = make_pool(h, "mla", "layer_first", 40)
+        st, sc = tutti(h, [tmp_path], "mla", "layer_first", tp_rank=1, tp_size=2)
+        from tutti_hicache.storage import is_storage_writer
+        assert not is_storage_writer(sc)
+        st.register_mem_pool_host(pool)
+        keys = h.make_page_keys(32, 99)
+        assert st.batch_exists(keys) == 32  # found at attach (index rebuilt from headers)
+        dst = pool.alloc(32 * PAGE)
+        assert all(st.batch_get_v1(keys, dst))
+        assert h.page_bytes(pool, dst) == want
+        assert st.batch_set_v1(h.make_page_keys(2, 5), dst[:2 * PAGE]) == [False, False]
+        st.close()
+    finally:
+        q.put("done")
+        p.join(60)
+
+
+def test_mha_tp_ranks_share_directories_without_cross_talk(sglang, tmp_path):
+    """Two MHA tp ranks (two processes) store the same keys with different head shards."""
+    h = sglang
+    p, q = _spawn("mha", 1, [tmp_path], seed=12)
+    try:
+        ok1, want1 = q.get(timeout=120)
+        assert ok1, want1
+        pool = make_pool(h, "mha", "layer_first", 80)
+        st, _ = tutti(h, [tmp_path], "mha", "layer_first", tp_rank=0, tp_size=2)
+        st.register_mem_pool_host(pool)
+        keys = h.make_page_keys(32, 99)
+        assert st.batch_exists(keys) == 0  # rank 1's pages are not rank 0's
+        src, dst = pool.alloc(32 * PAGE), pool.alloc(32 * PAGE)
+        h.fill_random(pool, src, seed=13)
+        assert all(st.batch_set_v1(keys, src))
+        assert all(st.batch_get_v1(keys, dst))
+        got = h.page_bytes(pool, dst)
+        assert got == h.page_bytes(pool, src) and got != want1
+        st.close()
+    finally:
+        q.put("done")
+        p.join(60)
