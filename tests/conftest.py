@@ -1,0 +1,84 @@
+"""Shared test setup: markers `gpu` and `sglang`, the `sglang` fixture, the `store_dirs` fixture.
+
+SGLang is never imported at collection: tests that need it take the `sglang` fixture (or call
+`require_sglang()`), which imports it on first use (torchvision stub included, see
+tutti_hicache._sglang_harness) and skips with the reason when it is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
+    config.addinivalue_line("markers", "sglang: needs SGLang installed (skipped without it)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip `gpu` tests without CUDA and `sglang` tests without SGLang, with the reason."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if gpu_items:
+        import torch
+
+        if not torch.cuda.is_available():
+            skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+            for item in gpu_items:
+                item.add_marker(skip)
+    if importlib.util.find_spec("sglang") is None:
+        skip = pytest.mark.skip(reason="sglang is not installed (scripts/setup_env.sh installs it)")
+        for item in items:
+            if "sglang" in item.keywords:
+                item.add_marker(skip)
+
+
+def require_sglang() -> str:
+    """Import SGLang's HiCache modules (once) and return its version.
+
+    Skips the calling test when SGLang is not installed; an installed SGLang that fails to import
+    (a missing dependency) is an error, not a skip.
+    """
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed (scripts/setup_env.sh installs it)")
+    from tutti_hicache import _sglang_harness
+
+    return _sglang_harness.ensure_sglang()
+
+
+@pytest.fixture
+def sglang():
+    """The harness module (tutti_hicache._sglang_harness) with SGLang imported; skips without it."""
+    require_sglang()
+    from tutti_hicache import _sglang_harness
+
+    return _sglang_harness
+
+
+def _shm_dir():
+    """A fresh directory under /dev/shm, or a skip when /dev/shm is missing or not writable."""
+    if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):
+        pytest.skip("/dev/shm is not available")
+    return Path(tempfile.mkdtemp(prefix="tutti-test-", dir="/dev/shm"))
+
+
+@pytest.fixture(params=["disk", "shm"])
+def store_dirs(request, tmp_path):
+    """A list of one existing, empty store directory: under `tmp_path` (the disk's filesystem,
+    ext4 here), then under /dev/shm (tmpfs). The /dev/shm directory is removed after the test.
+    """
+    if request.param == "disk":
+        path = tmp_path / "store"
+        path.mkdir()
+        yield [path]
+        return
+    path = _shm_dir()
+    try:
+        yield [path]
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

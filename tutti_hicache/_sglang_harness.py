@@ -1,0 +1,524 @@
+"""Drive SGLang's own HiCache L2<->L3 code on CPU, for tests, the demo and the benchmark.
+
+Primitives at a glance:
+    ensure_sglang(), sglang_version()   import SGLang's HiCache modules (torchvision stub if needed)
+    make_storage_config(...)            a real HiCacheStorageConfig
+    make_mha_host_pool(...), make_mla_host_pool(...)
+                                        real host KV pools on CPU (pin_memory=False)
+    fill_random(pool, host_indices, seed), page_bytes(pool, host_indices)
+    make_controller(backend, pool, page_size, config, zero_copy)
+                                        the real dense-model controller class, made with __new__
+    controller_backup, controller_hit_query, controller_transfer
+                                        SGLang's _page_backup, _storage_hit_query, _page_transfer
+    make_page_keys(n, seed)             64-hex page keys
+
+SGLang is imported lazily inside functions: importing this module needs neither SGLang nor torch.
+Supported: SGLang 0.5.17 and 0.5.23. Differences met (0.5.17 -> 0.5.23):
+  - Dense-model controller: HiCacheController (built by HiRadixCache) -> HybridCacheController, a
+    HiCacheController subclass (HiRadixCache is gone; every model uses UnifiedRadixCache).
+  - controller.mem_pool_host: the KV host pool -> a HostPoolGroup whose anchor entry is that pool;
+    0.5.23 adds controller.storage_host_pool (the KV pool) and reads and writes pages through it.
+  - MHA/MLATokenToKVPoolHost(device_pool, ...) -> (buffer_info, ..., *, device_capacity_tokens,
+    start_layer, end_layer[, target_layer_num for MLA]), buffer_info taken from
+    device_pool.get_device_pool_infos()[0]. Device pool constructors are unchanged.
+  - backup_skip: an attribute set at attach (MLA and tp_rank != 0) -> a property,
+    `not storage_config.is_storage_writer`.
+  - HiCacheStorageConfig gains dp_rank, dcp_size, dcp_rank, logical_page_size, is_storage_writer.
+  - Attach: register_mem_pool_host(pool) -> then register_mem_host_pool_v2(pool, name) per group
+    entry and on_host_pools_registered() (not in 0.5.17's HiCacheStorage).
+  - PrefetchOperation(request_id: str, ...) -> (handle: CacheRequestHandle, ...), no increment().
+  - _page_get_zero_copy/_generic_page_get: add tokens via operation.increment() -> return pages.
+  - _page_transfer: result only in operation.completed_tokens, no exception handling (a raising
+    backend kills 0.5.17's prefetch io thread; a short batch_get_v1 list raises IndexError) ->
+    catches per batch (0 pages), puts one PrefetchAck per batch (cumulative completed_tokens) on
+    prefetch_sync_queue; the hybrid subclass returns None.
+  - _storage_hit_query: self.get_hash_str and batch_exists per 128 keys -> module-level
+    get_storage_hash_str; the hybrid subclass calls batch_exists once with all keys.
+  - _page_backup: exceptions escape in both; 0.5.17's backup thread then dies, 0.5.23's thread
+    calls _page_backup_or_log. The hybrid subclass holds mem_pool_host.layout_lease() around it.
+  - 0.5.17 extends prefix_keys in place (`+=`) between batches; 0.5.23 builds new lists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import hashlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import inspect
+import sys
+import types
+import warnings
+from queue import Empty, Queue
+from typing import Any, Optional, Sequence
+
+_SGLANG_MODULES = (
+    "sglang.srt.mem_cache.hicache_storage",
+    "sglang.srt.mem_cache.storage.backend_factory",
+    "sglang.srt.mem_cache.memory_pool",
+    "sglang.srt.mem_cache.pool_host.mha",
+    "sglang.srt.mem_cache.pool_host.mla",
+    "sglang.srt.managers.cache_controller",
+    "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller",
+)
+
+# Warnings that third-party code emits while SGLang is imported on a CPU-only torch; ignored only
+# during that import. (category, regex matched at the start of the message)
+_IMPORT_WARNINGS = (
+    (DeprecationWarning, r"`torch\.jit\.script_method` is deprecated"),  # torch internals
+    (UserWarning, r"Only CUDA, .* support (AWQ|GGUF)"),  # sglang quantization modules
+    (UserWarning, r"Triton is not supported on current platform"),  # sglang 0.5.17 fla utils
+)
+
+
+# --------------------------------------------------------------------------- torchvision stub
+
+
+class InterpolationMode(enum.Enum):
+    """Same members as torchvision.transforms.InterpolationMode (transformers reads several)."""
+
+    NEAREST = "nearest"
+    NEAREST_EXACT = "nearest-exact"
+    BILINEAR = "bilinear"
+    BICUBIC = "bicubic"
+    BOX = "box"
+    HAMMING = "hamming"
+    LANCZOS = "lanczos"
+
+
+class _Placeholder:
+    """Stands in for any torchvision class or function: constructible, callable, subclassable."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __call__(self, *args: Any, **kwargs: Any) -> "_Placeholder":
+        return _Placeholder()
+
+    def __getattr__(self, name: str) -> "_Placeholder":
+        return _Placeholder()
+
+
+class _StubModule(types.ModuleType):
+    """`torchvision` or any submodule; every public attribute is a placeholder."""
+
+    __path__: list = []
+    __version__ = "0.28.0+stub"  # transformers compares torchvision versions
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return InterpolationMode if name == "InterpolationMode" else _Placeholder
+
+
+class _TorchvisionStubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Meta-path finder that serves `torchvision` and `torchvision.*` from _StubModule."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torchvision" or name.startswith("torchvision."):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return _StubModule(spec.name)
+
+    def exec_module(self, module):
+        pass
+
+
+def _real_torchvision_works() -> bool:
+    """True when a real torchvision imports (PyPI's CUDA wheel fails next to a CPU torch)."""
+    if importlib.util.find_spec("torchvision") is None:
+        return False
+    try:
+        importlib.import_module("torchvision")
+        return True
+    except Exception:  # e.g. RuntimeError: operator torchvision::nms does not exist
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        return False
+
+
+def _transformers_caches_torchvision_probe() -> bool:
+    """transformers >= 5.19 lru-caches is_torchvision_available() (5.19.0 does, 5.12.1 does not)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    try:
+        return Version(version("transformers")) >= Version("5.19")
+    except PackageNotFoundError:
+        return False
+
+
+def install_torchvision_stub() -> bool:
+    """Make `import torchvision` work when the real one cannot be imported; True if stubbed.
+
+    With transformers >= 5.19 (SGLang 0.5.23) transformers is asked first, so it caches "no
+    torchvision" and never touches the stub. Older transformers (5.12.1, SGLang 0.5.17) does
+    not cache the answer, and importing it before the stub makes AutoImageProcessor a
+    torchvision-gated dummy that SGLang 0.5.17 calls at import: there the stub goes in before
+    transformers is imported, which must therefore not have happened yet. Idempotent.
+    """
+    if any(isinstance(f, _TorchvisionStubFinder) for f in sys.meta_path):
+        return True
+    if _real_torchvision_works():
+        return False
+    if _transformers_caches_torchvision_probe():
+        from transformers.utils.import_utils import is_torchvision_available
+
+        is_torchvision_available()
+    sys.meta_path.insert(0, _TorchvisionStubFinder())
+    return True
+
+
+# --------------------------------------------------------------------------- import
+
+
+def sglang_version() -> str:
+    """Installed SGLang version, from package metadata (SGLang is not imported).
+
+    Raises ImportError with an install hint when SGLang is not installed.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        raise ImportError(
+            "sglang is not installed; run scripts/setup_env.sh (installs it with --no-deps)"
+        ) from None
+
+
+def ensure_sglang() -> str:
+    """Import SGLang's storage, host-pool and controller modules; return the SGLang version.
+
+    Installs the torchvision stub first when needed. Raises ImportError with an install hint when
+    SGLang or one of its small dependencies is missing. ~4-5 s the first time, then cheap.
+    """
+    ver = sglang_version()
+    if importlib.util.find_spec("sglang") is None:
+        raise ImportError("sglang metadata found but the package is not importable")
+    install_torchvision_stub()
+    with warnings.catch_warnings():
+        for category, message in _IMPORT_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        for name in _SGLANG_MODULES:
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:
+                raise ImportError(
+                    f"sglang {ver} is installed but {name} does not import ({exc}); "
+                    f"run scripts/setup_env.sh --sglang {ver}"
+                ) from exc
+    return ver
+
+
+# --------------------------------------------------------------------------- config and pools
+
+
+def make_storage_config(
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    is_mla: bool = False,
+    is_page_first_layout: bool = False,
+    model_name: Optional[str] = "test-model",
+    extra_config: Optional[dict] = None,
+    **kw: Any,
+):
+    """A real HiCacheStorageConfig; `kw` sets any other field of the installed version.
+
+    Fields absent from the installed version are left out of the defaults; passing one in `kw`
+    raises TypeError (e.g. dp_rank on 0.5.17). extra_config defaults to {} as SGLang's attach does.
+    """
+    ensure_sglang()
+    import dataclasses
+
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
+    values = dict(
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=is_mla, enable_storage_metrics=False,
+        is_page_first_layout=is_page_first_layout, model_name=model_name,
+        extra_config=dict(extra_config or {}),
+    )
+    fields = {f.name for f in dataclasses.fields(HiCacheStorageConfig)}
+    values = {k: v for k, v in values.items() if k in fields}
+    values.update(kw)
+    return HiCacheStorageConfig(**values)
+
+
+def _build_host_pool(cls, device_pool, layout: str, page_size: int, n_pages: int, **extra):
+    """Host pool of `n_pages` pages (+1 padding page SGLang adds) over a one-page device pool."""
+    ratio = float(n_pages)  # host tokens = device tokens (one page) * ratio
+    if "buffer_info" in inspect.signature(cls.__init__).parameters:  # 0.5.23
+        first = device_pool.get_device_pool_infos()[0].buffer_info
+        extra.update(
+            device_capacity_tokens=device_pool.size,
+            start_layer=device_pool.start_layer,
+            end_layer=device_pool.end_layer,
+        )
+    else:  # 0.5.17: built from the device pool itself
+        first = device_pool
+        extra.clear()
+    pool = cls(first, ratio, 0, page_size, layout, pin_memory=False, device="cpu", **extra)
+    pool._tutti_device_pool = device_pool  # keep the device tensors alive (0.5.23 keeps only views)
+    return pool
+
+
+def make_mha_host_pool(layout, layer_num, head_num, head_dim, page_size, dtype, n_pages):
+    """Real MHATokenToKVPoolHost on CPU; layout: layer_first|page_first|page_first_direct|page_head.
+
+    Allocatable slots: (n_pages + 1) * page_size tokens (SGLang adds one padding page).
+    """
+    ensure_sglang()
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+
+    device_pool = MHATokenToKVPool(
+        size=page_size, page_size=page_size, dtype=dtype, head_num=head_num, head_dim=head_dim,
+        layer_num=layer_num, device="cpu", enable_memory_saver=False, enable_alt_stream=False,
+    )
+    return _build_host_pool(MHATokenToKVPoolHost, device_pool, layout, page_size, n_pages)
+
+
+def make_mla_host_pool(
+    layout, layer_num, kv_lora_rank, qk_rope_head_dim, page_size, dtype, n_pages
+):
+    """Real MLATokenToKVPoolHost on CPU, `layout` in layer_first|page_first|page_first_direct.
+
+    Allocatable slots: (n_pages + 1) * page_size tokens (SGLang adds one padding page).
+    """
+    ensure_sglang()
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+    device_pool = MLATokenToKVPool(
+        size=page_size, page_size=page_size, dtype=dtype, kv_lora_rank=kv_lora_rank,
+        qk_rope_head_dim=qk_rope_head_dim, layer_num=layer_num, device="cpu",
+        enable_memory_saver=False,
+    )
+    return _build_host_pool(
+        MLATokenToKVPoolHost, device_pool, layout, page_size, n_pages,
+        target_layer_num=layer_num,
+    )
+
+
+def _page_starts(host_pool, host_indices) -> list[int]:
+    """First slot of each page of `host_indices` (len must be a multiple of the page size)."""
+    page_size = host_pool.page_size
+    if len(host_indices) % page_size:
+        raise ValueError(f"{len(host_indices)} slots is not whole {page_size}-token pages")
+    return [int(i) for i in host_indices[::page_size]]
+
+
+def fill_random(host_pool, host_indices, seed: int) -> None:
+    """Fill the pages of `host_indices` with random bytes, none zero, via SGLang's own setter."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    template = host_pool.get_dummy_flat_data_page()
+    nbytes = template.numel() * template.element_size()
+    for start in _page_starts(host_pool, host_indices):
+        raw = torch.randint(1, 256, (nbytes,), dtype=torch.uint8, generator=gen)
+        host_pool.set_from_flat_data_page(start, raw.view(template.dtype))
+
+
+def page_bytes(host_pool, host_indices) -> list[bytes]:
+    """Bytes of each page of `host_indices`, in the pool's flat page order (get_data_page).
+
+    Comparable between pages of pools with the same layout and geometry.
+    """
+    import torch
+
+    out = []
+    for start in _page_starts(host_pool, host_indices):
+        page = host_pool.get_data_page(start, flat=True).contiguous()
+        out.append(page.view(torch.uint8).numpy().tobytes())
+    return out
+
+
+# --------------------------------------------------------------------------- controller
+
+
+def dense_controller_class():
+    """The controller class SGLang builds for a dense (non-hybrid) model with HiCache."""
+    ensure_sglang()
+    if importlib.util.find_spec("sglang.srt.mem_cache.hiradix_cache") is not None:  # <= 0.5.17
+        from sglang.srt.managers.cache_controller import HiCacheController
+
+        return HiCacheController
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+
+    return HybridCacheController
+
+
+def _controller_host_pool(cls, host_pool):
+    """What the controller keeps as mem_pool_host: a KV-only HostPoolGroup for the hybrid class."""
+    from sglang.srt.managers.cache_controller import HiCacheController
+
+    if cls is HiCacheController:
+        return host_pool
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+    from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry
+
+    entry = PoolEntry(
+        name=PoolName.KV, host_pool=host_pool, device_pool=None,
+        layer_mapper=lambda layer: layer, is_primary_index_anchor=True,
+    )
+    return HostPoolGroup([entry])
+
+
+def _register_host_pools(ctrl, backend, host_pool) -> None:
+    """The registration calls attach_storage_backend makes, in its order."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+
+    backend.register_mem_pool_host(host_pool)
+    if ctrl.mem_pool_host is not host_pool:  # 0.5.23 HybridCacheController
+        for entry in ctrl.mem_pool_host.entries:
+            backend.register_mem_host_pool_v2(entry.host_pool, entry.name)
+    if hasattr(HiCacheStorage, "on_host_pools_registered"):  # 0.5.23
+        backend.on_host_pools_registered()
+
+
+def make_controller(
+    backend, host_pool, page_size: int, storage_config, zero_copy: bool,
+    backend_type: str = "dynamic", register: bool = True,
+):
+    """A real dense-model controller, made with __new__ plus what its storage I/O methods read.
+
+    page_get_func/page_set_func are the controller's own _page_*_zero_copy (batch_*_v1) when
+    `zero_copy`, else _generic_page_* (batch_get/batch_set). With `register`, the backend receives
+    the host pool the way attach_storage_backend hands it over. No threads, no process groups.
+    """
+    cls = dense_controller_class()
+    from sglang.srt.mem_cache.utils import get_hash_str
+
+    ctrl = cls.__new__(cls)
+    ctrl.storage_backend, ctrl.storage_backend_type = backend, backend_type
+    ctrl.storage_config, ctrl.page_size = storage_config, page_size
+    ctrl.mem_pool_host = _controller_host_pool(cls, host_pool)
+    ctrl.storage_host_pool = host_pool  # read by 0.5.23 only
+    ctrl.enable_storage, ctrl.has_draft, ctrl.host_memory_mode = True, False, "cache"
+    ctrl.get_hash_str = get_hash_str  # 0.5.17 hashes through the instance
+    ctrl.prefetch_queue, ctrl.backup_queue, ctrl.prefetch_sync_queue = Queue(), Queue(), Queue()
+    ctrl.prefetch_sync_groups = ctrl.prefetch_hits_sync_groups = []  # 0.5.17 / 0.5.23 names
+    ctrl.prefetch_completion_sync_groups = []
+    if not isinstance(inspect.getattr_static(cls, "backup_skip", None), property):  # 0.5.17
+        ctrl.backup_skip = storage_config.is_mla_model and storage_config.tp_rank != 0
+    if zero_copy:
+        ctrl.page_get_func, ctrl.page_set_func = ctrl._page_get_zero_copy, ctrl._page_set_zero_copy
+    else:
+        ctrl.page_get_func, ctrl.page_set_func = ctrl._generic_page_get, ctrl._generic_page_set
+    if register:
+        _register_host_pools(ctrl, backend, host_pool)
+    return ctrl
+
+
+def _take(queue: Queue) -> list:
+    """Remove and return everything in `queue`."""
+    items = []
+    with contextlib.suppress(Empty):
+        while True:
+            items.append(queue.get_nowait())
+    return items
+
+
+def _prefetch_operation(ctrl, n_pages: int, prefix_keys: Optional[list] = None):
+    """A PrefetchOperation made by the controller's own prefetch() (taken back off its queue)."""
+    if list(inspect.signature(ctrl.prefetch).parameters)[0] == "handle":  # 0.5.23
+        from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+
+        request = CacheRequestHandle(rid="tutti-harness", attempt_id=0)
+    else:
+        request = "tutti-harness"
+    _take(ctrl.prefetch_queue)
+    ctrl.prefetch(request, list(range(n_pages * ctrl.page_size)), None, prefix_keys)
+    return ctrl.prefetch_queue.get_nowait()
+
+
+@contextlib.contextmanager
+def _hashes_are(ctrl, keys: Sequence[str]):
+    """Make the controller's page hashing return `keys` (tests choose keys, not tokens).
+
+    Patches the module global get_storage_hash_str (0.5.23) for the duration: not thread-safe
+    against a controller running its own threads in this process.
+    """
+    from unittest import mock
+
+    def fake(*args, **kwargs):
+        return list(keys)
+
+    module = sys.modules[type(ctrl)._storage_hit_query.__module__]
+    saved = ctrl.get_hash_str
+    ctrl.get_hash_str = fake  # 0.5.17
+    try:
+        with contextlib.ExitStack() as stack:
+            if hasattr(module, "get_storage_hash_str"):  # 0.5.23
+                stack.enter_context(mock.patch.object(module, "get_storage_hash_str", fake))
+            yield
+    finally:
+        ctrl.get_hash_str = saved
+
+
+def controller_backup(ctrl, keys: Sequence[str], host_indices, prefix_keys=None) -> int:
+    """Write pages through SGLang's _page_backup; return the pages it reports written.
+
+    `host_indices`: CPU int64, len(keys) * page_size slots, page i at host_indices[i*page_size].
+    Batches of STORAGE_BATCH_SIZE (128) pages; the first failed batch stops the operation.
+    Backend exceptions propagate (0.5.17's backup thread would die; 0.5.23's logs them).
+    A rank that must not write (MLA, not the storage writer) writes nothing and returns 0.
+    """
+    from sglang.srt.managers.cache_controller import HiCacheController
+
+    ctrl.write_storage(host_indices, [0] * len(host_indices), list(keys), prefix_keys)
+    operation = ctrl.backup_queue.get_nowait()
+    base_thread = type(ctrl).backup_thread_func is HiCacheController.backup_thread_func
+    if base_thread and ctrl.backup_skip:  # the base class's thread skips the whole operation
+        return 0
+    ctrl._page_backup(operation)
+    return operation.completed_tokens // ctrl.page_size
+
+
+def controller_hit_query(ctrl, keys: Sequence[str], prefix_keys=None) -> int:
+    """Leading pages of `keys` that SGLang's _storage_hit_query reports present (batch_exists).
+
+    Before any rank reduction or prefetch threshold. Backend exceptions propagate (0.5.23's
+    prefetch thread would count 0 hits; 0.5.17's would die).
+    """
+    operation = _prefetch_operation(ctrl, len(keys), prefix_keys)
+    with _hashes_are(ctrl, keys):
+        hashes, hit_tokens = ctrl._storage_hit_query(operation)
+    if list(hashes) != list(keys[: len(hashes)]):
+        raise RuntimeError("the controller hashed tokens itself: key patching did not take effect")
+    return hit_tokens // ctrl.page_size
+
+
+def controller_transfer(ctrl, keys: Sequence[str], host_indices, prefix_keys=None) -> int:
+    """Read pages into `host_indices` through SGLang's _page_transfer; return completed tokens.
+
+    Completed tokens = the last cumulative PrefetchAck (0.5.23) or operation.completed_tokens
+    (0.5.17): pages up to the first one the backend missed, whole batches of 128 after a short one
+    skipped. 0.5.23 catches backend exceptions (0 pages for that batch); 0.5.17 lets them propagate.
+    """
+    operation = _prefetch_operation(ctrl, len(keys), prefix_keys)
+    operation.hash_value = list(keys)  # as the prefetch thread and the scheduler leave it
+    operation.storage_hit_count = len(keys) * ctrl.page_size
+    operation.host_indices = host_indices
+    _take(ctrl.prefetch_sync_queue)
+    ctrl._page_transfer(operation)
+    acks = [a.completed_tokens for a in _take(ctrl.prefetch_sync_queue)
+            if getattr(a, "completed_tokens", None) is not None]
+    return acks[-1] if acks else operation.completed_tokens
+
+
+def make_page_keys(n: int, seed: int = 0) -> list[str]:
+    """`n` distinct 64-hex keys: a sha256 chain, like SGLang's page hashes (not token-derived)."""
+    keys, digest = [], hashlib.sha256(f"tutti-harness-{seed}".encode()).digest()
+    for i in range(n):
+        digest = hashlib.sha256(digest + i.to_bytes(4, "little")).digest()
+        keys.append(digest.hex())
+    return keys
