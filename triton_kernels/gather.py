@@ -1,0 +1,109 @@
+"""Gather: SGLang's paged device KV pool -> contiguous staging (offload); the exact reverse of ``scatter.py``.
+
+Primitives at a glance:
+
+* ``gather_layer(staging, k_buf, v_buf, page_ids, page_size)``: one layer, MHA (K then V object per page).
+* ``gather_layer_mla(staging, kv_buf, page_ids, page_size)``: one layer, MLA (one object per page).
+* ``gather_pages(staging, k_bufs, v_bufs, page_ids, page_size)``: every layer in one launch, staging in the
+  on-disk order (page-major, then layer, then K before V); ``gather_pages_mla`` likewise.
+* ``gather_layer_ref`` / ``gather_pages_ref``: the same in plain torch (``v_buf(s)=None`` for MLA).
+
+Layouts, strides (bytes), alignment and bounds rules are those of ``scatter.py``. Bytes of the staging between
+objects (``obj_stride`` padding) are left untouched. Launchers enqueue on the current CUDA stream and return None
+without synchronizing the host; unchecked out-of-range page ids leave their staging objects untouched.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import (launch_layer, launch_pages, layer_tuples, plan_layer, plan_pages, pool_pages, staging_objects,
+                      table_pointer)
+
+
+@triton.jit
+def _gather_layer_kernel(staging_ptr, k_ptr, v_ptr, page_ids_ptr, num_pages, obj_words, obj_stride_words,
+                         page_stride_words, chunks, OBJS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program = (staged page i, chunk c): copy words [c*BLOCK, (c+1)*BLOCK) of page i's K (and V) object."""
+    pid = tl.program_id(0).to(tl.int64)
+    i = pid // chunks
+    offs = (pid % chunks) * BLOCK + tl.arange(0, BLOCK)
+    page = tl.load(page_ids_ptr + i).to(tl.int64)
+    mask = offs < tl.where((page >= 0) & (page < num_pages), obj_words, 0)  # invalid page: copy nothing
+    dst = staging_ptr + i * page_stride_words + offs
+    src = page * obj_words + offs
+    tl.store(dst, tl.load(k_ptr + src, mask=mask), mask=mask)
+    if OBJS == 2:
+        tl.store(dst + obj_stride_words, tl.load(v_ptr + src, mask=mask), mask=mask)
+
+
+@triton.jit
+def _gather_pages_kernel(staging_ptr, table_ptr, page_ids_ptr, num_pages, num_layers, obj_words,
+                         obj_stride_words, chunks, OBJS: tl.constexpr, ALIGNED16: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    """Program = (staged page i, layer l, chunk c); layer l's buffers come from row l of the pointer table."""
+    pid = tl.program_id(0).to(tl.int64)
+    chunk = pid % chunks
+    layer = (pid // chunks) % num_layers
+    i = pid // chunks // num_layers
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    page = tl.load(page_ids_ptr + i).to(tl.int64)
+    mask = offs < tl.where((page >= 0) & (page < num_pages), obj_words, 0)  # invalid page: copy nothing
+    dst = staging_ptr + (i * num_layers + layer) * OBJS * obj_stride_words + offs
+    src = page * obj_words + offs
+    k_ptr = table_pointer(table_ptr + layer * OBJS, staging_ptr, ALIGNED16)
+    tl.store(dst, tl.load(k_ptr + src, mask=mask), mask=mask)
+    if OBJS == 2:
+        v_ptr = table_pointer(table_ptr + layer * OBJS + 1, staging_ptr, ALIGNED16)
+        tl.store(dst + obj_stride_words, tl.load(v_ptr + src, mask=mask), mask=mask)
+
+
+def gather_layer(staging, k_buf, v_buf, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):
+    """Copy page ``page_ids[i]`` of ``k_buf`` / ``v_buf`` to staged K object i (byte ``2i * obj_stride``) and V
+    object i (``(2i+1) * obj_stride``) for i < N. ``obj_stride`` in bytes. Returns None."""
+    plan = plan_layer("gather_layer", staging, (k_buf, v_buf), page_ids, page_size, obj_stride, check_bounds,
+                      _gather_layer_kernel)
+    launch_layer(_gather_layer_kernel, plan)
+
+
+def gather_layer_mla(staging, kv_buf, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):
+    """MLA: copy page ``page_ids[i]`` of ``kv_buf`` (``[rows, 1, kv_cache_dim]``) to staged object i (byte
+    ``i * obj_stride``). Returns None."""
+    plan = plan_layer("gather_layer_mla", staging, (kv_buf,), page_ids, page_size, obj_stride, check_bounds,
+                      _gather_layer_kernel)
+    launch_layer(_gather_layer_kernel, plan)
+
+
+def gather_pages(staging, k_bufs, v_bufs, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):
+    """Every layer in one launch: page ``page_ids[i]`` of ``k_bufs[l]`` / ``v_bufs[l]`` goes to staged object
+    ``(i*L + l)*2 + {0: K, 1: V}``. All L buffers share dtype and shape. Returns None."""
+    layers = layer_tuples("gather_pages", k_bufs, v_bufs)
+    plan = plan_pages("gather_pages", staging, layers, page_ids, page_size, obj_stride, check_bounds,
+                      _gather_pages_kernel)
+    launch_pages(_gather_pages_kernel, _gather_layer_kernel, plan)
+
+
+def gather_pages_mla(staging, kv_bufs, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):
+    """MLA, every layer in one launch: page ``page_ids[i]`` of ``kv_bufs[l]`` goes to staged object
+    ``i*L + l``. Returns None."""
+    layers = layer_tuples("gather_pages_mla", kv_bufs, None)
+    plan = plan_pages("gather_pages_mla", staging, layers, page_ids, page_size, obj_stride, check_bounds,
+                      _gather_pages_kernel)
+    launch_pages(_gather_pages_kernel, _gather_layer_kernel, plan)
+
+
+def gather_pages_ref(staging, k_bufs, v_bufs, page_ids, page_size: int, obj_stride=None) -> None:
+    """Plain-torch ``gather_pages`` (``v_bufs=None``: ``gather_pages_mla``), via ``index_select``."""
+    layers = layer_tuples("gather_pages_ref", k_bufs, v_bufs)
+    ids = page_ids.long()
+    obj_bytes = pool_pages(layers[0][0], page_size).shape[1]
+    per_page = len(layers) * len(layers[0])
+    objs = staging_objects(staging, ids.numel(), per_page, obj_bytes, obj_stride or obj_bytes)
+    for j, buf in enumerate(b for bufs in layers for b in bufs):
+        objs[:, j].copy_(pool_pages(buf, page_size).index_select(0, ids))
+
+
+def gather_layer_ref(staging, k_buf, v_buf, page_ids, page_size: int, obj_stride=None) -> None:
+    """Plain-torch ``gather_layer`` (``v_buf=None``: ``gather_layer_mla``)."""
+    gather_pages_ref(staging, [k_buf], None if v_buf is None else [v_buf], page_ids, page_size, obj_stride)

@@ -1,0 +1,114 @@
+"""Scatter: contiguous staging -> SGLang's paged device KV pool (restore).
+
+Primitives at a glance:
+
+* ``scatter_layer(staging, k_buf, v_buf, page_ids, page_size)``: one layer, MHA (K then V object per page).
+* ``scatter_layer_mla(staging, kv_buf, page_ids, page_size)``: one layer, MLA (one object per page).
+* ``scatter_pages(staging, k_bufs, v_bufs, page_ids, page_size)``: every layer in one launch, staging in the
+  on-disk order (page-major, then layer, then K before V); ``scatter_pages_mla`` likewise.
+* ``scatter_layer_ref`` / ``scatter_pages_ref``: the same in plain torch (``v_buf(s)=None`` for MLA).
+
+Staging holds object j (0-based, in the order above) at byte ``j * obj_stride``; ``obj_stride`` defaults to the
+object size ``page_size * H * D * itemsize`` and may be larger (a multiple of 16, e.g. objects padded to 4 KiB).
+Pool buffers are NHD ``[rows, H, D]`` or HND ``[num_pages, H, page_size, D]``, contiguous; page p's object is
+bytes ``[p * object_bytes, (p + 1) * object_bytes)``. Copies are byte-exact, for any dtype.
+
+Launchers enqueue on the current CUDA stream and return None without synchronizing the host. Page ids outside
+``[0, num_pages)`` raise ValueError when checked (CPU tensors, or ``check_bounds=True``, which synchronizes);
+otherwise the kernel skips them (nothing written).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import (launch_layer, launch_pages, layer_tuples, plan_layer, plan_pages, pool_pages, staging_objects,
+                      table_pointer)
+
+
+@triton.jit
+def _scatter_layer_kernel(staging_ptr, k_ptr, v_ptr, page_ids_ptr, num_pages, obj_words, obj_stride_words,
+                          page_stride_words, chunks, OBJS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program = (staged page i, chunk c): copy words [c*BLOCK, (c+1)*BLOCK) of page i's K (and V) object."""
+    pid = tl.program_id(0).to(tl.int64)
+    i = pid // chunks
+    offs = (pid % chunks) * BLOCK + tl.arange(0, BLOCK)
+    page = tl.load(page_ids_ptr + i).to(tl.int64)
+    mask = offs < tl.where((page >= 0) & (page < num_pages), obj_words, 0)  # invalid page: copy nothing
+    src = staging_ptr + i * page_stride_words + offs
+    dst = page * obj_words + offs
+    tl.store(k_ptr + dst, tl.load(src, mask=mask), mask=mask)
+    if OBJS == 2:
+        tl.store(v_ptr + dst, tl.load(src + obj_stride_words, mask=mask), mask=mask)
+
+
+@triton.jit
+def _scatter_pages_kernel(staging_ptr, table_ptr, page_ids_ptr, num_pages, num_layers, obj_words,
+                          obj_stride_words, chunks, OBJS: tl.constexpr, ALIGNED16: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    """Program = (staged page i, layer l, chunk c); layer l's buffers come from row l of the pointer table."""
+    pid = tl.program_id(0).to(tl.int64)
+    chunk = pid % chunks
+    layer = (pid // chunks) % num_layers
+    i = pid // chunks // num_layers
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    page = tl.load(page_ids_ptr + i).to(tl.int64)
+    mask = offs < tl.where((page >= 0) & (page < num_pages), obj_words, 0)  # invalid page: copy nothing
+    src = staging_ptr + (i * num_layers + layer) * OBJS * obj_stride_words + offs
+    dst = page * obj_words + offs
+    k_ptr = table_pointer(table_ptr + layer * OBJS, staging_ptr, ALIGNED16)
+    tl.store(k_ptr + dst, tl.load(src, mask=mask), mask=mask)
+    if OBJS == 2:
+        v_ptr = table_pointer(table_ptr + layer * OBJS + 1, staging_ptr, ALIGNED16)
+        tl.store(v_ptr + dst, tl.load(src + obj_stride_words, mask=mask), mask=mask)
+
+
+def scatter_layer(staging, k_buf, v_buf, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):
+    """Write staged page i's K object (byte ``2i * obj_stride``) and V object (``(2i+1) * obj_stride``) into
+    page ``page_ids[i]`` of ``k_buf`` / ``v_buf`` for i < N. ``obj_stride`` in bytes. Returns None."""
+    plan = plan_layer("scatter_layer", staging, (k_buf, v_buf), page_ids, page_size, obj_stride, check_bounds,
+                      _scatter_layer_kernel)
+    launch_layer(_scatter_layer_kernel, plan)
+
+
+def scatter_layer_mla(staging, kv_buf, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):
+    """MLA: write staged object i (byte ``i * obj_stride``) into page ``page_ids[i]`` of ``kv_buf``
+    (``[rows, 1, kv_cache_dim]``). Returns None."""
+    plan = plan_layer("scatter_layer_mla", staging, (kv_buf,), page_ids, page_size, obj_stride, check_bounds,
+                      _scatter_layer_kernel)
+    launch_layer(_scatter_layer_kernel, plan)
+
+
+def scatter_pages(staging, k_bufs, v_bufs, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):
+    """Every layer in one launch: staged object ``(i*L + l)*2 + {0: K, 1: V}`` goes to page ``page_ids[i]`` of
+    ``k_bufs[l]`` / ``v_bufs[l]``. All L buffers share dtype and shape. Returns None."""
+    layers = layer_tuples("scatter_pages", k_bufs, v_bufs)
+    plan = plan_pages("scatter_pages", staging, layers, page_ids, page_size, obj_stride, check_bounds,
+                      _scatter_pages_kernel)
+    launch_pages(_scatter_pages_kernel, _scatter_layer_kernel, plan)
+
+
+def scatter_pages_mla(staging, kv_bufs, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):
+    """MLA, every layer in one launch: staged object ``i*L + l`` goes to page ``page_ids[i]`` of
+    ``kv_bufs[l]``. Returns None."""
+    layers = layer_tuples("scatter_pages_mla", kv_bufs, None)
+    plan = plan_pages("scatter_pages_mla", staging, layers, page_ids, page_size, obj_stride, check_bounds,
+                      _scatter_pages_kernel)
+    launch_pages(_scatter_pages_kernel, _scatter_layer_kernel, plan)
+
+
+def scatter_pages_ref(staging, k_bufs, v_bufs, page_ids, page_size: int, obj_stride=None) -> None:
+    """Plain-torch ``scatter_pages`` (``v_bufs=None``: ``scatter_pages_mla``), via ``index_copy_``."""
+    layers = layer_tuples("scatter_pages_ref", k_bufs, v_bufs)
+    ids = page_ids.long()
+    obj_bytes = pool_pages(layers[0][0], page_size).shape[1]
+    per_page = len(layers) * len(layers[0])
+    objs = staging_objects(staging, ids.numel(), per_page, obj_bytes, obj_stride or obj_bytes)
+    for j, buf in enumerate(b for bufs in layers for b in bufs):
+        pool_pages(buf, page_size).index_copy_(0, ids, objs[:, j])
+
+
+def scatter_layer_ref(staging, k_buf, v_buf, page_ids, page_size: int, obj_stride=None) -> None:
+    """Plain-torch ``scatter_layer`` (``v_buf=None``: ``scatter_layer_mla``)."""
+    scatter_pages_ref(staging, [k_buf], None if v_buf is None else [v_buf], page_ids, page_size, obj_stride)

@@ -1,0 +1,146 @@
+"""An SM partition for I/O kernels: a CUDA stream whose kernels run on a few SMs only (green contexts, Hopper).
+
+Primitives at a glance:
+
+* ``io_stream(num_sms=8, device=None) -> IOStream``: the I/O stream of a device, created once and cached per
+  (device, num_sms); thread-safe.
+* ``IOStream``: ``.stream`` (a ``torch.cuda.Stream`` for ``with torch.cuda.stream(...)``, or None),
+  ``.kind`` ("green", "priority" or "none"), ``.num_sms``, ``.reason``, ``.device``.
+
+"green": kernels on ``.stream`` are confined to ``.num_sms`` SMs of a green context (``torch.cuda.green_contexts``
+when torch has it, else cuda-python's driver API), so restore/offload kernels leave the other SMs to the forward
+pass. The forward's kernels may still use every SM: the partition bounds the I/O, not the compute.
+"priority": green contexts are unavailable (pre-sm_90 GPU, old driver or torch, no cuda-python); ``.stream`` is an
+ordinary stream of the highest priority and may use every SM. "none": no CUDA; ``.stream`` is None.
+Every outcome is logged once, with its reason, on the logger ``tutti_hicache.green``.
+
+Importing this module touches neither CUDA nor cuda-python; both load on the first ``io_stream`` call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+MIN_CAPABILITY = (9, 0)
+_lock = threading.Lock()
+_cache: dict = {}
+
+
+@dataclass(frozen=True)
+class IOStream:
+    """A stream for I/O kernels. ``num_sms``: SMs its kernels may occupy (all of the device's for "priority",
+    0 for "none"). ``reason``: why this kind was chosen. ``device``: CUDA device index, None for "none"."""
+
+    stream: Optional[Any]
+    kind: str
+    num_sms: int
+    reason: str
+    device: Optional[int] = None
+    _owner: Any = field(default=None, repr=False, compare=False)  # keeps the green context alive
+
+
+def io_stream(num_sms: int = 8, device=None) -> IOStream:
+    """Return the cached I/O stream of ``device`` (index, ``torch.device`` or None for the current device)
+    with kernels confined to at least ``num_sms`` SMs (the driver rounds up to its granularity, 8 on sm_90).
+    Never raises for a missing capability: it falls back to "priority" or "none" and logs why, once."""
+    if not isinstance(num_sms, int) or num_sms < 1:
+        raise ValueError(f"num_sms must be a positive int, got {num_sms!r}")
+    index = _device_index(device)
+    with _lock:
+        key = (index, num_sms)
+        if key not in _cache:
+            _cache[key] = _create(index, num_sms)
+            result = _cache[key]
+            logger.info("I/O stream on device %s: %s, %d SMs (%s)", index, result.kind, result.num_sms,
+                        result.reason)
+        return _cache[key]
+
+
+def _device_index(device) -> Optional[int]:
+    """CUDA device index of ``device``; None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    if isinstance(device, int):
+        return device
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"io_stream needs a CUDA device, got {device}")
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+def _create(index: Optional[int], num_sms: int) -> IOStream:
+    if index is None:
+        return IOStream(None, "none", 0, "CUDA is not available")
+    capability, total = _device_facts(index)
+    if capability < MIN_CAPABILITY:
+        return _priority(index, total, f"green contexts need sm_90+, device is sm_{capability[0]}{capability[1]}")
+    if num_sms >= total:
+        return _priority(index, total, f"{num_sms} SMs asked, the device has {total}")
+    errors = []
+    for label, make in (("torch.cuda.green_contexts", _torch_green), ("cuda.bindings", _driver_green)):
+        try:
+            return make(index, num_sms)
+        except Exception as exc:  # any failure means: this way is unavailable here
+            errors.append(f"{label}: {exc}")
+    return _priority(index, total, "green contexts unavailable: " + "; ".join(errors))
+
+
+def _device_facts(index: int) -> tuple:
+    """((major, minor) compute capability, SM count) of a device."""
+    props = torch.cuda.get_device_properties(index)
+    return (props.major, props.minor), props.multi_processor_count
+
+
+def _priority(index: int, total_sms: int, reason: str) -> IOStream:
+    stream = torch.cuda.Stream(device=index, priority=-1)
+    return IOStream(stream, "priority", total_sms, reason + "; using a high-priority stream", index)
+
+
+def _init_primary_context(index: int) -> None:
+    """Green contexts are created beside the device's primary context, which torch creates lazily."""
+    torch.zeros(1, device=torch.device("cuda", index))
+
+
+def _torch_green(index: int, num_sms: int) -> IOStream:
+    """``torch.cuda.green_contexts`` (torch builds whose GreenContext has ``Stream()``)."""
+    from torch.cuda import green_contexts
+
+    if not getattr(green_contexts, "SUPPORTED", False):
+        raise RuntimeError("torch was built without green contexts")
+    if not hasattr(green_contexts.GreenContext, "Stream"):
+        raise RuntimeError("this torch's GreenContext has no Stream()")
+    _init_primary_context(index)
+    ctx = green_contexts.GreenContext.create(num_sms=num_sms, device_id=index)
+    return IOStream(ctx.Stream(), "green", num_sms, "torch.cuda.green_contexts", index, ctx)
+
+
+def _driver_green(index: int, num_sms: int) -> IOStream:
+    """cuda-python's driver API: split the SMs, create a green context and a stream in it."""
+    from cuda.bindings import driver as cu
+
+    _init_primary_context(index)
+    (dev,) = _cu(cu, "cuDeviceGet", index)
+    (sm_resource,) = _cu(cu, "cuDeviceGetDevResource", dev, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)
+    groups, _, _ = _cu(cu, "cuDevSmResourceSplitByCount", 1, sm_resource, 0, num_sms)
+    (desc,) = _cu(cu, "cuDevResourceGenerateDesc", [groups[0]], 1)
+    (green_ctx,) = _cu(cu, "cuGreenCtxCreate", desc, dev, cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM)
+    flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
+    (raw_stream,) = _cu(cu, "cuGreenCtxStreamCreate", green_ctx, flags, 0)
+    stream = torch.cuda.ExternalStream(int(raw_stream), device=torch.device("cuda", index))
+    owner = (green_ctx, raw_stream)
+    return IOStream(stream, "green", int(groups[0].sm.smCount), "cuda.bindings.driver", index, owner)
+
+
+def _cu(cu, name: str, *args) -> tuple:
+    """Call a cuda-python driver function; raise RuntimeError naming it on a CUresult error; return the rest."""
+    err, *values = getattr(cu, name)(*args)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{name} failed: {err.name if hasattr(err, 'name') else err}")
+    return tuple(values)
