@@ -82,9 +82,9 @@ def test_patch_set_applies_to_the_installed_sglang(sglang, tmp_path):
                      for p in os.listdir(os.path.join(ROOT, "patches", "sglang-0.5.23")))
     touched = set()
     for p in patches:
-        for line in open(p):
-            if line.startswith("+++ b/python/sglang/"):
-                touched.add(line[len("+++ b/python/sglang/"):].strip())
+        with open(p) as f:
+            touched.update(line[len("+++ b/python/sglang/"):].strip() for line in f
+                           if line.startswith("+++ b/python/sglang/"))
     for rel in touched:
         dst = tmp_path / "python" / "sglang" / rel
         dst.parent.mkdir(parents=True, exist_ok=True)

@@ -232,14 +232,14 @@ def bench_file(spec, work, pool, keys, src, dst, nbytes) -> dict:
                                is_page_first_layout=spec.layout == "page_first",
                                model_name=f"bench-{spec.geometry}",
                                extra_config={"file_storage_path": file_dir})
-    be = HiCacheFile(sc)
+    be = HiCacheFile(sc, file_path=file_dir)  # 0.5.17 ignores file_storage_path in extra_config
     ctrl = H.make_controller(be, pool, pool.page_size, sc, zero_copy=False, backend_type="file")
     t0 = time.perf_counter()
     H.controller_backup(ctrl, keys, src)
     write_s = time.perf_counter() - t0
     files = [os.path.join(file_dir, f) for f in os.listdir(file_dir)]
     how = drop_page_cache(files)
-    be = HiCacheFile(sc)
+    be = HiCacheFile(sc, file_path=file_dir)
     ctrl = H.make_controller(be, pool, pool.page_size, sc, zero_copy=False, backend_type="file")
     _poison(pool, dst)
     done, wall, cpu, lat = _restore(ctrl, be, keys, dst, "batch_get")

@@ -154,11 +154,18 @@ class TuttiStorage(HiCacheStorage):
 
     def batch_get(self, keys, target_locations=None, target_sizes=None):
         keys = list(keys)
-        targets = list(target_locations or [])
-        if self.hostmap is None or len(targets) != len(keys) or not self._flat_ok(targets):
+        try:
+            targets = list(target_locations or [])
+            if self.hostmap is None or len(targets) != len(keys) or not self._flat_ok(targets):
+                self._warn_once("flat-get", "tutti: batch_get with unusable target pages; miss")
+                return [None] * len(keys)
+            aligned = _aligned_tensors(targets, self.hostmap)
+        except Exception:
+            logger.exception("tutti: batch_get arguments rejected; reported as a miss")
             return [None] * len(keys)
-        ok = self._io("get", keys, lambda: self.hostmap.flat_addresses(targets),
-                      _aligned_tensors(targets, self.hostmap))
+        self._warn_once("generic", "tutti: SGLang uses the generic (copying) page path; select "
+                        "the zero-copy one with \"interface_v1\": 1 (dynamic) or the plugin/patch")
+        ok = self._io("get", keys, lambda: self.hostmap.flat_addresses(targets), aligned)
         return [t if good else None for t, good in zip(targets, ok)]
 
     def get(self, key, target_location=None, target_sizes=None):
@@ -166,11 +173,16 @@ class TuttiStorage(HiCacheStorage):
 
     def batch_set(self, keys, values=None, target_locations=None, target_sizes=None) -> bool:
         keys = list(keys)
-        values = [v.contiguous() if v is not None else None for v in (values or [])]
-        if self.hostmap is None or len(values) != len(keys) or not self._flat_ok(values):
+        try:
+            values = [v.contiguous() if v is not None else None for v in (values or [])]
+            if self.hostmap is None or len(values) != len(keys) or not self._flat_ok(values):
+                self._warn_once("flat-set", "tutti: batch_set with unusable pages; not stored")
+                return False
+            aligned = _aligned_tensors(values, self.hostmap)
+        except Exception:
+            logger.exception("tutti: batch_set arguments rejected; not stored")
             return False
-        ok = self._io("set", keys, lambda: self.hostmap.flat_addresses(values),
-                      _aligned_tensors(values, self.hostmap))
+        ok = self._io("set", keys, lambda: self.hostmap.flat_addresses(values), aligned)
         return all(ok)
 
     def set(self, key, value=None, target_location=None, target_sizes=None) -> bool:
