@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test command: installs what it needs (apt when root, a CPU venv per SGLang version) and runs
+# the whole suite against SGLang 0.5.23, then the storage-path suite against SGLang 0.5.17.
+# No GPU needed: GPU tests skip with a reason; Triton kernels run under TRITON_INTERPRET=1.
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO"
+STORAGE_TESTS=(tests/test_storage_sglang.py tests/test_harness_file_backend.py
+  tests/test_plugin_and_patches.py tests/test_cli.py)
+
+scripts/setup_env.sh --sglang 0.5.23 --venv "$REPO/.venv"
+echo "== tests, SGLang 0.5.23 =="
+"$REPO/.venv/bin/pytest" -q "$@"
+
+scripts/setup_env.sh --sglang 0.5.17 --venv "$REPO/.venv-0.5.17"
+echo "== storage path, SGLang 0.5.17 =="
+"$REPO/.venv-0.5.17/bin/pytest" -q "${STORAGE_TESTS[@]}" "$@"
