@@ -36,6 +36,9 @@ log() { printf '[setup_env %3ds] %s\n' "$SECONDS" "$*" >&2; }
 SGLANG_DEPS=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic
   pyzmq tqdm IPython aiohttp triton transformers dill apache-tvm-ffi sentencepiece gguf
   compressed-tensors ninja xxhash)
+# SGLang's own pins are used for these, except OVERRIDES: sentencepiece 0.2.1 (0.5.23's pin) segfaults at
+# interpreter exit once SGLang has imported it under pytest; 0.2.3 does not.
+OVERRIDES="sentencepiece>=0.2.3"
 # Older SGLang (seen: 0.5.17) also imports server_args from memory_pool, hence its parsers' packages.
 OLD_SGLANG_DEPS=(openai partial_json_parser xgrammar einops)
 
@@ -75,8 +78,8 @@ vpip() {
 
 # Print "name<spec>" for each wanted package, using the pin in SGLang's metadata when it has one.
 pinned_deps() {
-  "$VENV/bin/python" - "$@" <<'EOF'
-import re, sys
+  OVERRIDES="$OVERRIDES" "$VENV/bin/python" - "$@" <<'EOF'
+import os, re, sys
 from importlib.metadata import requires
 pins = {}
 for req in requires("sglang") or []:
@@ -84,6 +87,9 @@ for req in requires("sglang") or []:
         continue  # extras and platform-specific requirements
     m = re.match(r"\s*([A-Za-z0-9_.-]+)\s*(.*)", req)
     pins[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(2).strip()
+for spec in os.environ.get("OVERRIDES", "").split():
+    m = re.match(r"([A-Za-z0-9_.-]+)(.*)", spec)
+    pins[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(2)
 for name in sys.argv[1:]:
     print(name + pins.get(re.sub(r"[-_.]+", "-", name).lower(), ""))
 EOF
