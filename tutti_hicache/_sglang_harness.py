@@ -251,7 +251,8 @@ def make_storage_config(
     return HiCacheStorageConfig(**values)
 
 
-def _build_host_pool(cls, device_pool, layout: str, page_size: int, n_pages: int, **extra):
+def _build_host_pool(cls, device_pool, layout: str, page_size: int, n_pages: int,
+                     pin_memory: bool = False, **extra):
     """Host pool of `n_pages` pages (+1 padding page SGLang adds) over a one-page device pool."""
     ratio = float(n_pages)  # host tokens = device tokens (one page) * ratio
     if "buffer_info" in inspect.signature(cls.__init__).parameters:  # 0.5.23
@@ -264,12 +265,13 @@ def _build_host_pool(cls, device_pool, layout: str, page_size: int, n_pages: int
     else:  # 0.5.17: built from the device pool itself
         first = device_pool
         extra.clear()
-    pool = cls(first, ratio, 0, page_size, layout, pin_memory=False, device="cpu", **extra)
+    pool = cls(first, ratio, 0, page_size, layout, pin_memory=pin_memory, device="cpu", **extra)
     pool._tutti_device_pool = device_pool  # keep the device tensors alive (0.5.23 keeps only views)
     return pool
 
 
-def make_mha_host_pool(layout, layer_num, head_num, head_dim, page_size, dtype, n_pages):
+def make_mha_host_pool(layout, layer_num, head_num, head_dim, page_size, dtype, n_pages,
+                       pin_memory=False):
     """Real MHATokenToKVPoolHost on CPU; layout: layer_first|page_first|page_first_direct|page_head.
 
     Allocatable slots: (n_pages + 1) * page_size tokens (SGLang adds one padding page).
@@ -282,11 +284,12 @@ def make_mha_host_pool(layout, layer_num, head_num, head_dim, page_size, dtype, 
         size=page_size, page_size=page_size, dtype=dtype, head_num=head_num, head_dim=head_dim,
         layer_num=layer_num, device="cpu", enable_memory_saver=False, enable_alt_stream=False,
     )
-    return _build_host_pool(MHATokenToKVPoolHost, device_pool, layout, page_size, n_pages)
+    return _build_host_pool(MHATokenToKVPoolHost, device_pool, layout, page_size, n_pages,
+                            pin_memory)
 
 
 def make_mla_host_pool(
-    layout, layer_num, kv_lora_rank, qk_rope_head_dim, page_size, dtype, n_pages
+    layout, layer_num, kv_lora_rank, qk_rope_head_dim, page_size, dtype, n_pages, pin_memory=False
 ):
     """Real MLATokenToKVPoolHost on CPU, `layout` in layer_first|page_first|page_first_direct.
 
@@ -302,7 +305,7 @@ def make_mla_host_pool(
         enable_memory_saver=False,
     )
     return _build_host_pool(
-        MLATokenToKVPoolHost, device_pool, layout, page_size, n_pages,
+        MLATokenToKVPoolHost, device_pool, layout, page_size, n_pages, pin_memory,
         target_layer_num=layer_num,
     )
 

@@ -22,7 +22,8 @@ def _bench_spec(a):
     from .bench_store import BenchSpec
     return BenchSpec(medium=a.medium, geometry=a.geometry, pages=a.pages, layout=a.layout,
                      engine=a.engine, io_mode=a.io_mode, queue_depth=a.queue_depth,
-                     threads=a.threads, with_file=not a.no_file, keep=False, seed=a.seed)
+                     threads=a.threads, with_file=not a.no_file, keep=False, seed=a.seed,
+                     pin_memory=a.pin)
 
 
 def cmd_bench_store(a) -> int:
@@ -141,6 +142,7 @@ def _add_bench_args(p, pages: int, geometry: str) -> None:
     p.add_argument("--threads", type=int, default=8)
     p.add_argument("--no-file", action="store_true", help="skip SGLang's file backend")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pin", action="store_true", help="pinned host pool (needs CUDA), as in a GPU server")
 
 
 def main(argv=None) -> int:

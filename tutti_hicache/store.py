@@ -124,55 +124,60 @@ class ObjectStore(SegmentFiles):
         ok = np.zeros(n, dtype=bool)
         with self._lock:
             entries = self.index.pin(keys)
-        present = np.array([e is not None for e in entries], dtype=bool)
-        idx = np.flatnonzero(present)
+        idx = np.flatnonzero([e is not None for e in entries])
         slots = np.array([entries[i].slot for i in idx], dtype=np.int64)
         try:
             if len(idx):
-                ok[idx] = self._read_slots(slots, addrs[idx], aligned)
-                ok[idx] &= self._verify(entries, idx, addrs)
+                must = np.array([self.cfg.verify or not entries[i].owned for i in idx], dtype=bool)
+                good, sums = self._read_slots(slots, addrs[idx], aligned, bool(must.any()))
+                ok[idx] = good & self._verify([entries[i] for i in idx], must, sums, addrs[idx])
         finally:
             with self._lock:
                 self.index.unpin(slots.tolist())
         self._account_read(ok, n, time.perf_counter() - t0)
         return ok
 
-    def _read_slots(self, slots: np.ndarray, addrs: np.ndarray, aligned: bool) -> np.ndarray:
+    def _read_slots(self, slots, addrs, aligned: bool, checksum: bool):
+        """Read slots into addrs [n, m]. Returns (ok per page, checksums per page or None).
+
+        On the zero-copy path each page's checksum is computed as soon as its reads land,
+        while the rest of the batch is still in flight."""
         files, offsets = self._slot_files(slots)
         lay = self.layout
-        m = len(lay.object_nbytes)
+        n, m = addrs.shape
         if aligned:
-            res = self.engine.read(np.repeat(files, m),
-                                   (offsets[:, None] + lay.object_offsets[None, :]).ravel(),
-                                   np.tile(lay.object_nbytes, len(slots)), addrs.ravel())
-            good = (res.reshape(len(slots), m) == lay.object_nbytes[None, :]).all(axis=1)
+            args = (np.repeat(files, m), (offsets[:, None] + lay.object_offsets[None, :]).ravel(),
+                    np.tile(lay.object_nbytes, n), addrs.ravel())
+            if checksum:
+                res, sums = self.engine.read_verify(*args, np.arange(0, n * m + 1, m, dtype=np.int64))
+            else:
+                res, sums = self.engine.read(*args), None
             self._count_errors(res, "read")
-            return good
+            return (res.reshape(n, m) == lay.object_nbytes[None, :]).all(axis=1), sums
         with self._io_lock["r"]:
-            stage = self._stage("r", len(slots))
-            base = stage.address + np.arange(len(slots), dtype=np.uint64) * lay.payload_nbytes
+            stage = self._stage("r", n)
+            base = stage.address + np.arange(n, dtype=np.uint64) * lay.payload_nbytes
             res = self.engine.read(files, offsets + HEADER_NBYTES,
-                                   np.full(len(slots), lay.payload_nbytes, np.int64), base)
+                                   np.full(n, lay.payload_nbytes, np.int64), base)
             good = res == lay.payload_nbytes
             self._count_errors(res, "read")
             src = base[:, None] + (lay.object_offsets - HEADER_NBYTES).astype(np.uint64)[None, :]
+            sums = self._checksums(src) if checksum else None
             sel = np.flatnonzero(good)
             extension().memcpy_batch(addrs[sel].ravel(), src[sel].ravel(),
                                      np.tile(lay.object_nbytes, len(sel)), self.cfg.threads)
-            return good
+            return good, sums
 
-    def _verify(self, entries, idx: np.ndarray, addrs: np.ndarray) -> np.ndarray:
-        must = np.array([self.cfg.verify or not entries[i].owned for i in idx], dtype=bool)
-        good = np.ones(len(idx), dtype=bool)
-        if not must.any():
+    def _verify(self, entries: list, must: np.ndarray, sums, addrs: np.ndarray) -> np.ndarray:
+        """False for pages whose checksum must match and does not (they are dropped)."""
+        good = np.ones(len(entries), dtype=bool)
+        if sums is None or not must.any():
             return good
-        sel = idx[must]
-        sums = self._checksums(addrs[sel])
-        expect = np.array([entries[i].checksum for i in sel], dtype=np.uint64)
-        bad = sums != expect
+        expect = np.array([e.checksum for e in entries], dtype=np.uint64)
+        bad = must & (sums != expect)
         if bad.any():
-            good[np.flatnonzero(must)[bad]] = False
-            self._drop_corrupt([entries[i] for i in sel[bad]])
+            good[bad] = False
+            self._drop_corrupt([e for e, b in zip(entries, bad) if b])
         return good
 
     def _drop_corrupt(self, bad_entries) -> None:
@@ -344,7 +349,7 @@ class ObjectStore(SegmentFiles):
             base = stage.address + np.arange(len(part), dtype=np.uint64) * self.layout.payload_nbytes
             addrs = base[:, None] + (self.layout.object_offsets - HEADER_NBYTES).astype(np.uint64)[None, :]
             slots = np.array([e.slot for _, e in part], dtype=np.int64)
-            ok = self._read_slots(slots, addrs, aligned=False)
+            ok, sums = self._read_slots(slots, addrs, aligned=False, checksum=False)
             sums = self._checksums(addrs.reshape(len(part), m))
             for (k, e), good, c in zip(part, ok, sums):
                 if not good or int(c) != e.checksum:

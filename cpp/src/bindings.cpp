@@ -26,13 +26,41 @@ py::array_t<int32_t> submit(Engine& e, tutti::Op op, const I64& file, const I64&
                             const I64& nbytes, const U64& addr) {
   size_t n = same_length({file.size(), offset.size(), nbytes.size(), addr.size()});
   py::array_t<int32_t> results(static_cast<py::ssize_t>(n));
-  tutti::Batch b{file.data(), offset.data(), nbytes.data(), addr.data(), n};
+  tutti::Batch b{file.data(), offset.data(), nbytes.data(), addr.data(), n, nullptr};
   int32_t* out = results.mutable_data();
   {
     py::gil_scoped_release release;
     e.submit(op, b, out);
   }
   return results;
+}
+
+// Read, and checksum each group of requests as soon as its last request lands.
+py::tuple read_verify(Engine& e, const I64& file, const I64& offset, const I64& nbytes,
+                      const U64& addr, const I64& group_start) {
+  size_t n = same_length({file.size(), offset.size(), nbytes.size(), addr.size()});
+  TUTTI_EXPECT(group_start.size() >= 1, "group_start needs at least one entry");
+  size_t ngroups = static_cast<size_t>(group_start.size() - 1);
+  const int64_t* gs = group_start.data();
+  for (size_t g = 0; g < ngroups; ++g)
+    TUTTI_EXPECT(gs[g] >= 0 && gs[g] <= gs[g + 1] && static_cast<size_t>(gs[g + 1]) <= n,
+                 "group_start must be non-decreasing and within the batch");
+  py::array_t<int32_t> results(static_cast<py::ssize_t>(n));
+  py::array_t<uint64_t> sums(static_cast<py::ssize_t>(ngroups));
+  int32_t* out = results.mutable_data();
+  {
+    py::gil_scoped_release release;
+    tutti::GroupChecksums groups(gs, ngroups, n, sums.mutable_data(), e.task_pool());
+    tutti::Batch b{file.data(), offset.data(), nbytes.data(), addr.data(), n, &groups};
+    try {
+      e.submit(tutti::Op::kRead, b, out);
+    } catch (...) {
+      groups.wait();
+      throw;
+    }
+    groups.wait();
+  }
+  return py::make_tuple(results, sums);
 }
 
 py::dict counters(const Engine& e) {
@@ -49,13 +77,20 @@ py::dict counters(const Engine& e) {
 }
 
 std::unique_ptr<Engine> make_engine(const std::string& kind, unsigned queue_depth, bool vectored,
-                                    unsigned threads) {
+                                    unsigned threads, int64_t max_op_bytes) {
+  TUTTI_EXPECT(max_op_bytes >= 4096 && max_op_bytes <= (1 << 30),
+               "max_op_bytes must be within [4 KiB, 1 GiB]");
   tutti::EngineOptions opt;
+  opt.max_op_bytes = max_op_bytes;
+  auto engine_with = [&](std::unique_ptr<Engine> e) {
+    e->task_threads = threads;
+    return e;
+  };
   opt.queue_depth = queue_depth;
   opt.vectored = vectored;
   opt.threads = threads;
-  if (kind == "uring") return tutti::make_uring_engine(opt);
-  if (kind == "posix") return tutti::make_posix_engine(opt);
+  if (kind == "uring") return engine_with(tutti::make_uring_engine(opt));
+  if (kind == "posix") return engine_with(tutti::make_posix_engine(opt));
   throw tutti::Error("unknown engine kind '" + kind + "' (expected uring or posix)", __FILE__,
                      __LINE__);
 }
@@ -116,11 +151,13 @@ PYBIND11_MODULE(_engine, m) {
       .def("write", [](Engine& e, const I64& f, const I64& o, const I64& n, const U64& a) {
             return submit(e, tutti::Op::kWrite, f, o, n, a);
           }, py::arg("file"), py::arg("offset"), py::arg("nbytes"), py::arg("addr"))
+      .def("read_verify", &read_verify, py::arg("file"), py::arg("offset"), py::arg("nbytes"),
+           py::arg("addr"), py::arg("group_start"))
       .def("counters", &counters)
       .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>());
 
   m.def("make_engine", &make_engine, py::arg("kind"), py::arg("queue_depth") = 1024,
-        py::arg("vectored") = true, py::arg("threads") = 8);
+        py::arg("vectored") = true, py::arg("threads") = 8, py::arg("max_op_bytes") = 1 << 30);
   m.def("uring_compiled", &tutti::uring_compiled);
   m.def("checksum_groups", &checksum_groups, py::arg("addr"), py::arg("nbytes"),
         py::arg("group_start"), py::arg("threads") = 1);

@@ -12,6 +12,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "tutti/engine.hpp"
 #include "tutti/error.hpp"
 
 namespace tutti {
@@ -66,6 +67,88 @@ void checksum_groups(const uint64_t* addr, const int64_t* len, const int64_t* gr
 }
 
 uint64_t checksum(const void* data, size_t n) { return XXH3_64bits(data, n); }
+
+TaskPool::TaskPool(unsigned threads) {
+  for (unsigned i = 0; i < std::max(1u, threads); ++i) threads_.emplace_back([this] { loop(); });
+}
+
+TaskPool::~TaskPool() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void TaskPool::push(std::function<void()> task) {
+  {
+    std::lock_guard lock(mu_);
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+}
+
+void TaskPool::loop() {
+  for (;;) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+    if (tasks_.empty()) return;  // stop_ and drained
+    auto task = std::move(tasks_.front());
+    tasks_.pop_front();
+    lock.unlock();
+    task();
+  }
+}
+
+GroupChecksums::GroupChecksums(const int64_t* group_start, size_t ngroups, size_t nreq,
+                               uint64_t* out, TaskPool* pool)
+    : pool_(pool),
+      start_(group_start),
+      out_(out),
+      group_of_(nreq, UINT32_MAX),
+      remaining_(new std::atomic<int32_t>[ngroups]),
+      failed_(new std::atomic<bool>[ngroups]) {
+  for (size_t g = 0; g < ngroups; ++g) {
+    remaining_[g] = static_cast<int32_t>(group_start[g + 1] - group_start[g]);
+    failed_[g] = false;
+    out_[g] = 0;
+    for (int64_t i = group_start[g]; i < group_start[g + 1]; ++i) group_of_[i] = g;
+  }
+}
+
+void GroupChecksums::done(const Batch& b, size_t req, bool ok) {
+  uint32_t g = group_of_[req];
+  if (g == UINT32_MAX) return;
+  if (!ok) failed_[g] = true;
+  if (remaining_[g].fetch_sub(1) != 1 || failed_[g]) return;
+  if (!pool_) {
+    compute(b, g);
+    return;
+  }
+  {
+    std::lock_guard lock(mu_);
+    pending_++;
+  }
+  pool_->push([this, &b, g] {
+    compute(b, g);
+    std::lock_guard lock(mu_);
+    if (--pending_ == 0) cv_.notify_all();
+  });
+}
+
+void GroupChecksums::compute(const Batch& b, uint32_t g) {
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  for (int64_t i = start_[g]; i < start_[g + 1]; ++i)
+    XXH3_64bits_update(&st, reinterpret_cast<const void*>(b.addr[i]), b.nbytes[i]);
+  out_[g] = XXH3_64bits_digest(&st);
+}
+
+void GroupChecksums::wait() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [this] { return pending_ == 0; });
+}
 
 void memcpy_batch(const uint64_t* dst, const uint64_t* src, const int64_t* len, size_t n,
                   unsigned threads) {

@@ -89,9 +89,10 @@ Plan build_plan(const Batch& b, const PlanPolicy& pol, size_t nfiles, int32_t* r
   bool open = false;
   size_t prev = 0;
   for (size_t i = 0; i < b.n; ++i) {
-    int err = validate(b, i, nfiles, pol.max_op_bytes);
+    int err = validate(b, i, nfiles, int64_t{1} << 30);  // a request may exceed the op cap
     results[i] = err;
     if (err || b.nbytes[i] == 0) {
+      if (b.groups) b.groups->done(b, i, err == 0);
       open = false;
       continue;
     }
@@ -133,6 +134,7 @@ void finish_op(const Plan& p, const IoOp& op, const Batch& b, int err, int32_t* 
   for (uint32_t i = op.req_begin; i < op.req_end; ++i) {
     if (results[i] != 0 || b.nbytes[i] == 0) continue;  // invalid ones keep their error
     results[i] = err ? err : static_cast<int32_t>(b.nbytes[i]);
+    if (b.groups) b.groups->done(b, i, err == 0);
   }
   if (err) {
     c.errors += op.req_end - op.req_begin;
@@ -197,5 +199,11 @@ int Engine::open_file(const std::string& path, bool writable, bool direct) {
 }
 
 void Engine::close_file(int index) { files.close(index); }
+
+TaskPool* Engine::task_pool() {
+  std::lock_guard lock(task_mu_);
+  if (!tasks_) tasks_ = std::make_unique<TaskPool>(task_threads);
+  return tasks_.get();
+}
 
 }  // namespace tutti

@@ -115,6 +115,7 @@ class PosixEngine : public Engine {
     counters.requests += b.n;
     PlanPolicy pol;
     pol.vectored = opt_.vectored;
+    pol.max_op_bytes = opt_.max_op_bytes;
     Plan plan = build_plan(b, pol, files.size(), results);
     Dir& d = dirs_[static_cast<int>(op)];
     std::lock_guard lock(d.mu);

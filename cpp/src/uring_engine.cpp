@@ -245,6 +245,7 @@ class UringEngine : public Engine {
     }
     PlanPolicy pol;
     pol.vectored = opt_.vectored;
+    pol.max_op_bytes = opt_.max_op_bytes;
     pol.buffers = buffers.regions.empty() ? nullptr : &buffers;
     Plan plan = build_plan(b, pol, files.size(), results);
     ring.run(op, plan, b, files, results, counters);

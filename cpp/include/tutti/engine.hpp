@@ -16,7 +16,11 @@
 #include <sys/uio.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <thread>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -37,6 +41,49 @@ struct Counters {
   std::atomic<uint64_t> errors{0};       // requests that ended with -errno
 };
 
+struct Batch;
+
+// A fixed pool of worker threads running queued tasks (checksums of completed pages).
+class TaskPool {
+ public:
+  explicit TaskPool(unsigned threads);
+  ~TaskPool();
+  void push(std::function<void()> task);
+
+ private:
+  void loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  std::vector<std::thread> threads_;
+  bool stop_ = false;
+};
+
+// Checksums of request groups computed as reads complete (overlapping verification with the
+// I/O still in flight). Group g = requests [start[g], start[g+1]); when its last request lands
+// and every one of them succeeded, out[g] = XXH3-64 over its pieces in request order, computed
+// on `pool` (or inline without one). Groups with a failed request get 0. wait() returns once
+// every checksum started has finished; call it before the batch's arrays go away.
+class GroupChecksums {
+ public:
+  GroupChecksums(const int64_t* group_start, size_t ngroups, size_t nreq, uint64_t* out,
+                 TaskPool* pool);
+  void done(const Batch& b, size_t req, bool ok);
+  void wait();
+
+ private:
+  void compute(const Batch& b, uint32_t g);
+  TaskPool* pool_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int pending_ = 0;
+  const int64_t* start_;
+  uint64_t* out_;
+  std::vector<uint32_t> group_of_;
+  std::unique_ptr<std::atomic<int32_t>[]> remaining_;
+  std::unique_ptr<std::atomic<bool>[]> failed_;
+};
+
 // A batch described by the caller; arrays are owned by the caller.
 struct Batch {
   const int64_t* file = nullptr;
@@ -44,6 +91,7 @@ struct Batch {
   const int64_t* nbytes = nullptr;
   const uint64_t* addr = nullptr;
   size_t n = 0;
+  GroupChecksums* groups = nullptr;  // optional: checksum groups as they complete
 };
 
 // Registered memory regions (for READ_FIXED / WRITE_FIXED), sorted by address.
@@ -123,9 +171,16 @@ class Engine {
   // Run one batch to completion. results has b.n entries.
   virtual void submit(Op op, const Batch& b, int32_t* results) = 0;
   virtual void close() = 0;
+  // Worker threads for per-page checksums during reads (created on first use).
+  TaskPool* task_pool();
 
   Counters counters;
   FileTable files;
+  unsigned task_threads = 8;
+
+ private:
+  std::mutex task_mu_;
+  std::unique_ptr<TaskPool> tasks_;
 };
 
 struct EngineOptions {
@@ -133,6 +188,7 @@ struct EngineOptions {
   bool vectored = true;         // coalesce file-contiguous requests into READV/WRITEV
   bool register_files = true;
   unsigned threads = 8;         // posix engine: workers per direction
+  int64_t max_op_bytes = 1 << 30;  // largest coalesced operation (bytes)
 };
 
 std::unique_ptr<Engine> make_uring_engine(const EngineOptions& opt);  // throws SysError
