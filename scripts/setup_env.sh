@@ -35,12 +35,12 @@ log() { printf '[setup_env %3ds] %s\n' "$SECONDS" "$*" >&2; }
 # Versions come from the installed SGLang's own pins (e.g. transformers 5.12.1 / 5.19.0).
 SGLANG_DEPS=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic
   pyzmq tqdm IPython aiohttp triton transformers dill apache-tvm-ffi sentencepiece gguf
-  compressed-tensors ninja xxhash)
+  compressed-tensors ninja xxhash openai partial_json_parser)
 # SGLang's own pins are used for these, except OVERRIDES: sentencepiece 0.2.1 (0.5.23's pin) segfaults at
 # interpreter exit once SGLang has imported it under pytest; 0.2.3 does not.
 OVERRIDES="sentencepiece>=0.2.3"
 # Older SGLang (seen: 0.5.17) also imports server_args from memory_pool, hence its parsers' packages.
-OLD_SGLANG_DEPS=(openai partial_json_parser xgrammar einops)
+OLD_SGLANG_DEPS=(xgrammar einops)
 
 install_apt_packages() {
   local want=(liburing-dev libxxhash-dev libssl-dev g++ pkg-config) missing=()

@@ -48,6 +48,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("durability", "choice", "none", "none: crash-consistent against process kills (payload before header, O_DIRECT); sync: also fdatasync before and after publishing headers (power-loss safe, slower).", ("none", "sync")),
     Setting("rescan_interval_s", "float", 1.0, "Minimum seconds between re-scans of segments other processes changed (triggered by a miss).", minimum=0.0),
     Setting("free_space_floor_gb", "float", 0.0, "Refuse to grow segment files when the filesystem would keep less free space than this.", minimum=0.0),
+    Setting("stage_mb", "int", 256, "Linker: bytes of one pinned staging slot (one layer of up to this many MiB of pages per copy); memory does not grow with sequence length.", minimum=1),
+    Setting("stage_depth", "int", 3, "Linker: pinned staging slots in the read ring (reads of the next chunk overlap the copy of this one).", minimum=2),
+    Setting("io_sms", "int", 8, "Linker: SMs reserved for the I/O kernels through a CUDA green context (Hopper); 0 = an ordinary high-priority stream.", minimum=0),
+    Setting("offload_backlog_pages", "int", 8192, "Linker: pages queued for offload before new offloads are refused (the device pages stay locked until written).", minimum=1),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -121,6 +125,10 @@ class TuttiConfig:
     durability: str = "none"
     rescan_interval_s: float = 1.0
     free_space_floor_gb: float = 0.0
+    stage_mb: int = 256
+    stage_depth: int = 3
+    io_sms: int = 8
+    offload_backlog_pages: int = 8192
 
     @property
     def capacity_bytes(self) -> int:

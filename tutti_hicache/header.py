@@ -9,8 +9,13 @@ At a glance:
 
 Format (little-endian), version 1:
     0 magic "TUTTISLT" | 8 version u32 | 12 header_nbytes u32 | 16 fingerprint 16B | 32 seq u64
-    40 payload_nbytes u64 (object bytes, padding excluded) | 48 payload XXH3-64 u64 | 56 slot u64
-    64 created_ns u64 | 72 key_len u16 | 80 key (UTF-8, <= 256 B) | 4088 XXH3-64 of bytes [0, 4088)
+    40 payload_nbytes u64 (object bytes, padding excluded) | 48 page checksum u64 | 56 slot u64
+    64 created_ns u64 | 72 key_len u16 | 74 n_units u16 | 80 key (UTF-8, <= 256 B)
+    336 unit checksums u64[n_units] | 4088 XXH3-64 of bytes [0, 4088)
+Checksums: a unit is one layer's objects (K then V; MLA one object), or the whole page when the
+page is not split by layer. unit checksum = XXH3-64 over the unit's object bytes (padding
+excluded); page checksum = XXH3-64 over the little-endian array of unit checksums. The linker
+verifies each layer it reads against its unit checksum; the host tier verifies whole pages.
 An all-zero header is a tombstone (free slot). A header is trusted only when magic, version,
 size, its own checksum, the fingerprint, the slot number, the payload size and the key length
 all check out; anything else reads as "no page here". Keys never become file names.
@@ -31,13 +36,15 @@ VERSION = 1
 MAX_KEY_BYTES = 256
 _CHECKED = 4088
 _KEY_OFFSET = 80
+_UNITS_OFFSET = 336
+MAX_UNITS = (_CHECKED - _UNITS_OFFSET) // 8  # 469 layers
 
 DTYPE = np.dtype({
     "names": ["magic", "version", "header_nbytes", "fingerprint", "seq", "payload_nbytes",
-              "checksum", "slot", "created_ns", "key_len", "key", "hcheck"],
-    "formats": ["S8", "<u4", "<u4", "V16", "<u8", "<u8", "<u8", "<u8", "<u8", "<u2",
+              "checksum", "slot", "created_ns", "key_len", "n_units", "key", "hcheck"],
+    "formats": ["S8", "<u4", "<u4", "V16", "<u8", "<u8", "<u8", "<u8", "<u8", "<u2", "<u2",
                 f"V{MAX_KEY_BYTES}", "<u8"],
-    "offsets": [0, 8, 12, 16, 32, 40, 48, 56, 64, 72, _KEY_OFFSET, _CHECKED],
+    "offsets": [0, 8, 12, 16, 32, 40, 48, 56, 64, 72, 74, _KEY_OFFSET, _CHECKED],
     "itemsize": HEADER_NBYTES,
 })
 
@@ -65,10 +72,15 @@ def _header_checksums(raw: np.ndarray) -> np.ndarray:
                                        np.arange(n + 1, dtype=np.int64))
 
 
-def pack(raw: np.ndarray, keys: list[bytes], slots, seqs, checksums, fp: bytes,
-         payload_nbytes: int, created_ns: int) -> None:
-    """Write len(keys) headers into raw (uint8, C-contiguous, shape [n, 4096])."""
+def pack(raw: np.ndarray, keys: list[bytes], slots, seqs, checksums, units: np.ndarray,
+         fp: bytes, payload_nbytes: int, created_ns: int) -> None:
+    """Write len(keys) headers into raw (uint8, C-contiguous, shape [n, 4096]).
+
+    units: uint64 [n, n_units] unit checksums."""
     n = len(keys)
+    n_units = units.shape[1]
+    if n_units > MAX_UNITS:
+        raise ValueError(f"a header holds at most {MAX_UNITS} unit checksums, got {n_units}")
     rec = raw[:n].reshape(-1).view(DTYPE)
     rec[...] = np.zeros(1, DTYPE)
     rec["magic"] = MAGIC
@@ -81,6 +93,9 @@ def pack(raw: np.ndarray, keys: list[bytes], slots, seqs, checksums, fp: bytes,
     rec["slot"] = slots
     rec["created_ns"] = created_ns
     rec["key_len"] = [len(k) for k in keys]
+    rec["n_units"] = n_units
+    raw[:n, _UNITS_OFFSET:_UNITS_OFFSET + 8 * n_units] = (
+        np.ascontiguousarray(units, dtype="<u8").view(np.uint8).reshape(n, 8 * n_units))
     for i, k in enumerate(keys):
         raw[i, _KEY_OFFSET:_KEY_OFFSET + len(k)] = np.frombuffer(k, dtype=np.uint8)
     rec["hcheck"] = _header_checksums(raw[:n])
@@ -93,9 +108,11 @@ class Parsed:
     seq: np.ndarray
     checksum: np.ndarray
     empty: np.ndarray  # bool [n]: all-zero magic (tombstone or never written)
+    units: list  # bytes of the unit checksums, [n]
 
 
-def parse(raw: np.ndarray, fp: bytes, slots: np.ndarray, payload_nbytes: int) -> Parsed:
+def parse(raw: np.ndarray, fp: bytes, slots: np.ndarray, payload_nbytes: int,
+          n_units: int) -> Parsed:
     """Validate n headers (raw uint8 [n, 4096]) expected at `slots` of a namespace."""
     rec = raw.reshape(-1).view(DTYPE)
     ok = rec["magic"] == MAGIC
@@ -105,6 +122,7 @@ def parse(raw: np.ndarray, fp: bytes, slots: np.ndarray, payload_nbytes: int) ->
     ok &= rec["slot"] == np.asarray(slots, dtype=np.uint64)
     ok &= rec["payload_nbytes"] == payload_nbytes
     ok &= (rec["key_len"] >= 1) & (rec["key_len"] <= MAX_KEY_BYTES)
+    ok &= rec["n_units"] == n_units
     if ok.any():
         ok &= _header_checksums(raw) == rec["hcheck"]
     keys: list = [None] * len(rec)
@@ -115,4 +133,6 @@ def parse(raw: np.ndarray, fp: bytes, slots: np.ndarray, payload_nbytes: int) ->
         except UnicodeDecodeError:
             ok[i] = False
     empty = rec["magic"] == b""
-    return Parsed(ok, keys, rec["seq"].copy(), rec["checksum"].copy(), empty)
+    ub = raw[:, _UNITS_OFFSET:_UNITS_OFFSET + 8 * n_units]
+    units = [ub[i].tobytes() if ok[i] else b"" for i in range(len(rec))]
+    return Parsed(ok, keys, rec["seq"].copy(), rec["checksum"].copy(), empty, units)

@@ -32,6 +32,7 @@ class Entry:
     seq: int
     owned: bool
     pins: int = 0
+    units: bytes = b""  # per-unit (per-layer) XXH3-64s, little-endian uint64
 
 
 @dataclass(frozen=True)
@@ -91,9 +92,9 @@ class SlotIndex:
         self.reserved[key] = slot
         return Reservation(key, slot, True, evicted=victim)
 
-    def publish(self, res: Reservation, checksum: int, seq: int) -> None:
+    def publish(self, res: Reservation, checksum: int, seq: int, units: bytes = b"") -> None:
         del self.reserved[res.key]
-        self._add(res.key, Entry(res.slot, checksum, seq, owned=True))
+        self._add(res.key, Entry(res.slot, checksum, seq, owned=True, units=units))
 
     def abort(self, res: Reservation) -> None:
         del self.reserved[res.key]
@@ -125,7 +126,8 @@ class SlotIndex:
             if key is not None and self.entries[key].pins > 0:
                 self.entries[key].pins -= 1
 
-    def learn(self, slot: int, key: str, checksum: int, seq: int, owned: bool) -> bool:
+    def learn(self, slot: int, key: str, checksum: int, seq: int, owned: bool,
+              units: bytes = b"") -> bool:
         """Record an entry read from disk. Newer sequence numbers win; returns True if kept."""
         old_key = self.by_slot.get(slot)
         if old_key == key and self.entries[key].seq == seq:
@@ -140,7 +142,7 @@ class SlotIndex:
             if cur.seq >= seq:
                 return False
             self._remove(key)
-        self._add(key, Entry(slot, checksum, seq, owned))
+        self._add(key, Entry(slot, checksum, seq, owned, units=units))
         return True
 
     def forget_slot(self, slot: int) -> None:

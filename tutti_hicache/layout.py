@@ -73,6 +73,16 @@ class PageGeometry:
         return 1 if self.kind == "mla" else 2
 
     @property
+    def objects_per_unit(self) -> int:
+        """Objects per checksum unit: one layer's objects (canonical), else the whole page."""
+        return self.objects_per_layer if self.order == "canonical" else len(self.object_nbytes)
+
+    @property
+    def units(self) -> int:
+        """Checksum units per page: one per layer (canonical), else one."""
+        return len(self.object_nbytes) // self.objects_per_unit
+
+    @property
     def page_nbytes(self) -> int:
         return sum(self.object_nbytes)
 

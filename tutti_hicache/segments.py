@@ -205,7 +205,8 @@ class SegmentFiles:
         addr = buf.address + np.arange(len(slots), dtype=np.uint64) * HEADER_NBYTES
         res = self.engine.read(files, offsets, np.full(len(slots), HEADER_NBYTES, np.int64), addr)
         raw[res != HEADER_NBYTES] = 0
-        p = header.parse(raw, self.fingerprint, slots, int(self.layout.object_nbytes.sum()))
+        p = header.parse(raw, self.fingerprint, slots, int(self.layout.object_nbytes.sum()),
+                         self.layout.geometry.units)
         owned = self._owned_mask(slots)
         learned = 0
         with self._lock:
@@ -213,7 +214,7 @@ class SegmentFiles:
             extra["bad_headers"] = extra.get("bad_headers", 0) + int((~p.valid & ~p.empty).sum())
             for i in np.flatnonzero(p.valid):
                 learned += self.index.learn(int(slots[i]), p.keys[i], int(p.checksum[i]),
-                                            int(p.seq[i]), bool(owned[i]))
+                                            int(p.seq[i]), bool(owned[i]), p.units[i])
                 self._seq = max(self._seq, int(p.seq[i]))
             for i in np.flatnonzero(~p.valid & ~owned):
                 self.index.forget_slot(int(slots[i]))

@@ -31,6 +31,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 
 from .config import TuttiConfig, check_dirs
 from .hostmap import HostMap
+from .identity import make_identity
 from .store import ObjectStore
 
 logger = logging.getLogger("tutti_hicache.storage")
@@ -53,22 +54,13 @@ def is_storage_writer(sc: HiCacheStorageConfig) -> bool:
 
 
 def identity_of(cfg: TuttiConfig, sc: HiCacheStorageConfig, hm: HostMap) -> dict:
-    """Everything that makes two processes' pages interchangeable (the namespace)."""
-    g = hm.geometry
+    """The namespace identity of a host pool under SGLang's storage config."""
     pool = hm.pool
-    ident = {
-        "format": 1, "model": cfg.model or sc.model_name or "", "revision": cfg.revision,
-        "kind": g.kind, "dtype": str(pool.dtype).replace("torch.", ""), "layers": g.num_layers,
-        "page_size": g.page_size, "k_token_bytes": g.k_token_bytes,
-        "v_token_bytes": g.v_token_bytes, "order": g.order,
-        "pp": [sc.pp_rank, sc.pp_size], "cp": [sc.attn_cp_rank, sc.attn_cp_size],
-    }
-    if g.kind == "mha":  # heads are sharded by TP; MLA's latent is replicated on every rank
-        ident["tp"] = [sc.tp_rank, sc.tp_size]
-        ident["heads"] = [pool.head_num, pool.head_dim, getattr(pool, "v_head_dim", pool.head_dim)]
-    else:
-        ident["kv_cache_dim"] = pool.kv_cache_dim
-    return ident
+    heads = None if hm.geometry.kind == "mla" else [
+        pool.head_num, pool.head_dim, getattr(pool, "v_head_dim", pool.head_dim)]
+    return make_identity(cfg, model=sc.model_name or "", geometry=hm.geometry, dtype=pool.dtype,
+                         pp=(sc.pp_rank, sc.pp_size), cp=(sc.attn_cp_rank, sc.attn_cp_size),
+                         tp=(sc.tp_rank, sc.tp_size), heads=heads)
 
 
 class TuttiStorage(HiCacheStorage):

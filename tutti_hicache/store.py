@@ -45,6 +45,17 @@ logger = logging.getLogger("tutti_hicache.store")
 
 
 @dataclass
+class PagePlan:
+    """Per-page arrays of a layer-wise restore (see ObjectStore.plan_pages)."""
+    entries: list
+    slots: np.ndarray
+    files: np.ndarray
+    offsets: np.ndarray
+    must: np.ndarray
+    units: np.ndarray
+
+
+@dataclass
 class StoreStats:
     read_pages: int = 0
     read_bytes: int = 0
@@ -74,6 +85,9 @@ class ObjectStore(SegmentFiles):
         self.fingerprint = header.fingerprint(self.identity)
         self.writer = writer
         self.placement = Placement(len(cfg.dirs), self.layout.slot_nbytes, cfg.segment_bytes)
+        if geometry.units > header.MAX_UNITS:
+            raise ValueError(f"tutti: {geometry.num_layers} layers exceed the {header.MAX_UNITS} "
+                             "per-layer checksums a slot header holds")
         self.capacity_slots = cfg.capacity_bytes // self.layout.slot_nbytes
         if self.capacity_slots < 1:
             raise ValueError(f"tutti_capacity_gb: {cfg.capacity_gb} GB holds no slot of "
@@ -149,7 +163,8 @@ class ObjectStore(SegmentFiles):
             args = (np.repeat(files, m), (offsets[:, None] + lay.object_offsets[None, :]).ravel(),
                     np.tile(lay.object_nbytes, n), addrs.ravel())
             if checksum:
-                res, sums = self.engine.read_verify(*args, np.arange(0, n * m + 1, m, dtype=np.int64))
+                res, units = self.engine.read_verify(*args, self._unit_starts(n))
+                sums = self._page_sums(units)
             else:
                 res, sums = self.engine.read(*args), None
             self._count_errors(res, "read")
@@ -162,7 +177,7 @@ class ObjectStore(SegmentFiles):
             good = res == lay.payload_nbytes
             self._count_errors(res, "read")
             src = base[:, None] + (lay.object_offsets - HEADER_NBYTES).astype(np.uint64)[None, :]
-            sums = self._checksums(src) if checksum else None
+            sums = self._checksums(src)[0] if checksum else None
             sel = np.flatnonzero(good)
             extension().memcpy_batch(addrs[sel].ravel(), src[sel].ravel(),
                                      np.tile(lay.object_nbytes, len(sel)), self.cfg.threads)
@@ -180,6 +195,61 @@ class ObjectStore(SegmentFiles):
             self._drop_corrupt([e for e, b in zip(entries, bad) if b])
         return good
 
+    # --------------------------------------------------------- layer reads
+    def pin(self, keys: list[str]) -> list:
+        """Pin present keys against eviction (linker: between load and the last layer read)."""
+        with self._lock:
+            return self.index.pin(keys)
+
+    def unpin(self, entries: list) -> None:
+        with self._lock:
+            self.index.unpin([e.slot for e in entries if e is not None])
+
+    def layer_object_stride(self) -> int:
+        """Bytes between consecutive objects of a layer in a read_layer destination."""
+        from .layout import align_up
+        return align_up(int(self.layout.object_nbytes[0]))
+
+    def plan_pages(self, entries: list) -> "PagePlan":
+        """Everything per page a layer-wise restore needs, built once per batch (vectorized)."""
+        slots = np.array([e.slot for e in entries], dtype=np.int64)
+        files, offsets = self._slot_files(slots)
+        u = self.layout.geometry.units
+        units = np.frombuffer(b"".join(e.units or bytes(8 * u) for e in entries), "<u8")
+        must = np.array([self.cfg.verify or not e.owned for e in entries], dtype=bool)
+        return PagePlan(list(entries), slots, files, offsets, must, units.reshape(len(entries), u))
+
+    def read_layer(self, plan: "PagePlan", layer: int, dst: np.ndarray, rows=slice(None)) -> np.ndarray:
+        """Read layer `layer` of the plan's pages `rows`: page i's objects (K then V; MLA one)
+        land at dst[i] + j * layer_object_stride(). dst: uint64 per page, 4 KiB-aligned.
+        Returns ok per page, verified against the per-layer checksum when verification applies
+        (computed as each page lands when objects are unpadded)."""
+        objs = self.layout.geometry.layer_objects(layer)
+        k, stride = len(objs), self.layer_object_stride()
+        files, offsets, must = plan.files[rows], plan.offsets[rows], plan.must[rows]
+        n = len(files)
+        dst = np.asarray(dst, dtype=np.uint64)
+        args = (files, offsets + self.layout.object_offsets[objs[0]],
+                np.full(n, k * stride, np.int64), dst)
+        exact = stride == int(self.layout.object_nbytes[objs[0]])  # no padding between objects
+        if must.any() and exact:
+            res, sums = self.engine.read_verify(*args, np.arange(n + 1, dtype=np.int64))
+        else:
+            res, sums = self.engine.read(*args), None
+        self._count_errors(res, "read")
+        ok = res == k * stride
+        if must.any():
+            if sums is None:
+                pieces = dst[:, None] + np.arange(k, dtype=np.uint64) * np.uint64(stride)
+                sums = extension().checksum_groups(
+                    pieces.ravel(), np.tile(self.layout.object_nbytes[list(objs)], n),
+                    np.arange(0, n * k + 1, k, dtype=np.int64), self.cfg.threads)
+            bad = must & ok & (sums != plan.units[rows, layer])
+            if bad.any():
+                self._drop_corrupt([e for e, b in zip(plan.entries[rows], bad) if b])
+                ok &= ~bad
+        return ok
+
     def _drop_corrupt(self, bad_entries) -> None:
         with self._lock:
             for e in bad_entries:
@@ -190,11 +260,26 @@ class ObjectStore(SegmentFiles):
                     self.index.drop(key)
             self._stats.checksum_failures += len(bad_entries)
 
-    def _checksums(self, addrs: np.ndarray) -> np.ndarray:
+    def _unit_starts(self, n_pages: int) -> np.ndarray:
+        """group_start over n pages' objects, one group per checksum unit (layer)."""
+        m = len(self.layout.object_nbytes)
+        return np.arange(0, n_pages * m + 1, self.layout.geometry.objects_per_unit, dtype=np.int64)
+
+    def _page_sums(self, units: np.ndarray) -> np.ndarray:
+        """Page checksum = XXH3-64 over the page's unit checksums (uint64 LE)."""
+        u = np.ascontiguousarray(units, dtype="<u8").reshape(-1, self.layout.geometry.units)
+        n = u.shape[0]
+        rows = u.ctypes.data + np.arange(n, dtype=np.uint64) * np.uint64(u.strides[0])
+        return extension().checksum_groups(rows, np.full(n, u.strides[0], np.int64),
+                                           np.arange(n + 1, dtype=np.int64))
+
+    def _checksums(self, addrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(page checksums [n], unit checksums [n, units]) of pages in memory at addrs [n, m]."""
         n, m = addrs.shape
-        return extension().checksum_groups(
-            addrs.ravel(), np.tile(self.layout.object_nbytes, n),
-            np.arange(0, n * m + 1, m, dtype=np.int64), self.cfg.threads)
+        units = extension().checksum_groups(
+            addrs.ravel(), np.tile(self.layout.object_nbytes, n), self._unit_starts(n),
+            self.cfg.threads).reshape(n, self.layout.geometry.units)
+        return self._page_sums(units), units
 
     # ------------------------------------------------------------------- writes
     def write_pages(self, keys: list[str], addrs: np.ndarray, aligned: bool) -> np.ndarray:
@@ -241,19 +326,20 @@ class ObjectStore(SegmentFiles):
     def _write_reserved(self, res: list, addrs: np.ndarray, aligned: bool) -> np.ndarray:
         slots = np.array([r.slot for r in res], dtype=np.int64)
         files, offsets = self._slot_files(slots)
-        sums = self._checksums(addrs)
+        sums, units = self._checksums(addrs)
         with self._lock:
             seqs = self._seq + 1 + np.arange(len(res), dtype=np.uint64)
             self._seq += len(res)
         good = self._tombstone(res, files, offsets)
         good &= self._write_payloads(files, offsets, addrs, aligned)
         self._sync(files[good])
-        good &= self._write_headers(res, slots, files, offsets, sums, seqs, good)
+        good &= self._write_headers(res, slots, files, offsets, sums, units, seqs, good)
         self._sync(files[good])
+        units = units.astype("<u8")
         with self._lock:
-            for r, g, c, q in zip(res, good, sums, seqs):
+            for i, (r, g) in enumerate(zip(res, good)):
                 if g:
-                    self.index.publish(r, int(c), int(q))
+                    self.index.publish(r, int(sums[i]), int(seqs[i]), units[i].tobytes())
                 else:
                     self.index.abort(r)
         return good
@@ -289,7 +375,7 @@ class ObjectStore(SegmentFiles):
             self._count_errors(res, "write")
             return res == lay.payload_nbytes
 
-    def _write_headers(self, res, slots, files, offsets, sums, seqs, good) -> np.ndarray:
+    def _write_headers(self, res, slots, files, offsets, sums, units, seqs, good) -> np.ndarray:
         sel = np.flatnonzero(good)
         out = np.zeros(len(res), dtype=bool)
         if not len(sel):
@@ -297,7 +383,7 @@ class ObjectStore(SegmentFiles):
         buf = extension().AlignedBuffer(len(sel) * HEADER_NBYTES)
         raw = np.frombuffer(buf, dtype=np.uint8).reshape(len(sel), HEADER_NBYTES)
         header.pack(raw, [header.encode_key(res[i].key) for i in sel], slots[sel], seqs[sel],
-                    sums[sel], self.fingerprint, int(self.layout.object_nbytes.sum()),
+                    sums[sel], units[sel], self.fingerprint, int(self.layout.object_nbytes.sum()),
                     time.time_ns())
         w = self.engine.write(files[sel], offsets[sel], np.full(len(sel), HEADER_NBYTES, np.int64),
                               buf.address + np.arange(len(sel), dtype=np.uint64) * HEADER_NBYTES)
@@ -350,7 +436,7 @@ class ObjectStore(SegmentFiles):
             addrs = base[:, None] + (self.layout.object_offsets - HEADER_NBYTES).astype(np.uint64)[None, :]
             slots = np.array([e.slot for _, e in part], dtype=np.int64)
             ok, sums = self._read_slots(slots, addrs, aligned=False, checksum=False)
-            sums = self._checksums(addrs.reshape(len(part), m))
+            sums = self._checksums(addrs.reshape(len(part), m))[0]
             for (k, e), good, c in zip(part, ok, sums):
                 if not good or int(c) != e.checksum:
                     bad.append((k, e))

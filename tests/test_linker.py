@@ -1,0 +1,191 @@
+"""TuttiLinker with real SGLang 0.5.23 objects on CPU: UnifiedRadixCache, MHA/MLA device pools,
+PagedTokenToKVPoolAllocator, driven insert -> offload -> commit -> reset -> match -> load ->
+per-layer get_key_buffer -> finish, byte-exact, plus restart, failure, dedupe and FIFO paths.
+(The CPU pipeline has no CUDA streams: copies are plain and the scatter is the torch reference.)
+"""
+
+import time
+from array import array
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.sglang
+P, LAYERS = 4, 4
+
+
+@pytest.fixture
+def sg(sglang):
+    if sglang.sglang_version() < "0.5.23":
+        pytest.skip("the UnifiedCacheLinker path needs SGLang 0.5.23")
+    import sglang.srt.mem_cache.unified_radix_cache  # noqa: F401
+    return sglang
+
+
+class Rig:
+    """One rank: device pool + allocator + UnifiedRadixCache + TuttiLinker over `dirs`."""
+
+    def __init__(self, dirs, mla=False, **extra):
+        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+        from sglang.srt.mem_cache.unified_cache.linker_factory import create_unified_cache_linker
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+        from sglang.srt.runtime_context import get_context
+        cfg = {"linker": "TuttiLinker", "linker_module_path": "tutti_hicache.linker",
+               "linker_extra_config": {"tutti_dirs": [str(d) for d in dirs],
+                                       "tutti_capacity_gb": 0.02, "tutti_stage_mb": 1, **extra}}
+        self.override = get_context().override_server_args(
+            model_path="dummy", page_size=P, enable_unified_cache_external_linker=True,
+            unified_cache_external_linker_backend="dynamic", unified_cache_external_linker_config=cfg)
+        self.override.install()
+        if mla:
+            self.pool = MLATokenToKVPool(size=256, page_size=P, dtype=torch.bfloat16, kv_lora_rank=16,
+                                         qk_rope_head_dim=8, layer_num=LAYERS, device="cpu",
+                                         enable_memory_saver=False)
+        else:
+            self.pool = MHATokenToKVPool(size=256, page_size=P, dtype=torch.bfloat16, head_num=2,
+                                         head_dim=8, layer_num=LAYERS, device="cpu",
+                                         enable_memory_saver=False, enable_alt_stream=False)
+        self.alloc = PagedTokenToKVPoolAllocator(256, P, torch.bfloat16, "cpu", self.pool, need_sort=False)
+        r2t = ReqToTokenPool(size=8, max_context_len=512, device="cpu", enable_memory_saver=False)
+        params = CacheInitParams(disable=False, req_to_token_pool=r2t, token_to_kv_pool_allocator=self.alloc,
+                                 page_size=P, tree_components=(ComponentType.FULL,))
+        self.cache = UnifiedRadixCache(params)
+        self.linker = create_unified_cache_linker(None, params, backend="dynamic", config=cfg,
+                                                  components=set(self.cache.components), forward_stream=None)
+        self.cache.init_cache_linker(self.linker)
+        self.pool.register_layer_transfer_counter(self.linker.layer_done_counter)
+        self.loads = []
+        real_load = self.linker.load
+        self.linker.load = lambda rid, tr: (self.loads.append(tr[0].device_indices.clone()), real_load(rid, tr))[1]
+        self.mla = mla
+
+    def buffers(self, layer):
+        return [self.pool.kv_buffer[layer]] if self.mla else [self.pool.k_buffer[layer], self.pool.v_buffer[layer]]
+
+    def fill(self, n_tokens, seed):
+        g = torch.Generator().manual_seed(seed)
+        slots = self.alloc.alloc(n_tokens)
+        for l in range(LAYERS):
+            for b in self.buffers(l):
+                b[slots] = torch.randn(b[slots].shape, generator=g).to(b.dtype)
+        return slots
+
+    def snapshot(self, slots):
+        return [b[slots].clone() for l in range(LAYERS) for b in self.buffers(l)]
+
+    def insert(self, toks, slots):
+        from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+        self.cache.insert(InsertParams(key=RadixKey(array("q", toks)), value=slots))
+
+    def commit_offloads(self, expect, timeout=30):
+        end = time.time() + timeout
+        while self.linker.num_completed_offloads() < expect and time.time() < end:
+            time.sleep(0.01)
+        assert self.linker.num_completed_offloads() >= expect
+        self.cache.check_hicache_events()
+
+    def restore(self, toks, rid="r1"):
+        """match -> init_load_back -> start -> the forward's per-layer waits -> finish."""
+        from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams, MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+        req = SimpleNamespace(rid=rid, kv=None, swa_branching_seqlen=None, last_node=None, extra_key=None,
+                              session=None, swa_host_hit_length=0, mamba_host_hit_length=0)
+        m = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", toks + [1, 2])), req=req))
+        req.last_node = m.last_device_node
+        self.cache.init_load_back(InitLoadBackParams(best_match_node=m.best_match_node,
+                                                     host_hit_length=m.host_hit_length, req=req))
+        idx = self.cache.ready_to_load_host_cache()
+        self.linker.layer_done_counter.set_consumer(idx)
+        for l in range(LAYERS):
+            self.pool.get_key_buffer(l)
+        failed = self.cache.finish_external_linker_loads([SimpleNamespace(rid=rid)])
+        return m.host_hit_length, failed
+
+    def close(self):
+        self.cache.release_host_resources() if hasattr(self.cache, "release_host_resources") else self.linker.close()
+
+
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+def test_offload_restart_restore_byte_exact(sg, tmp_path, mla):
+    toks = list(range(100, 124))  # 6 pages
+    a = Rig([tmp_path], mla=mla)
+    slots = a.fill(len(toks), seed=1)
+    want = a.snapshot(slots)
+    a.insert(toks, slots)
+    a.commit_offloads(1)
+    assert len(a.linker.store) == 6
+    a.cache.reset()  # flush the device tree; the disk keeps the pages
+    hit, failed = a.restore(toks)
+    assert hit == len(toks) and not failed
+    assert all(torch.equal(x, y) for x, y in zip(a.snapshot(a.loads[-1]), want))
+    a.close()
+
+    b = Rig([tmp_path], mla=mla)  # a restart: a new linker over the same directories
+    hit, failed = b.restore(toks)
+    assert hit == len(toks) and not failed
+    assert all(torch.equal(x, y) for x, y in zip(b.snapshot(b.loads[-1]), want))
+    b.close()
+
+
+def test_corrupt_page_fails_the_request_not_silently(sg, tmp_path):
+    toks = list(range(200, 216))
+    a = Rig([tmp_path])
+    slots = a.fill(len(toks), seed=2)
+    a.insert(toks, slots)
+    a.commit_offloads(1)
+    a.cache.reset()
+    store = a.linker.store
+    e = next(iter(store.index.entries.values()))
+    files, offs = store._slot_files(np.array([e.slot]))
+    with open(store._engine_paths[int(files[0])], "r+b") as f:  # a layer-2 byte of one page
+        f.seek(int(offs[0]) + int(store.layout.object_offsets[4]) + 3)
+        b = f.read(1)
+        f.seek(int(offs[0]) + int(store.layout.object_offsets[4]) + 3)
+        f.write(bytes([b[0] ^ 0x10]))
+    hit, failed = a.restore(toks)
+    assert hit == len(toks)
+    assert [r.rid for r in failed] == ["r1"]  # aborted by SGLang, never served
+    assert store.stats()["checksum_failures"] == 1
+    a.close()
+
+
+def test_offload_dedupes_and_results_are_fifo(sg, tmp_path):
+    a = Rig([tmp_path])
+    toks1, toks2 = list(range(300, 308)), list(range(400, 412))
+    s1, s2 = a.fill(len(toks1), 3), a.fill(len(toks2), 4)
+    a.insert(toks1, s1)
+    a.insert(toks2, s2)
+    a.commit_offloads(2)
+    written = a.linker.store.stats()["write_pages"]
+    assert written == 5
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+    keys = list(a.linker.store.index.entries)[:2]
+    ok = a.linker.offload([PoolTransfer(name=PoolName.KV, keys=keys, device_indices=s1)])
+    assert ok and a.linker.num_completed_offloads() == 1 and a.linker.pop_completed_offload()
+    assert a.linker.store.stats()["write_pages"] == written  # nothing written twice
+    a.close()
+
+
+def test_start_cancel_and_idle_finish(sg, tmp_path):
+    a = Rig([tmp_path])
+    assert a.linker.start_layer_wise_loading() == -1
+    assert a.linker.finish_layer_wise_loading(-1)
+    toks = list(range(500, 508))
+    a.insert(toks, a.fill(len(toks), 5))
+    a.commit_offloads(1)
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+    keys = list(a.linker.store.index.entries)
+    assert a.linker.lookup("x", [PoolTransfer(name=PoolName.KV, keys=keys + ["0" * 64])]) == [1, 2]
+    dst = a.alloc.alloc(8)
+    assert a.linker.load("x", [PoolTransfer(name=PoolName.KV, keys=keys, device_indices=dst)])
+    assert a.linker.cancel_queued_load("x") and not a.linker.cancel_queued_load("x")
+    assert a.linker.start_layer_wise_loading() == -1
+    assert not a.linker.load("y", [PoolTransfer(name=PoolName.KV, keys=["f" * 64], device_indices=dst[:4])])
+    a.close()
+    assert not any(t.is_alive() for t in a.linker._threads)

@@ -1,0 +1,34 @@
+"""The identity of a store namespace: what makes two processes' pages interchangeable.
+
+    make_identity(cfg, model, geometry, dtype, pp, cp, tp, heads) -> dict
+
+Shared by the host-tier backend and the linker so that a page written by either is found by
+the other when model, weights revision, dtype, geometry, object order and rank coordinates
+match. MHA heads are sharded by tensor parallelism, so the tp rank and size are part of the
+identity; MLA's latent KV is the same on every rank, so it is not (one writer serves all).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .config import TuttiConfig
+from .layout import PageGeometry
+
+FORMAT = 1
+
+
+def make_identity(cfg: TuttiConfig, *, model: str, geometry: PageGeometry, dtype, pp: tuple,
+                  cp: tuple, tp: tuple, heads: Optional[list]) -> dict:
+    g = geometry
+    ident = {
+        "format": FORMAT, "model": cfg.model or model or "", "revision": cfg.revision,
+        "kind": g.kind, "dtype": str(dtype).replace("torch.", ""), "layers": g.num_layers,
+        "page_size": g.page_size, "k_token_bytes": g.k_token_bytes,
+        "v_token_bytes": g.v_token_bytes, "order": g.order,
+        "pp": [int(pp[0]), int(pp[1])], "cp": [int(cp[0]), int(cp[1])],
+    }
+    if g.kind == "mha":
+        ident["tp"] = [int(tp[0]), int(tp[1])]
+        ident["heads"] = [int(h) for h in heads]
+    return ident
