@@ -1,0 +1,326 @@
+"""Layer-wise prefix restore behind a real forward pass: TTFT and GPU bubble time (issue 4).
+
+A Llama-3-8B-shaped model (32 layers, hidden 4096, 32 heads / 8 KV heads x 128, MLP 14336,
+bf16, random weights; SDPA attention over the paged KV pool, real MLP GEMMs) prefills one
+request of context C whose first h*C tokens are a cached prefix, calling the counter's
+wait_until(l) before layer l's attention exactly as SGLang's KV pool does. Configurations:
+  recompute     no cache (h = 0)
+  compute-only  the prefix is already in the device pool (lower bound)
+  dram          prefix KV in pinned host memory, copied layer by layer (HiCache L2 best case)
+  tutti:<medium> LayerwiseKV (the TuttiLinker pipeline) restoring from the store on <medium>
+Reported per (medium, C, h): TTFT, bubble (time the forward waits in wait_until, from CUDA
+events), I/O-only restore time and bandwidth, engine syscalls and CPU seconds per request, and
+the medium's raw O_DIRECT read (same run). --dry-run: tiny shapes on CPU (pipeline check only).
+
+  python bench/bench_prefill.py --medium array-4=/mnt/a0,/mnt/a1,/mnt/a2,/mnt/a3 \
+      --contexts 16384,32768,65536 --hits 0.5,0.75,0.9,0.95,0.99 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tutti_hicache.config import TuttiConfig  # noqa: E402
+from tutti_hicache.layerwise import LayerCounter, LayerwiseKV  # noqa: E402
+from tutti_hicache.layout import PageGeometry  # noqa: E402
+
+LLAMA = dict(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, mlp=14336, page=64)
+TINY = dict(layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, mlp=512, page=16)
+
+
+class Model:
+    """Random-weight Llama-shaped decoder layers over a paged KV pool (rows = tokens)."""
+
+    def __init__(self, shape: dict, rows: int, device, dtype=torch.bfloat16):
+        s = shape
+        self.s, self.device, self.dtype = s, device, dtype
+        g = torch.Generator(device=device).manual_seed(0)
+
+        def w(*dims):
+            return (torch.randn(*dims, generator=g, device=device) / math.sqrt(dims[0])).to(dtype)
+
+        qkv = s["heads"] * s["head_dim"] + 2 * s["kv_heads"] * s["head_dim"]
+        self.w = [dict(qkv=w(s["hidden"], qkv), o=w(s["heads"] * s["head_dim"], s["hidden"]),
+                       up=w(s["hidden"], 2 * s["mlp"]), down=w(s["mlp"], s["hidden"]))
+                  for _ in range(s["layers"])]
+        self.k = [torch.zeros(rows, s["kv_heads"], s["head_dim"], device=device, dtype=dtype)
+                  for _ in range(s["layers"])]
+        self.v = [torch.zeros_like(b) for b in self.k]
+
+    def forward(self, x, start: int, total: int, counter=None, marks=None):
+        """New tokens x [n, hidden] at rows [start, total) over KV rows [page, total)."""
+        s, page = self.s, self.s["page"]
+        n = x.shape[0]
+        for l, w in enumerate(self.w):
+            qkv = x @ w["qkv"]
+            q, k, v = qkv.split([s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"],
+                                 s["kv_heads"] * s["head_dim"]], dim=-1)
+            self.k[l][start:total] = k.view(n, s["kv_heads"], s["head_dim"])
+            self.v[l][start:total] = v.view(n, s["kv_heads"], s["head_dim"])
+            if counter is not None:
+                before = _mark(marks)
+                counter.wait_until(l)
+                _mark(marks, before)
+            kk, vv = self.k[l][page:total], self.v[l][page:total]
+            o = _attention(q.view(n, s["heads"], s["head_dim"]), kk, vv, s["heads"] // s["kv_heads"])
+            x = x + o.reshape(n, -1) @ w["o"]
+            gate, up = (x @ w["up"]).chunk(2, dim=-1)
+            x = x + (F.silu(gate) * up) @ w["down"]
+        return x
+
+
+def _attention(q, k, v, rep):
+    """Causal attention of the last q.shape[0] positions over all of k/v (lower-right aligned)."""
+    from torch.nn.attention.bias import causal_lower_right
+    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    bias = causal_lower_right(q.shape[2], k.shape[2])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)[0].transpose(0, 1)
+
+
+def _mark(marks, before=None):
+    """GPU timestamps around each wait_until (CUDA events), or CPU time on CPU."""
+    if marks is None:
+        return None
+    if torch.cuda.is_available():
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+    else:
+        ev = time.perf_counter()
+    if before is not None:
+        marks.append((before, ev))
+    return ev
+
+
+def _bubble_s(marks) -> float:
+    if not marks:
+        return 0.0
+    if torch.cuda.is_available():
+        return sum(a.elapsed_time(b) for a, b in marks) / 1e3
+    return sum(b - a for a, b in marks)
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class DramTier:
+    """Prefix KV in pinned host memory, copied layer by layer on a side stream (HiCache L2)."""
+
+    def __init__(self, model: Model, prefix_rows: int):
+        self.m = model
+        page = model.s["page"]
+        pin = torch.cuda.is_available()
+        self.k = [b[page:page + prefix_rows].to("cpu").pin_memory() if pin else b[page:page + prefix_rows].clone()
+                  for b in model.k]
+        self.v = [b[page:page + prefix_rows].to("cpu").pin_memory() if pin else b[page:page + prefix_rows].clone()
+                  for b in model.v]
+        self.counter = LayerCounter(len(model.k))
+        self.stream = torch.cuda.Stream() if pin else None
+
+    def start(self, rows: int) -> int:
+        idx = self.counter.update_producer()
+        page = self.m.s["page"]
+        for l in range(len(self.m.k)):
+            if self.stream is None:
+                self.m.k[l][page:page + rows].copy_(self.k[l][:rows])
+                self.m.v[l][page:page + rows].copy_(self.v[l][:rows])
+                self.counter.complete(idx, l)
+                continue
+            with torch.cuda.stream(self.stream):
+                self.m.k[l][page:page + rows].copy_(self.k[l][:rows], non_blocking=True)
+                self.m.v[l][page:page + rows].copy_(self.v[l][:rows], non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record()
+            self.counter.complete(idx, l, ev)
+        return idx
+
+
+def prefill(model, tokens: int, prefix: int, restore=None, counter=None):
+    """One request: TTFT (s), bubble (s). restore() starts the layer-wise loads, returns index."""
+    page = model.s["page"]
+    x = torch.randn(tokens - prefix, model.s["hidden"], device=model.device, dtype=model.dtype)
+    _sync()
+    marks = [] if counter is not None else None
+    t0 = time.perf_counter()
+    if restore is not None:
+        counter.set_consumer(restore())
+    model.forward(x, page + prefix, page + tokens, counter, marks)
+    if counter is not None:
+        counter.finish(counter.consumer_index)
+    _sync()
+    return time.perf_counter() - t0, _bubble_s(marks)
+
+
+def fill_prefix(model, rows: int) -> None:
+    g = torch.Generator(device=model.device).manual_seed(1)
+    page = model.s["page"]
+    for b in model.k + model.v:
+        b[page:page + rows] = torch.randn(b[page:page + rows].shape, generator=g, device=model.device).to(b.dtype)
+
+
+def make_tutti(model, dirs, cap_gb: float) -> LayerwiseKV:
+    s = model.s
+    kb = s["kv_heads"] * s["head_dim"] * 2
+    g = PageGeometry("mha", s["layers"], s["page"], kb, kb)
+    cfg = TuttiConfig.from_sources({"tutti_dirs": list(dirs), "tutti_capacity_gb": cap_gb,
+                                    "tutti_threads": 16, "tutti_queue_depth": 1024})
+    ident = {"bench": "llama-shaped", "layers": s["layers"], "page": s["page"]}
+    return LayerwiseKV(cfg, g, ident, model.k, model.v, s["page"])
+
+
+def write_prefix(lw: LayerwiseKV, model, keys: list, pages: int) -> float:
+    """Offload pages 1..pages of the pool under keys (the GPU gather -> pinned -> write path)."""
+    page = model.s["page"]
+    idx = torch.arange(page, page * (pages + 1), device=model.device)
+    t0 = time.perf_counter()
+    for c in range(0, pages, 256):
+        lw.offload(keys[c:c + 256], idx[c * page:(c + 256) * page], [])
+    while lw.num_completed() < math.ceil(pages / 256):
+        time.sleep(0.01)
+    oks = [lw.pop_completed() for _ in range(math.ceil(pages / 256))]
+    assert all(oks), "offload failed"
+    return time.perf_counter() - t0
+
+
+def restore_fn(lw: LayerwiseKV, model, keys: list, pages: int):
+    page = model.s["page"]
+    idx = torch.arange(page, page * (pages + 1), device=model.device)
+
+    def start():
+        assert lw.load("r", keys[:pages], idx[: pages * page])
+        return lw.start()
+    return start
+
+
+def io_only(lw, model, keys, pages) -> tuple[float, dict]:
+    c0, cpu0 = lw.store.engine.counters(), time.process_time()
+    _sync()
+    t0 = time.perf_counter()
+    index = restore_fn(lw, model, keys, pages)()
+    ok = lw.finish(index)
+    _sync()
+    dt = time.perf_counter() - t0
+    c1 = lw.store.engine.counters()
+    assert ok, "restore failed"
+    return dt, {"enter_calls": c1["enter_calls"] - c0["enter_calls"],
+                "submissions": c1["submissions"] - c0["submissions"],
+                "cpu_s": time.process_time() - cpu0}
+
+
+def raw_read(dirs, nbytes: int) -> float:
+    from tutti_hicache.bench_store import raw_read_GBps, write_raw_file
+    paths, per = [], nbytes // len(dirs)
+    for d in dirs:
+        p = os.path.join(d, "raw-prefill.bin")
+        write_raw_file(p, per)
+        paths.append(p)
+    rates = []
+    threads = [threading.Thread(target=lambda p=p: rates.append(raw_read_GBps(p, per, 8 << 20, 8)))
+               for p in paths]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    total = len(paths) * per / (time.perf_counter() - t0) / 1e9
+    for p in paths:
+        os.unlink(p)
+    return total
+
+
+def run(args) -> dict:
+    shape = TINY if args.dry_run else LLAMA
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
+    contexts = [int(c) for c in args.contexts.split(",")]
+    hits = [float(h) for h in args.hits.split(",")]
+    page = shape["page"]
+    max_pages = max(contexts) // page
+    model = Model(shape, (max_pages + 2) * page, device)
+    fill_prefix(model, max_pages * page)
+    out = {"shape": shape, "device": str(device), "results": [], "media": {}}
+    if args.baselines:
+        dram = DramTier(model, max_pages * page)
+        for c in contexts:
+            prefill(model, c, 0)  # warm-up
+            rec = prefill(model, c, 0)[0]
+            for h in hits:
+                pages = int(c * h) // page
+                comp = prefill(model, c, pages * page)[0]
+                ttft, bub = prefill(model, c, pages * page, lambda p=pages: dram.start(p * page), dram.counter)
+                out["results"] += [dict(config="recompute", C=c, h=h, ttft_s=rec),
+                                   dict(config="compute-only", C=c, h=h, ttft_s=comp),
+                                   dict(config="dram", C=c, h=h, ttft_s=ttft, bubble_s=bub)]
+                print(f"C={c} h={h}: recompute {rec:.3f}s compute-only {comp:.3f}s dram {ttft:.3f}s", flush=True)
+    for spec in args.medium:
+        name, dirs = spec.split("=", 1)
+        dirs = dirs.split(",")
+        fill_prefix(model, max_pages * page)  # forwards overwrite rows past their prefix
+        snapshot = [(k.clone(), v.clone()) for k, v in zip(model.k, model.v)] if args.dry_run else None
+        out["media"][name] = bench_medium(args, model, name, dirs, contexts, hits, max_pages, snapshot)
+    return out
+
+
+def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) -> dict:
+    page = model.s["page"]
+    page_bytes = model.s["layers"] * 2 * page * model.s["kv_heads"] * model.s["head_dim"] * 2
+    lw = make_tutti(model, dirs, cap_gb=(max_pages + 64) * (page_bytes + 4096 * 65) / 2**30)
+    keys = [f"{i:064x}" for i in range(max_pages)]
+    write_s = write_prefix(lw, model, keys, max_pages)
+    raw = raw_read(dirs, min(max_pages * page_bytes, 4 << 30))
+    info = {"dirs": dirs, "raw_read_GBps": raw, "write_GBps": max_pages * page_bytes / write_s / 1e9,
+            "runs": []}
+    print(f"[{name}] wrote {max_pages} pages at {info['write_GBps']:.2f} GB/s; raw read {raw:.2f} GB/s", flush=True)
+    grid = [(c, h) for c in contexts for h in hits if int(c * h) // page > 0]
+    for c in (args.crossover_context,) if args.crossover_context else ():
+        grid += [(c, h) for h in (0.96, 0.97, 0.975, 0.98, 0.985, 0.99, 0.995) if (c, h) not in grid]
+    for c, h in grid:
+        pages = int(c * h) // page
+        t_io, cnt = io_only(lw, model, keys, pages)
+        if prefix_kv is not None:  # dry run: the restored prefix must equal what was written
+            for l, (k, v) in enumerate(prefix_kv):
+                rows = slice(page, page * (pages + 1))
+                assert torch.equal(model.k[l][rows], k[rows]) and torch.equal(model.v[l][rows], v[rows])
+        ttft, bub = prefill(model, c, pages * page, restore_fn(lw, model, keys, pages), lw.counter)
+        r = dict(config=f"tutti:{name}", C=c, h=h, ttft_s=ttft, bubble_s=bub, io_only_s=t_io,
+                 restore_GBps=pages * page_bytes / t_io / 1e9, **cnt)
+        info["runs"].append(r)
+        print(f"[{name}] C={c} h={h}: TTFT {ttft:.3f}s bubble {bub:.3f}s io-only {t_io:.3f}s "
+              f"({r['restore_GBps']:.2f} GB/s, {cnt['enter_calls']} enters, {cnt['cpu_s']:.2f} CPU s)", flush=True)
+    lw.close()
+    return info
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--medium", action="append", default=[], help="NAME=dir[,dir...] (repeatable)")
+    ap.add_argument("--contexts", default="16384,32768,65536")
+    ap.add_argument("--hits", default="0.5,0.75,0.9,0.95,0.99")
+    ap.add_argument("--crossover-context", type=int, default=0, help="search h finely at this C")
+    ap.add_argument("--baselines", action="store_true", help="also recompute / compute-only / dram")
+    ap.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU")
+    ap.add_argument("--json", required=True)
+    args = ap.parse_args()
+    if args.dry_run and not args.medium:
+        args.medium = [f"tmp={tempfile.mkdtemp(prefix='tutti-prefill-')}"]
+    res = run(args)
+    with open(args.json, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
