@@ -118,7 +118,16 @@ def _torch_green(index: int, num_sms: int) -> IOStream:
         raise RuntimeError("this torch's GreenContext has no Stream()")
     _init_primary_context(index)
     ctx = green_contexts.GreenContext.create(num_sms=num_sms, device_id=index)
+    _keep_for_process_lifetime(ctx)
     return IOStream(ctx.Stream(), "green", num_sms, "torch.cuda.green_contexts", index, ctx)
+
+
+def _keep_for_process_lifetime(obj) -> None:
+    """Never destroy a green context: at interpreter exit tensors allocated on its stream may be
+    freed after module teardown, and destroying the context first aborts the process
+    ("context is destroyed"). One extra reference keeps it until the OS reclaims it."""
+    import ctypes
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 def _driver_green(index: int, num_sms: int) -> IOStream:
