@@ -4,6 +4,8 @@
     tutti-hicache bench store --medium DIR [--geometry llama3-8b] [--pages N] [--json OUT]
     tutti-hicache inspect DIR [DIR ...]
     tutti-hicache fsck DIR [DIR ...] [--repair]
+    tutti-hicache profile --out slack.json [--read-gbps R --write-gbps W]
+    tutti-hicache cost [--from-json prefill.json | --throughput T --dram-gb M --ssd-gb S]
 """
 
 from __future__ import annotations
@@ -130,6 +132,56 @@ def cmd_fsck(a) -> int:
     return 1 if bad and not a.repair else 0
 
 
+def cmd_profile(a) -> int:
+    import json as _json
+    from . import profiler
+    shape = dict(profiler.LLAMA3_8B)
+    if a.quick:
+        shape.update(hidden=256, heads=4, kv_heads=2, head_dim=64, mlp=512)
+    table, seconds, samples = profiler.profile(shape, a.device, a.read_gbps * 1e9,
+                                               a.write_gbps * 1e9, quick=a.quick)
+    table.sm_budget = a.io_sms
+    table.save(a.out)
+    print(f"profiled {len(samples)} (input, prefix) points in {seconds:.1f} s on {a.device}")
+    print(f"per-layer model: t = {table.model.a:.3g} + {table.model.b:.3g}*n + {table.model.c:.3g}*n*(p+n/2) s; "
+          f"max relative error {profiler.relative_error(table.model, samples):.1%}")
+    print(f"slack table ({len(table.rows)} buckets) written to {a.out}")
+    if a.verbose:
+        print(_json.dumps(table.rows))
+    return 0
+
+
+def cost_per_million(throughput_tps: float, gpus: float, dram_gb: float, ssd_gb: float,
+                     p_gpu: float = 5.0, p_mem: float = 0.0088, p_ssd: float = 0.000082) -> float:
+    """$ per 1M tokens = (P_gpu*N_gpu + P_mem*S_mem + P_ssd*S_ssd) / (tokens per hour) * 1e6."""
+    per_hour = p_gpu * gpus + p_mem * dram_gb + p_ssd * ssd_gb
+    return per_hour / (throughput_tps * 3600.0) * 1e6
+
+
+def cmd_cost(a) -> int:
+    import json as _json
+    rows = []
+    if a.from_json:
+        with open(a.from_json) as f:
+            r = _json.load(f)
+        kv_per_token = r["shape"]["layers"] * 2 * r["shape"]["kv_heads"] * r["shape"]["head_dim"] * 2
+        runs = r["results"] + [x for m in r["media"].values() for x in m["runs"]]
+        for x in runs:
+            prefix_gb = x["C"] * x["h"] * kv_per_token / 1e9 * a.sessions
+            dram = prefix_gb if x["config"] == "dram" else 0.0
+            ssd = prefix_gb if x["config"].startswith("tutti") else 0.0
+            tps = x["C"] / x["ttft_s"]
+            rows.append((x["config"], x["C"], x["h"], tps, cost_per_million(
+                tps, a.gpus, dram, ssd, a.p_gpu, a.p_mem, a.p_ssd)))
+    else:
+        rows.append(("given", 0, 0, a.throughput, cost_per_million(
+            a.throughput, a.gpus, a.dram_gb, a.ssd_gb, a.p_gpu, a.p_mem, a.p_ssd)))
+    print(f"{'config':<16} {'C':>7} {'h':>6} {'tokens/s':>12} {'$ per 1M tokens':>16}")
+    for cfg, c, h, tps, usd in rows:
+        print(f"{cfg:<16} {c:>7} {h:>6} {tps:>12.0f} {usd:>16.4f}")
+    return 0
+
+
 def _add_bench_args(p, pages: int, geometry: str) -> None:
     from .bench_store import GEOMETRIES
     p.add_argument("--geometry", default=geometry, choices=sorted(GEOMETRIES))
@@ -169,6 +221,25 @@ def main(argv=None) -> int:
     f.add_argument("dirs", nargs="+")
     f.add_argument("--repair", action="store_true")
     f.set_defaults(fn=cmd_fsck)
+    pr = sub.add_parser("profile", help="measure per-layer compute windows -> slack table")
+    pr.add_argument("--out", required=True)
+    pr.add_argument("--device", default="cuda")
+    pr.add_argument("--read-gbps", type=float, default=10.0, help="store read bandwidth")
+    pr.add_argument("--write-gbps", type=float, default=2.0, help="store write bandwidth")
+    pr.add_argument("--io-sms", type=int, default=8)
+    pr.add_argument("--quick", action="store_true", help="tiny shapes (pipeline check)")
+    pr.set_defaults(fn=cmd_profile)
+    c = sub.add_parser("cost", help="$ per 1M tokens from throughput and memory sizes")
+    c.add_argument("--from-json", help="bench_prefill JSON: one row per measured run")
+    c.add_argument("--throughput", type=float, default=1.0, help="tokens/s (without --from-json)")
+    c.add_argument("--gpus", type=float, default=1.0)
+    c.add_argument("--dram-gb", type=float, default=0.0)
+    c.add_argument("--ssd-gb", type=float, default=0.0)
+    c.add_argument("--sessions", type=float, default=1.0, help="cached prefixes kept (scales memory)")
+    c.add_argument("--p-gpu", type=float, default=5.0, help="$/h per GPU")
+    c.add_argument("--p-mem", type=float, default=0.0088, help="$/GB-h DRAM")
+    c.add_argument("--p-ssd", type=float, default=0.000082, help="$/GB-h SSD")
+    c.set_defaults(fn=cmd_cost)
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")

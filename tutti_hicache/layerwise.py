@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
@@ -36,6 +37,7 @@ import torch
 from .config import TuttiConfig
 from .engine import extension
 from .layout import PageGeometry
+from .profiler import SlackTable
 from .store import ObjectStore
 
 logger = logging.getLogger("tutti_hicache.linker")
@@ -67,6 +69,7 @@ class LayerCounter:
         self.num_layers = num_layers
         self.consumer_index = -1
         self.producer_index = -1
+        self.waited = -1  # last layer the forward waited for (its progress)
         self._batches: dict[int, _Batch] = {}
         self._lock = threading.Lock()
 
@@ -78,6 +81,7 @@ class LayerCounter:
 
     def set_consumer(self, index: int) -> None:
         self.consumer_index = index
+        self.waited = -1
 
     def complete(self, index: int, layer: int, event=None) -> None:
         b = self._batches[index]
@@ -93,6 +97,7 @@ class LayerCounter:
             ev.set()  # the forward runs on (wrong) bytes; finish() reports the failure
 
     def wait_until(self, layer: int) -> None:
+        self.waited = layer
         b = self._batches.get(self.consumer_index)
         if b is None:
             return
@@ -176,8 +181,8 @@ class LayerwiseKV:
         self._queued: dict[str, tuple] = {}
         self._results: deque = deque()
         self._backlog = 0
-        self._rw = threading.Condition()
-        self._loads_in_flight = 0
+        self.slack = SlackTable.load(cfg.slack_table) if cfg.slack_table else None
+        self.windows_opened = 0
         self._load_q: queue.Queue = queue.Queue()
         self._offload_q: queue.Queue = queue.Queue()
         self._threads = [threading.Thread(target=self._loop, args=(self._load_q, self._run_load),
@@ -232,7 +237,9 @@ class LayerwiseKV:
         self.store.unpin(item[0])
         return True
 
-    def start(self) -> int:
+    def start(self, input_tokens: int = 0) -> int:
+        """Start every queued load; input_tokens (new tokens of the batch, 0 = unknown) picks the
+        slack-table row for write windows (unknown: the smallest, most conservative one)."""
         if not self._queued:
             return -1
         items = list(self._queued.values())
@@ -244,9 +251,7 @@ class LayerwiseKV:
         if self.cuda:
             ready = torch.cuda.Event()
             ready.record()
-        with self._rw:
-            self._loads_in_flight += 1
-        self._load_q.put((index, entries, page_ids, ready))
+        self._load_q.put((index, entries, page_ids, ready, input_tokens))
         return index
 
     def finish(self, index: int) -> bool:
@@ -254,9 +259,15 @@ class LayerwiseKV:
 
     # ------------------------------------------------------------ the load pipeline
     def _run_load(self, job) -> None:
-        index, entries, page_ids, ready = job
+        """Reads hold every directory of the batch against writes from start to the last layer,
+        except in slack-table windows opened while the reads are ahead of the forward."""
+        index, entries, page_ids, ready, input_tokens = job
+        gate = self.store.gate
+        hold = gate.reading(self.store._devices(np.array([e.slot for e in entries])))
+        hold.__enter__()
         try:
             plan = self.store.plan_pages(entries)
+            window = self._window(input_tokens, len(entries) * self.page_size)
             if ready is not None:
                 self.io.stream.wait_event(ready)
             for layer in range(self.num_layers):
@@ -264,14 +275,31 @@ class LayerwiseKV:
                     rows = slice(c0, min(len(entries), c0 + self.stage_pages))
                     self._load_chunk(plan, layer, rows, page_ids[rows])
                 self.counter.complete(index, layer, self._mark())
+                if window > 0 and layer + 1 < self.num_layers and layer - self.counter.waited >= 2:
+                    hold = self._open_window(hold, window)
         except BaseException as e:  # the forward must never hang; finish() reports it
             logger.error("tutti linker: load of %d pages failed: %s", len(entries), e)
             self.counter.fail(index, e)
         finally:
+            hold.__exit__(None, None, None)
             self.store.unpin(entries)
-            with self._rw:
-                self._loads_in_flight -= 1
-                self._rw.notify_all()
+
+    def _window(self, input_tokens: int, prefix_tokens: int) -> float:
+        if self.slack is None:
+            return 0.0
+        return self.slack.window(input_tokens, prefix_tokens)[0]
+
+    def _open_window(self, hold, seconds: float):
+        """Let writes use the disk for one compute window, then take it back for reads."""
+        gate = self.store.gate
+        hold.__exit__(None, None, None)
+        gate.set_window(seconds)
+        self.windows_opened += 1
+        time.sleep(seconds)
+        gate.set_window(None)
+        hold = gate.reading(hold.devices)
+        hold.__enter__()
+        return hold
 
     def _load_chunk(self, plan, layer: int, rows: slice, page_ids) -> None:
         n = rows.stop - rows.start
@@ -368,9 +396,7 @@ class LayerwiseKV:
                                 self.page_size, self.obj_stride)
         addrs = (self.out.bufs[k].address + np.arange(n * m, dtype=np.uint64) * np.uint64(self.obj_stride)
                  ).reshape(n, m)
-        with self._rw:  # never write while a layer-wise read batch is in flight
-            while self._loads_in_flight:
-                self._rw.wait()
+        # the store's scheduler keeps these writes off directories a load batch is reading
         exact = self.obj_stride == int(self.store.layout.object_nbytes[0])  # 4 KiB multiples
         return bool(self.store.write_pages(keys, addrs, exact).all())
 

@@ -39,6 +39,7 @@ from .config import TuttiConfig, check_dirs
 from .engine import extension, open_engine
 from .index import SlotIndex
 from .layout import HEADER_NBYTES, PageGeometry, Placement, SlotLayout
+from .scheduler import Gate, Policy
 from .segments import SegmentFiles
 
 logger = logging.getLogger("tutti_hicache.store")
@@ -111,6 +112,10 @@ class ObjectStore(SegmentFiles):
         self._dirty_slots: set[int] = set()
         self._claim_checked: dict[int, float] = {}
         self._closed = False
+        page_io = self.layout.payload_nbytes
+        self.gate = Gate(Policy(default_window=cfg.write_window_ms / 1e3, min_chunk=page_io,
+                                max_write_wait=cfg.write_floor_ms / 1e3,
+                                max_backlog=cfg.write_backlog_mb << 20), enabled=cfg.scheduler)
         self._make_namespaces()
         self._rebuild()
 
@@ -162,18 +167,20 @@ class ObjectStore(SegmentFiles):
         if aligned:
             args = (np.repeat(files, m), (offsets[:, None] + lay.object_offsets[None, :]).ravel(),
                     np.tile(lay.object_nbytes, n), addrs.ravel())
-            if checksum:
-                res, units = self.engine.read_verify(*args, self._unit_starts(n))
-                sums = self._page_sums(units)
-            else:
-                res, sums = self.engine.read(*args), None
+            with self.gate.reading(self._devices(slots)):
+                if checksum:
+                    res, units = self.engine.read_verify(*args, self._unit_starts(n))
+                    sums = self._page_sums(units)
+                else:
+                    res, sums = self.engine.read(*args), None
             self._count_errors(res, "read")
             return (res.reshape(n, m) == lay.object_nbytes[None, :]).all(axis=1), sums
         with self._io_lock["r"]:
             stage = self._stage("r", n)
             base = stage.address + np.arange(n, dtype=np.uint64) * lay.payload_nbytes
-            res = self.engine.read(files, offsets + HEADER_NBYTES,
-                                   np.full(n, lay.payload_nbytes, np.int64), base)
+            with self.gate.reading(self._devices(slots)):
+                res = self.engine.read(files, offsets + HEADER_NBYTES,
+                                       np.full(n, lay.payload_nbytes, np.int64), base)
             good = res == lay.payload_nbytes
             self._count_errors(res, "read")
             src = base[:, None] + (lay.object_offsets - HEADER_NBYTES).astype(np.uint64)[None, :]
@@ -232,10 +239,11 @@ class ObjectStore(SegmentFiles):
         args = (files, offsets + self.layout.object_offsets[objs[0]],
                 np.full(n, k * stride, np.int64), dst)
         exact = stride == int(self.layout.object_nbytes[objs[0]])  # no padding between objects
-        if must.any() and exact:
-            res, sums = self.engine.read_verify(*args, np.arange(n + 1, dtype=np.int64))
-        else:
-            res, sums = self.engine.read(*args), None
+        with self.gate.reading(self._devices(plan.slots[rows])):
+            if must.any() and exact:
+                res, sums = self.engine.read_verify(*args, np.arange(n + 1, dtype=np.int64))
+            else:
+                res, sums = self.engine.read(*args), None
         self._count_errors(res, "read")
         ok = res == k * stride
         if must.any():
@@ -324,16 +332,29 @@ class ObjectStore(SegmentFiles):
         return r or self.index.reserve(key, evict=True)
 
     def _write_reserved(self, res: list, addrs: np.ndarray, aligned: bool) -> np.ndarray:
+        n = len(res)
         slots = np.array([r.slot for r in res], dtype=np.int64)
         files, offsets = self._slot_files(slots)
-        sums, units = self._checksums(addrs)
+        sums = np.zeros(n, dtype=np.uint64)
+        units = np.zeros((n, self.layout.geometry.units), dtype=np.uint64)
         with self._lock:
-            seqs = self._seq + 1 + np.arange(len(res), dtype=np.uint64)
-            self._seq += len(res)
-        good = self._tombstone(res, files, offsets)
-        good &= self._write_payloads(files, offsets, addrs, aligned)
+            seqs = self._seq + 1 + np.arange(n, dtype=np.uint64)
+            self._seq += n
+
+        def payload(a: int, b: int) -> np.ndarray:
+            # checksums inside the write window too, so their CPU time does not compete with reads
+            sums[a:b], units[a:b] = self._checksums(addrs[a:b])
+            return self._write_payloads(files[a:b], offsets[a:b], addrs[a:b], aligned)
+
+        devs = self._devices(slots)
+        good = self._gated(devs, n, HEADER_NBYTES,
+                           lambda a, b: self._tombstone(res[a:b], files[a:b], offsets[a:b]))
+        good &= self._gated(devs, n, self.layout.payload_nbytes, payload)
         self._sync(files[good])
-        good &= self._write_headers(res, slots, files, offsets, sums, units, seqs, good)
+        ok_so_far = good.copy()
+        good &= self._gated(devs, n, HEADER_NBYTES, lambda a, b: self._write_headers(
+            res[a:b], slots[a:b], files[a:b], offsets[a:b], sums[a:b], units[a:b], seqs[a:b],
+            ok_so_far[a:b]))
         self._sync(files[good])
         units = units.astype("<u8")
         with self._lock:
@@ -343,6 +364,23 @@ class ObjectStore(SegmentFiles):
                 else:
                     self.index.abort(r)
         return good
+
+    def _gated(self, devices, n_pages: int, unit: int, write) -> np.ndarray:
+        """Run write(a, b) -> ok[b-a] over pages [0, n_pages) in scheduler-sized chunks; all False
+        when the write backlog refuses it."""
+        ok = np.zeros(n_pages, dtype=bool)
+
+        def run(offset: int, length: int) -> None:
+            a, b = offset // unit, (offset + length) // unit
+            ok[a:b] = write(a, b)
+
+        if not self.gate.write(devices, n_pages * unit, run, unit=unit):
+            logger.warning("tutti: write backlog full (tutti_write_backlog_mb): %d pages refused",
+                           n_pages)
+        return ok
+
+    def _devices(self, slots: np.ndarray) -> frozenset:
+        return frozenset(np.unique(np.asarray(slots, dtype=np.int64) % len(self.cfg.dirs)).tolist())
 
     def _tombstone(self, res, files, offsets) -> np.ndarray:
         good = np.ones(len(res), dtype=bool)
@@ -467,6 +505,7 @@ class ObjectStore(SegmentFiles):
         with self._lock:
             s = dict(self._stats.__dict__)
             s.pop("extra")
+            s.update({f"sched_{k}": v for k, v in self.gate.stats.items()})
             s.update(pages=len(self.index), evictions=self.index.evictions,
                      capacity_slots=self.capacity_slots, slot_nbytes=self.layout.slot_nbytes,
                      owned_rows=len(self._lock_fds))

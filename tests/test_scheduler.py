@@ -1,0 +1,140 @@
+"""Scheduler policy: scripted sequences with exact dispatch orders (pure, no threads), then the
+Gate with real threads."""
+
+import threading
+import time
+
+import pytest
+
+from tutti_hicache.scheduler import Gate, Policy
+
+MB = 1 << 20
+
+
+def policy(**kw):
+    base = dict(write_bw=100 * MB, default_window=0.01, min_chunk=MB, max_backlog=64 * MB,
+                max_write_wait=0.5)
+    base.update(kw)
+    return Policy(**base)
+
+
+def test_write_runs_in_window_sized_chunks_when_idle():
+    p = policy()  # 10 ms at 100 MB/s -> ~1 MB chunks
+    assert p.write_arrives(1, {0}, 3 * MB, now=0.0)
+    c1 = p.next_write(0.0)
+    assert (c1.write_id, c1.index, c1.nbytes, c1.last) == (1, 0, p.chunk_bytes(), False)
+    assert p.next_write(0.0) is None  # one chunk in flight per device
+    p.chunk_done(c1, 0.01, 0.01)
+    chunks = []
+    while p.writes or p.inflight:
+        c = p.next_write(1.0)
+        chunks.append(c.nbytes)
+        p.chunk_done(c, 1.0, 0.0)
+    assert sum(chunks) + c1.nbytes == 3 * MB and p.backlog == 0
+
+
+def test_reads_first_and_never_together_with_writes():
+    p = policy()
+    p.write_arrives(1, {0}, 4 * MB, 0.0)
+    p.read_arrives("r1", {0})
+    assert p.read_may_start("r1", 0.0)
+    assert p.next_write(0.0) is None  # a read is pending on device 0
+    p.read_starts("r1")
+    assert p.next_write(0.0) is None  # ... and in flight
+    p.read_done("r1")
+    c = p.next_write(0.0)
+    assert c is not None
+    p.read_arrives("r2", {0})
+    assert not p.read_may_start("r2", 0.0)  # waits for the one chunk in flight, not the backlog
+    p.chunk_done(c, 0.01, 0.01)
+    assert p.read_may_start("r2", 0.01) and p.next_write(0.01) is None
+
+
+def test_other_devices_proceed_independently():
+    p = policy()
+    p.write_arrives(1, {1}, 2 * MB, 0.0)
+    p.read_arrives("r", {0})
+    p.read_starts("r")
+    c = p.next_write(0.0)
+    assert c is not None and c.devices == {1}  # device 1 is free of reads
+
+
+def test_older_write_is_not_overtaken_on_a_device():
+    p = policy()
+    p.write_arrives(1, {0, 1}, MB, 0.0)
+    p.write_arrives(2, {1}, MB, 0.0)
+    p.read_arrives("r", {0})
+    assert p.next_write(0.0) is None  # write 1 blocked by the read; write 2 may not pass it on 1
+    p.read_done("r")
+    assert p.next_write(0.0).write_id == 1
+
+
+def test_floor_lets_a_starving_write_through_steady_reads():
+    p = policy(max_write_wait=0.5)
+    p.write_arrives(1, {0}, MB, now=0.0)
+    p.read_arrives("a", {0})
+    p.read_starts("a")
+    p.read_arrives("b", {0})  # a steady stream: always one pending, one in flight
+    assert p.next_write(0.4) is None
+    assert not p.starving(0.4) and p.starving(0.6)
+    assert p.next_write(0.6) is None  # read "a" still in flight
+    p.read_done("a")
+    assert not p.read_may_start("b", 0.6)  # new/pending reads wait for the floor chunk
+    c = p.next_write(0.6)
+    assert c is not None
+    p.chunk_done(c, 0.61, 0.01)
+    assert p.read_may_start("b", 0.61)
+
+
+def test_backlog_bound_refuses_at_once():
+    p = policy(max_backlog=4 * MB)
+    assert p.write_arrives(1, {0}, 3 * MB, 0.0)
+    assert not p.write_arrives(2, {0}, 2 * MB, 0.0)
+    assert p.backlog == 3 * MB
+
+
+def test_chunks_are_whole_units_and_window_from_the_slack_table():
+    p = policy(min_chunk=1)
+    p.set_window(0.025)  # 2.5 MB at 100 MB/s
+    p.write_arrives(1, {0}, 10 * MB, 0.0, unit=MB)
+    c = p.next_write(0.0)
+    assert c.nbytes == 2 * MB  # rounded down to whole units
+    p.set_window(None)
+    assert p.chunk_bytes() == int(0.01 * 100 * MB)
+
+
+def test_bandwidth_estimate_follows_completed_chunks():
+    p = policy(write_bw=100 * MB)
+    p.write_arrives(1, {0}, 8 * MB, 0.0)
+    c = p.next_write(0.0)
+    p.chunk_done(c, 1.0, c.nbytes / (400 * MB))
+    assert 100 * MB < p.write_bw < 400 * MB
+
+
+def test_gate_read_waits_for_one_chunk_only():
+    g = Gate(policy(default_window=0.05, write_bw=20 * MB))
+    order = []
+
+    def run(off, n):
+        order.append(("w", off))
+        time.sleep(0.05)
+
+    t = threading.Thread(target=g.write, args=({0}, 4 * MB, run))
+    t.start()
+    while not order:
+        time.sleep(0.001)
+    t0 = time.monotonic()
+    with g.reading({0}):
+        order.append(("r", time.monotonic() - t0))
+    t.join()
+    kinds = [k for k, _ in order]
+    assert kinds[0] == "w" and "r" in kinds and kinds.index("r") <= 2
+    assert [o for k, o in order if k == "r"][0] < 0.2  # behind at most one ~50 ms chunk
+
+
+def test_gate_disabled_and_refusal():
+    g = Gate(policy(max_backlog=MB), enabled=False)
+    ran = []
+    assert g.write({0}, 8 * MB, lambda o, n: ran.append(n)) and ran == [8 * MB]
+    g = Gate(policy(max_backlog=MB))
+    assert not g.write({0}, 8 * MB, lambda o, n: ran.append(n)) and g.stats["refused"] == 1

@@ -1,0 +1,152 @@
+"""The scheduler with real I/O: a store's reads and writes from two threads never overlap on a
+directory (checked on the engine calls themselves), refusal at the backlog bound, and the
+linker pipeline opening slack-table write windows while its reads are ahead of the forward."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tutti_hicache.config import TuttiConfig
+from tutti_hicache.engine import extension
+from tutti_hicache.layout import PageGeometry
+from tutti_hicache.store import ObjectStore
+
+GEOM = PageGeometry("mha", 4, 16, 256, 256)  # 4 KiB objects
+
+
+def make_store(dirs, **extra):
+    cfg = TuttiConfig.from_sources({"tutti_dirs": [str(d) for d in dirs], "tutti_capacity_gb": 0.05,
+                                    "tutti_segment_gb": 1 / 256, **extra}, env={})
+    return ObjectStore(cfg, GEOM, {"t": "sched"})
+
+
+class Recorder:
+    """Wraps the engine: logs (kind, devices, start, end) of every read/write call."""
+
+    def __init__(self, store):
+        self.store, self.log, self.lock = store, [], threading.Lock()
+        self.real_engine = store.engine
+        self.real = {n: getattr(self.real_engine, n) for n in ("read", "write", "read_verify")}
+        store.engine = self
+
+    def __getattr__(self, name):  # counters(), close(), ... go to the real engine
+        return getattr(self.real_engine, name)
+
+    def _call(self, kind, name, file, *args):
+        devs = {self._dir(int(f)) for f in np.unique(file)}
+        t0 = time.monotonic()
+        out = self.real[name](file, *args)
+        with self.lock:
+            self.log.append((kind, devs, t0, time.monotonic()))
+        return out
+
+    def _dir(self, f):
+        table = self.store._file_table
+        return int(np.argwhere(table == f)[0][0])
+
+    def read(self, file, *a):
+        return self._call("r", "read", file, *a)
+
+    def read_verify(self, file, *a):
+        return self._call("r", "read_verify", file, *a)
+
+    def write(self, file, *a):
+        return self._call("w", "write", file, *a)
+
+
+def pages(n, seed):
+    m = len(GEOM.object_nbytes)
+    buf = extension().AlignedBuffer(n * m * 4096)
+    np.frombuffer(buf, np.uint8)[:] = np.random.default_rng(seed).integers(1, 255, n * m * 4096, dtype=np.uint8)
+    return buf, (buf.address + np.arange(n * m, dtype=np.uint64) * 4096).reshape(n, m)
+
+
+def test_reads_and_writes_never_overlap_on_a_directory(tmp_path):
+    store = make_store([tmp_path / "a", tmp_path / "b"], tutti_write_window_ms=1.0)
+    rbuf, raddr = pages(32, 1)
+    keys = [f"r{i:063d}" for i in range(32)]
+    assert store.write_pages(keys, raddr, True).all()
+    rec = Recorder(store)
+    stop = threading.Event()
+    wbuf, waddr = pages(16, 2)
+    errors = []
+
+    def reader():
+        dbuf, daddr = pages(32, 3)
+        while not stop.is_set():
+            if not store.read_pages(keys, daddr, True).all():
+                errors.append("read")
+
+    def writer():
+        k = 0
+        while not stop.is_set():
+            ks = [f"w{k:04d}{j:059d}" for j in range(16)]
+            k += 1
+            if not store.write_pages(ks, waddr, True).all():
+                errors.append("write")
+            with store._lock:
+                for key in ks:
+                    store.index.drop(key)
+
+    ts = [threading.Thread(target=reader), threading.Thread(target=writer)]
+    for t in ts:
+        t.start()
+    time.sleep(1.5)
+    stop.set()
+    for t in ts:
+        t.join()
+    assert not errors
+    reads = [x for x in rec.log if x[0] == "r"]
+    writes = [x for x in rec.log if x[0] == "w"]
+    assert reads and writes
+    for _, rd, r0, r1 in reads:
+        for _, wd, w0, w1 in writes:
+            if rd & wd:
+                assert w1 <= r0 or r1 <= w0, "a write ran on a directory while a read was in flight"
+    store.engine = rec.real_engine
+    store.close()
+
+
+def test_backlog_bound_refuses_stores_at_once(tmp_path):
+    store = make_store([tmp_path], tutti_write_backlog_mb=1)
+    buf, addr = pages(64, 4)  # 64 pages x 36 KiB > 1 MiB of payload
+    t0 = time.monotonic()
+    ok = store.write_pages([f"k{i:063d}" for i in range(64)], addr, True)
+    assert not ok.any() and time.monotonic() - t0 < 1.0
+    assert store.stats()["sched_refused"] >= 1 and len(store) == 0
+    store.close()
+
+
+def test_linker_opens_write_windows_when_ahead(tmp_path):
+    torch = pytest.importorskip("torch")
+    from tutti_hicache.layerwise import LayerwiseKV
+    from tutti_hicache.profiler import LayerModel, build_table
+    table = build_table(LayerModel(0.02, 0.0, 0.0), 1, read_Bps=1e12, write_Bps=1e9)
+    path = tmp_path / "slack.json"
+    table.save(str(path))
+    k = [torch.randn(20 * 16, 2, 64).to(torch.bfloat16) for _ in range(4)]
+    v = [torch.randn(20 * 16, 2, 64).to(torch.bfloat16) for _ in range(4)]
+    cfg = TuttiConfig.from_sources({"tutti_dirs": [str(tmp_path / "s")], "tutti_capacity_gb": 0.05,
+                                    "tutti_slack_table": str(path), "tutti_stage_mb": 1}, env={})
+    lw = LayerwiseKV(cfg, GEOM, {"t": "lw"}, k, v, 16)
+    keys = [f"p{i:063d}" for i in range(8)]
+    rows = torch.arange(16, 16 * 9)
+    assert lw.offload(keys, rows, [])
+    while lw.num_completed() < 1:
+        time.sleep(0.01)
+    assert lw.pop_completed()
+    want = [t[16:16 * 9].clone() for t in k + v]
+    for t in k + v:
+        t[16:16 * 9] = 0
+    assert lw.load("r", keys, rows)
+    idx = lw.start(input_tokens=256)
+    lw.counter.set_consumer(idx)
+    time.sleep(0.3)  # a slow forward: the loader runs ahead and lends the disk to writes
+    for layer in range(4):
+        lw.counter.wait_until(layer)
+    assert lw.finish(idx)
+    assert lw.windows_opened >= 1
+    assert all(torch.equal(t[16:16 * 9], w) for t, w in zip(k + v, want))
+    lw.close()

@@ -1,0 +1,226 @@
+"""Slack-aware I/O scheduling: reads first, reads and writes never together on a device, writes
+in chunks that fit the current window, a floor on write progress, a bounded write backlog.
+
+At a glance:
+    Policy      pure and deterministic (no threads, no files, no torch; time is an argument):
+        read_arrives(id, devices) -> read_may_start(id) -> read_starts(id) -> read_done(id)
+        write_arrives(id, devices, nbytes, now) -> bool      False: backlog full, refused at once
+        next_write(now) -> Chunk | None                      the one chunk that may start now
+        chunk_done(chunk, now, seconds)
+        set_window(seconds | None)                           from the slack table (linker)
+    Gate        the thread-safe shell the store uses: `with gate.reading(devs):` around a read
+                batch, `gate.write(devs, nbytes, run)` splits a write into chunks and runs each
+                when the policy allows (blocking only the calling writer thread).
+
+Rules, per device (= store directory):
+  1. Reads first: a read starts at once unless a write chunk is in flight on its devices; it then
+     waits for that one chunk only.
+  2. No write chunk starts on a device while a read is pending or in flight there.
+  3. At most one write chunk in flight per device; on a device, writes are served oldest first.
+  4. Chunk bytes = window x measured write bandwidth (at least `min_chunk`): a newly arriving read
+     waits behind at most one chunk of about one window.
+  5. Floor: when writes have made no progress for `max_write_wait` seconds, pending reads stop
+     blocking the next chunk and new reads on its devices wait for it; it starts once the reads
+     in flight end. Writes thus progress by >= min_chunk every max_write_wait + one chunk.
+  6. Backlog: a write that would queue more than `max_backlog` bytes is refused at arrival.
+Without a window from a slack table (the host tier, or no table) `default_window` applies: writes
+run only while no read is pending on their devices (plus the floor).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+
+@dataclass(frozen=True)
+class Chunk:
+    write_id: int
+    index: int  # chunk number within its write
+    devices: frozenset
+    nbytes: int
+    last: bool
+
+
+@dataclass
+class _Write:
+    id: int
+    devices: frozenset
+    remaining: int
+    unit: int = 1  # chunks are whole multiples of this many bytes
+    next_index: int = 0
+
+
+@dataclass
+class Policy:
+    write_bw: float = 1e9  # bytes/s, an EWMA over completed chunks
+    default_window: float = 0.010  # seconds of writing per chunk without a slack table
+    min_chunk: int = 1 << 20
+    max_backlog: int = 4 << 30
+    max_write_wait: float = 0.5
+    window: Optional[float] = None
+    pending_reads: dict = field(default_factory=dict)  # id -> devices
+    reads: dict = field(default_factory=dict)  # in flight: id -> devices
+    writes: deque = field(default_factory=deque)
+    inflight: dict = field(default_factory=dict)  # device -> Chunk
+    backlog: int = 0
+    last_progress: float = 0.0
+
+    # ---------------------------------------------------------------- reads
+    def read_arrives(self, read_id, devices: Iterable) -> None:
+        self.pending_reads[read_id] = frozenset(devices)
+
+    def read_may_start(self, read_id, now: float) -> bool:
+        devs = self.pending_reads[read_id]
+        if any(d in self.inflight for d in devs):
+            return False
+        return not (self.starving(now) and any(devs & w.devices for w in self.writes))
+
+    def read_starts(self, read_id) -> None:
+        self.reads[read_id] = self.pending_reads.pop(read_id)
+
+    def read_done(self, read_id) -> None:
+        self.reads.pop(read_id, None)
+        self.pending_reads.pop(read_id, None)
+
+    # --------------------------------------------------------------- writes
+    def write_arrives(self, write_id: int, devices: Iterable, nbytes: int, now: float,
+                      unit: int = 1) -> bool:
+        if self.backlog + nbytes > self.max_backlog:
+            return False
+        if not self.writes and not self.inflight:
+            self.last_progress = now
+        self.writes.append(_Write(write_id, frozenset(devices), nbytes, unit))
+        self.backlog += nbytes
+        return True
+
+    def starving(self, now: float) -> bool:
+        return bool(self.writes) and now - self.last_progress >= self.max_write_wait
+
+    def chunk_bytes(self) -> int:
+        window = self.window if self.window is not None else self.default_window
+        return max(self.min_chunk, int(window * self.write_bw))
+
+    def next_write(self, now: float, only: Optional[int] = None) -> Optional[Chunk]:
+        """The write chunk that may start now, if any (of write `only` when given): the oldest
+        write whose devices are free; a younger write never overtakes an older one on a device."""
+        active = {d for devs in self.reads.values() for d in devs}
+        if not self.starving(now):
+            active |= {d for devs in self.pending_reads.values() for d in devs}
+        older: set = set()
+        for w in self.writes:
+            free = not any(d in self.inflight or d in active or d in older for d in w.devices)
+            older |= w.devices
+            if not free or (only is not None and w.id != only):
+                continue
+            n = min(max(w.unit, self.chunk_bytes() // w.unit * w.unit), w.remaining)
+            chunk = Chunk(w.id, w.next_index, w.devices, n, last=n == w.remaining)
+            w.remaining -= n
+            w.next_index += 1
+            for d in w.devices:
+                self.inflight[d] = chunk
+            if chunk.last:
+                self.writes.remove(w)
+            return chunk
+        return None
+
+    def chunk_done(self, chunk: Chunk, now: float, seconds: float) -> None:
+        for d in chunk.devices:
+            if self.inflight.get(d) == chunk:
+                del self.inflight[d]
+        self.backlog -= chunk.nbytes
+        self.last_progress = now
+        if seconds > 0 and chunk.nbytes >= self.min_chunk:
+            self.write_bw = 0.7 * self.write_bw + 0.3 * (chunk.nbytes / seconds)
+
+    def set_window(self, seconds: Optional[float]) -> None:
+        self.window = seconds
+
+
+class Gate:
+    """Thread-safe shell around Policy for the store's reader and writer threads."""
+
+    def __init__(self, policy: Optional[Policy] = None, enabled: bool = True,
+                 clock: Callable[[], float] = time.monotonic):
+        self.policy = policy or Policy()
+        self.enabled = enabled
+        self.clock = clock
+        self._cv = threading.Condition()
+        self._ids = 0
+        self.stats = {"read_waits": 0, "read_wait_s": 0.0, "write_chunks": 0, "refused": 0}
+
+    def reading(self, devices: Iterable) -> "_Reading":
+        return _Reading(self, frozenset(devices))
+
+    def write(self, devices: Iterable, nbytes: int, run: Callable[[int, int], None],
+              unit: int = 1) -> bool:
+        """Run a write of nbytes in chunks of whole `unit`s: run(offset, length) per chunk, each
+        when the policy allows. Returns False, running nothing, when the backlog refuses it."""
+        if not self.enabled:
+            run(0, nbytes)
+            return True
+        with self._cv:
+            self._ids += 1
+            wid = self._ids
+            if not self.policy.write_arrives(wid, devices, nbytes, self.clock(), unit):
+                self.stats["refused"] += 1
+                return False
+        done = 0
+        while done < nbytes:
+            chunk = self._wait_chunk(wid)
+            t0 = self.clock()
+            try:
+                run(done, chunk.nbytes)
+            finally:
+                with self._cv:
+                    self.policy.chunk_done(chunk, self.clock(), self.clock() - t0)
+                    self.stats["write_chunks"] += 1
+                    self._cv.notify_all()
+            done += chunk.nbytes
+        return True
+
+    def _wait_chunk(self, wid: int) -> Chunk:
+        with self._cv:
+            while True:
+                chunk = self.policy.next_write(self.clock(), only=wid)
+                if chunk is not None:
+                    return chunk
+                self._cv.wait(timeout=self.policy.max_write_wait / 4)
+
+    def set_window(self, seconds: Optional[float]) -> None:
+        with self._cv:
+            self.policy.set_window(seconds)
+            self._cv.notify_all()
+
+
+class _Reading:
+    def __init__(self, gate: Gate, devices: frozenset):
+        self.gate, self.devices, self.id = gate, devices, None
+
+    def __enter__(self):
+        g = self.gate
+        if not g.enabled:
+            return self
+        with g._cv:
+            g._ids += 1
+            self.id = g._ids
+            g.policy.read_arrives(self.id, self.devices)
+            if not g.policy.read_may_start(self.id, g.clock()):
+                t0 = g.clock()
+                g.stats["read_waits"] += 1
+                while not g.policy.read_may_start(self.id, g.clock()):
+                    g._cv.wait(timeout=0.05)
+                g.stats["read_wait_s"] += g.clock() - t0
+            g.policy.read_starts(self.id)
+        return self
+
+    def __exit__(self, *exc):
+        g = self.gate
+        if g.enabled:
+            with g._cv:
+                g.policy.read_done(self.id)
+                g._cv.notify_all()
+        return False
