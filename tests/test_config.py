@@ -72,3 +72,10 @@ def test_settings_doc_is_in_sync():
     assert settings_markdown() in doc, "regenerate docs/settings.md from config.settings_markdown()"
     for s in SETTINGS:
         assert f"tutti_{s.name}" in doc
+
+
+def test_directory_without_o_direct_is_refused(tmp_path, monkeypatch):
+    from tutti_hicache import engine
+    monkeypatch.setattr(engine, "probe_o_direct", lambda d: False)
+    with pytest.raises(ValueError, match="tutti_dirs: the filesystem of .* refuses O_DIRECT"):
+        check_dirs(TuttiConfig(dirs=(str(tmp_path),)))

@@ -177,7 +177,7 @@ class TuttiConfig:
 
 
 def check_dirs(cfg: TuttiConfig) -> None:
-    """Create missing store directories (0700) and check they are writable directories."""
+    """Create missing store directories (0700); check they are writable and accept O_DIRECT."""
     if not cfg.dirs:
         raise ValueError(f"{PREFIX}dirs: at least one store directory is required "
                          f"(or set {ENV_PREFIX}DIRS)")
@@ -190,6 +190,15 @@ def check_dirs(cfg: TuttiConfig) -> None:
             raise ValueError(f"{PREFIX}dirs: {d} is not a directory")
         if not os.access(d, os.W_OK | os.X_OK):
             raise ValueError(f"{PREFIX}dirs: {d} is not writable")
+        from .engine import probe_o_direct
+        try:
+            direct = probe_o_direct(d)
+        except OSError as e:
+            raise ValueError(f"{PREFIX}dirs: cannot create files in {d}: {e.strerror}") from None
+        if not direct:
+            raise ValueError(f"{PREFIX}dirs: the filesystem of {d} refuses O_DIRECT (some FUSE, "
+                             "overlay or network filesystems do); use a directory on ext4, xfs, "
+                             "btrfs or tmpfs")
 
 
 def settings_markdown() -> str:
