@@ -262,9 +262,13 @@ def run(spec: BenchSpec) -> dict:
     version = H.ensure_sglang()
     os.makedirs(spec.medium, exist_ok=True)
     work = tempfile.mkdtemp(prefix="tutti-bench-", dir=spec.medium)
+    from tqdm import tqdm
+    bar = tqdm(total=5 if spec.with_file else 4, desc="bench store", unit="phase", leave=False)
     try:
+        bar.set_postfix_str("host pool")
         pool = make_pool(spec.geometry, spec.layout, 2 * spec.pages + 1, spec.pin_memory)
         fast_fill(pool, spec.seed)
+        bar.update()
         p = pool.page_size
         src, dst = pool.alloc(spec.pages * p), pool.alloc(spec.pages * p)
         keys = H.make_page_keys(spec.pages, spec.seed)
@@ -274,7 +278,10 @@ def run(spec: BenchSpec) -> dict:
         res = {"spec": asdict(spec), "sglang": version, "bytes": nbytes,
                "page_bytes": hm.geometry.page_nbytes, "object_bytes": int(hm.object_nbytes[0]),
                "host_aligned": hm.aligned}
+        bar.set_postfix_str("tutti write/restart/restore")
         res.update(bench_tutti(spec, work, pool, keys, src, dst, nbytes))
+        bar.update()
+        bar.set_postfix_str("raw O_DIRECT read")
         raw_path = os.path.join(work, "raw.bin")
         write_raw_file(raw_path, nbytes)
         seq = raw_read_GBps(raw_path, nbytes, 8 << 20, 1)
@@ -282,13 +289,18 @@ def run(spec: BenchSpec) -> dict:
         par = max(raw_read_GBps(raw_path, nbytes, op, n) for n in (spec.threads, 4 * spec.threads))
         os.unlink(raw_path)
         res.update({"raw_seq_8MiB_GBps": seq, "raw_parallel_GBps": par, "raw_read_GBps": max(seq, par)})
+        bar.update()
         if spec.with_file:
+            bar.set_postfix_str("SGLang file backend")
             res.update(bench_file(spec, work, pool, keys, src, dst, nbytes))
+            bar.update()
         res["tutti_pct_of_raw"] = 100 * res["tutti_read_GBps"] / res["raw_read_GBps"]
         if res.get("file_read_GBps"):
             res["tutti_over_file"] = res["tutti_read_GBps"] / res["file_read_GBps"]
+        bar.update()
         return res
     finally:
+        bar.close()
         if not spec.keep:
             shutil.rmtree(work, ignore_errors=True)
 

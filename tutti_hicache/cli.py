@@ -121,7 +121,7 @@ def cmd_fsck(a) -> int:
     for name, dirs in _namespaces(a.dirs).items():
         store, _ = open_existing(dirs, name, writer=a.repair)
         try:
-            r = store.check(repair=a.repair)
+            r = store.check(repair=a.repair, progress=sys.stderr.isatty())
         finally:
             store.close()
         bad += r["bad"] + r["bad_headers"]

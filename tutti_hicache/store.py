@@ -460,14 +460,16 @@ class ObjectStore(SegmentFiles):
                               np.full(len(own), self._zero.address, np.uint64))
         return len(own)
 
-    def check(self, repair: bool = False, chunk: int = 256) -> dict:
+    def check(self, repair: bool = False, chunk: int = 256, progress: bool = False) -> dict:
         """Verify every indexed page's payload checksum (fsck). With repair, bad pages owned by
         this process are dropped and their headers tombstoned. Returns counts."""
+        from tqdm import tqdm
         with self._lock:
             items = [(k, e) for k, e in self.index.entries.items()]
         bad, checked = [], 0
         m = len(self.layout.object_nbytes)
-        for i in range(0, len(items), chunk):
+        for i in tqdm(range(0, len(items), chunk), desc="fsck", unit="chunk", leave=False,
+                      disable=not progress):
             part = items[i:i + chunk]
             stage = extension().AlignedBuffer(len(part) * self.layout.payload_nbytes)
             base = stage.address + np.arange(len(part), dtype=np.uint64) * self.layout.payload_nbytes
