@@ -288,3 +288,19 @@ def test_mha_tp_ranks_share_directories_without_cross_talk(sglang, tmp_path):
     finally:
         q.put("done")
         p.join(60)
+
+
+def test_stats_file_is_written(sglang, tmp_path):
+    import json
+    h = sglang
+    pool = make_pool(h, "mha", "layer_first", 8)
+    st, _ = tutti(h, [tmp_path / "s"], "mha", "layer_first",
+                  tutti_stats_file=str(tmp_path / "stats-{pid}.json"))
+    st.register_mem_pool_host(pool)
+    idx = pool.alloc(2 * PAGE)
+    st.batch_set_v1(h.make_page_keys(2), idx)
+    st.batch_get_v1(h.make_page_keys(2), idx)
+    st.close()
+    (path,) = tmp_path.glob("stats-*.json")
+    stats = json.loads(path.read_text())
+    assert stats["hits"] == 2 and stats["write_pages"] == 2 and stats["checksum_failures"] == 0

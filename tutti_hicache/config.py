@@ -53,6 +53,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("write_floor_ms", "float", 500.0, "Write floor: after this long without write progress, one chunk goes ahead of new reads.", minimum=1.0),
     Setting("write_backlog_mb", "int", 4096, "Queued write bytes (MiB) above which new stores are refused at once (batch_set_v1 / offload return False).", minimum=1),
     Setting("slack_table", "str", "", "Linker: slack table file from `tutti-hicache profile`; without one, writes run only when no read is pending."),
+    Setting("stats_file", "str", "", "Write the backend's counters (hits, misses, bytes, checksum failures, engine calls) as JSON to this file, at most once a second and at close ({pid} is replaced)."),
     Setting("stage_mb", "int", 256, "Linker: bytes of one pinned staging slot (one layer of up to this many MiB of pages per copy); memory does not grow with sequence length.", minimum=1),
     Setting("stage_depth", "int", 3, "Linker: pinned staging slots in the read ring (reads of the next chunk overlap the copy of this one).", minimum=2),
     Setting("io_sms", "int", 8, "Linker: SMs reserved for the I/O kernels through a CUDA green context (Hopper); 0 = an ordinary high-priority stream.", minimum=0),
@@ -135,6 +136,7 @@ class TuttiConfig:
     write_floor_ms: float = 500.0
     write_backlog_mb: int = 4096
     slack_table: str = ""
+    stats_file: str = ""
     stage_mb: int = 256
     stage_depth: int = 3
     io_sms: int = 8

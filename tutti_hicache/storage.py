@@ -133,6 +133,7 @@ class TuttiStorage(HiCacheStorage):
             fn = self.store.read_pages if op == "get" else self.store.write_pages
             ok = fn(keys, addrs, aligned)
             self._record(op, int(ok.sum()), time.perf_counter() - t0)
+            self._dump_stats()
             return ok.tolist()
         except Exception:
             logger.exception("tutti: batch %s of %d pages failed; reported as a miss", op, len(keys))
@@ -189,8 +190,27 @@ class TuttiStorage(HiCacheStorage):
 
     def close(self) -> None:
         if self.store is not None:
+            self._dump_stats(force=True)
             self.store.close()
             self.store = None
+
+    def _dump_stats(self, force: bool = False) -> None:
+        """tutti_stats_file: counters as JSON, at most once a second (never raises)."""
+        if not self.cfg.stats_file or self.store is None:
+            return
+        now = time.monotonic()
+        if not force and now - getattr(self, "_stats_at", 0.0) < 1.0:
+            return
+        self._stats_at = now
+        try:
+            import json
+            import os
+            path = self.cfg.stats_file.replace("{pid}", str(os.getpid()))
+            with open(path + ".tmp", "w") as f:
+                json.dump(self.store.stats(), f)
+            os.replace(path + ".tmp", path)
+        except Exception as e:  # observability must not break storage
+            self._warn_once("stats", "tutti: cannot write tutti_stats_file: %s", e)
 
     def get_stats(self):
         with self._metrics_lock:
