@@ -295,9 +295,6 @@ def test_header_garbage_and_zeroing(filled):
         s.close()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: ObjectStore.stats() (and TuttiStorage.tutti_stats()) "
-                   "drop StoreStats.extra, so the count of unreadable headers found by scans is "
-                   "not reported anywhere but fsck")
 def test_stats_report_bad_headers(filled):
     dirs, ks, loc = filled
     path, off = loc[ks[0]]
@@ -393,10 +390,6 @@ def test_header_fields_out_of_range_are_refused(filled, what):
         s.close()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a header whose checksum is valid but whose seq is near "
-                   "2**64 is accepted (seq is not range-checked); the store then raises "
-                   "OverflowError in every write_pages (self._seq + 1 + np.arange(..., uint64)) "
-                   "and leaks the batch's reservations")
 def test_header_with_a_huge_sequence_number_does_not_break_writes(filled):
     dirs, ks, loc = filled
     path, off = loc[ks[0]]
@@ -478,10 +471,6 @@ def test_deleted_segment_of_one_directory(tmp_path):
 
 
 # ------------------------------------------------------------------------- verify=false
-@pytest.mark.xfail(strict=True, reason="BUG: slots adopted at open from a previous process are "
-                   "marked owned, so tutti_verify=false serves them unverified; docs/design.md "
-                   "section 4 says only slots this process wrote itself skip the checksum (a "
-                   "payload lost in a power cut under tutti_durability=none is then served as KV)")
 def test_verify_off_still_checks_pages_written_by_a_previous_process(filled):
     dirs, ks, loc = filled
     path, off = loc[ks[2]]
@@ -495,10 +484,6 @@ def test_verify_off_still_checks_pages_written_by_a_previous_process(filled):
 
 
 # ------------------------------------------------------------------- failed write batches
-@pytest.mark.xfail(strict=True, reason="BUG: an exception inside ObjectStore._write_reserved (here "
-                   "fdatasync -> EIO under tutti_durability=sync) leaves the batch's reservations "
-                   "in index.reserved forever: the slots leak and later writes of those keys are "
-                   "reported stored (dedupe) although nothing is on disk")
 def test_failed_write_batch_is_not_reported_stored_later(tmp_path, monkeypatch):
     s = ObjectStore(cfg_for([tmp_path], tutti_durability="sync"), GEOM, IDENT)
     try:
@@ -559,8 +544,6 @@ def test_fsck_finds_bad_headers(filled, capsys):
     assert "57 pages checked, 0 bad payloads, 3 unreadable headers" in capsys.readouterr().out
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: fsck --repair leaves unreadable headers on disk (only "
-                   "bad payloads are tombstoned), so fsck keeps exiting 1 after a repair")
 def test_fsck_repair_clears_bad_headers(filled, capsys):
     dirs, ks, loc = filled
     path, off = loc[ks[0]]
@@ -571,10 +554,6 @@ def test_fsck_repair_clears_bad_headers(filled, capsys):
     assert cli_main(["fsck", *d]) == 0, capsys.readouterr().out
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: cli.open_existing derives the capacity from the sum of "
-                   "the .dat file sizes: with one segment truncated, fsck scans too few slots and "
-                   "reports a clean store, and fsck --repair (a writer) deletes the healthy rows "
-                   "'beyond' that capacity")
 def test_fsck_with_a_truncated_segment(filled, capsys):
     dirs, ks, loc = filled
     row0 = loc[ks[0]][0]
@@ -589,8 +568,6 @@ def test_fsck_with_a_truncated_segment(filled, capsys):
         s.close()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: fsck/inspect raise a traceback (JSONDecodeError) on "
-                   "a namespace whose identity.json is damaged instead of reporting it")
 def test_fsck_reports_a_damaged_identity_file(filled, capsys):
     dirs, ks, loc = filled
     ns = os.path.dirname(loc[ks[0]][0])

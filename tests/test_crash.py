@@ -370,10 +370,6 @@ if pytest is not None:
             self._real.close()
             self._on_close()
 
-    @pytest.mark.xfail(strict=True, reason="BUG: ObjectStore.close() neither stops nor waits for the "
-                       "re-scan thread: a re-scan in flight then reads through the closed engine "
-                       "and logs 're-scan failed' with a ValueError traceback (seen in bench/soak.py "
-                       "when a process sharing its namespace re-opens during a re-scan)")
     def test_close_during_a_rescan_is_quiet(tmp_path, caplog):
         import threading
         dirs = [tmp_path / "a", tmp_path / "b"]

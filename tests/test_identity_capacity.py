@@ -362,8 +362,6 @@ def test_no_space_for_a_first_segment_is_a_clean_failure(sglang, tiny_tmpfs):
     assert dat_bytes([tiny_tmpfs / "s"]) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: TuttiStorage.tutti_stats() tests `if self.store`, and "
-                   "ObjectStore defines __len__, so a store holding no pages reports {}")
 def test_tutti_stats_of_an_empty_store(sglang, tmp_path):
     h = sglang
     st = storage(h, [tmp_path / "s"], make_pool(h, n_pages=8))
@@ -372,9 +370,6 @@ def test_tutti_stats_of_an_empty_store(sglang, tmp_path):
     assert stats.get("pages") == 0 and "write_failures" in stats
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: pages refused because no slot could be had (ENOSPC, "
-                   "free-space floor, everything pinned) are not counted in write_failures: "
-                   "write_pages accounts only the pages that got a reservation")
 def test_refused_pages_count_as_write_failures(sglang, tmp_path):
     h = sglang
     pool = make_pool(h, n_pages=8)
@@ -530,10 +525,6 @@ NON_FINITE = [(s.name, v) for s in SETTINGS if s.kind == "float"
               for v in (math.inf, math.nan, "inf", "nan")]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: float settings accept inf and nan (float('inf') is not "
-                   "< minimum, nan compares False); e.g. tutti_capacity_gb=inf then fails with "
-                   "OverflowError at attach, nan with an unnamed ValueError, "
-                   "tutti_rescan_interval_s=nan kills the re-scan thread (time.sleep(nan))")
 @pytest.mark.parametrize("name,value", NON_FINITE,
                          ids=[f"{n}-{v}" for n, v in NON_FINITE])
 def test_non_finite_numbers_are_refused(name, value):

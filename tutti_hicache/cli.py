@@ -75,32 +75,44 @@ def _namespaces(dirs: list[str]) -> dict[str, list[str]]:
     return {k: [v[i] for i in sorted(v)] for k, v in found.items()}
 
 
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} is unreadable or damaged: {e}") from None
+
+
 def open_existing(dirs: list[str], ns_name: str, writer: bool):
-    """Open a namespace found on disk with the geometry and capacity it was written with."""
+    """Open a namespace found on disk as it is (maintenance mode: nothing created, resized or
+    removed), with the geometry and placement it was written with."""
     from .config import TuttiConfig
     from .layout import PageGeometry
     from .store import ObjectStore
     ns0 = os.path.join(dirs[0], ns_name)
-    with open(os.path.join(ns0, "identity.json")) as f:
-        ident = json.load(f)
-    with open(os.path.join(ns0, "placement.json")) as f:
-        place = json.load(f)
-    if place["n_dirs"] != len(dirs):
-        raise ValueError(f"{ns_name} is striped over {place['n_dirs']} directories; "
+    ident = _read_json(os.path.join(ns0, "identity.json"))
+    place = _read_json(os.path.join(ns0, "placement.json"))
+    if place.get("n_dirs") != len(dirs):
+        raise ValueError(f"{ns_name} is striped over {place.get('n_dirs')} directories; "
                          f"found {len(dirs)}: pass all of them")
-    g = PageGeometry(ident["kind"], ident["layers"], ident["page_size"], ident["k_token_bytes"],
-                     ident["v_token_bytes"], ident["order"])
-    total = sum(os.path.getsize(os.path.join(d, ns_name, n)) for d in dirs
-                for n in os.listdir(os.path.join(d, ns_name)) if n.endswith(".dat"))
-    seg_gb = place["slots_per_segment"] * place["slot_nbytes"] / (1 << 30)
-    cfg = TuttiConfig(dirs=tuple(dirs), capacity_gb=max(total, place["slot_nbytes"]) / (1 << 30),
-                      segment_gb=seg_gb, rescan_interval_s=-1.0)
-    return ObjectStore(cfg, g, ident, writer=writer), ident
+    try:
+        g = PageGeometry(*ident["geometry"])
+        seg_gb = place["slots_per_segment"] * place["slot_nbytes"] / (1 << 30)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{ns_name}: identity.json/placement.json lack a field ({e})") from None
+    cfg = TuttiConfig(dirs=tuple(dirs), segment_gb=seg_gb, rescan_interval_s=-1.0)
+    return ObjectStore(cfg, g, ident, writer=writer, maintenance=True), ident
 
 
 def cmd_inspect(a) -> int:
+    failed = 0
     for name, dirs in _namespaces(a.dirs).items():
-        store, ident = open_existing(dirs, name, writer=False)
+        try:
+            store, ident = open_existing(dirs, name, writer=False)
+        except (ValueError, OSError) as e:
+            print(f"{name}: cannot open: {e}")
+            failed += 1
+            continue
         try:
             st = store.stats()
             print(f"{name}  ({', '.join(dirs)})")
@@ -113,20 +125,26 @@ def cmd_inspect(a) -> int:
                 print(f"    {k}  slot {e.slot}  seq {e.seq}  xxh3 {e.checksum:016x}")
         finally:
             store.close()
-    return 0
+    return 1 if failed else 0
 
 
 def cmd_fsck(a) -> int:
     bad = 0
     for name, dirs in _namespaces(a.dirs).items():
-        store, _ = open_existing(dirs, name, writer=a.repair)
+        try:
+            store, _ = open_existing(dirs, name, writer=a.repair)
+        except (ValueError, OSError) as e:
+            print(f"{name}: cannot check: {e}")
+            bad += 1
+            continue
         try:
             r = store.check(repair=a.repair, progress=sys.stderr.isatty())
         finally:
             store.close()
         bad += r["bad"] + r["bad_headers"]
         print(f"{name}: {r['checked']} pages checked, {r['bad']} bad payloads"
-              f"{' dropped' if a.repair and r['bad'] else ''}, {r['bad_headers']} unreadable headers")
+              f"{' dropped' if a.repair and r['bad'] else ''}, {r['bad_headers']} unreadable "
+              f"headers{' cleared' if a.repair and r['bad_headers'] else ''}")
         for k in r["bad_keys"]:
             print(f"  bad: {k}")
     return 1 if bad and not a.repair else 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
@@ -81,6 +82,8 @@ def _parse_number(key: str, v: Any, cast: Callable) -> Any:
         raise ValueError(f"{key}: expected a number, got {v!r}") from None
     if cast is int and isinstance(v, float) and v != out:
         raise ValueError(f"{key}: expected an integer, got {v!r}")
+    if not math.isfinite(out):
+        raise ValueError(f"{key}: expected a finite number, got {v!r}")
     return out
 
 

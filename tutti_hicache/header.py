@@ -38,6 +38,7 @@ _CHECKED = 4088
 _KEY_OFFSET = 80
 _UNITS_OFFSET = 336
 MAX_UNITS = (_CHECKED - _UNITS_OFFSET) // 8  # 469 layers
+MAX_SEQ = 1 << 62  # sequence numbers are time_ns-based; anything near 2**64 is damage
 
 DTYPE = np.dtype({
     "names": ["magic", "version", "header_nbytes", "fingerprint", "seq", "payload_nbytes",
@@ -111,6 +112,16 @@ class Parsed:
     units: list  # bytes of the unit checksums, [n]
 
 
+def _unused_bytes_set(raw: np.ndarray, key_len: np.ndarray, n_units: int) -> np.ndarray:
+    """True for headers with a non-zero byte where the format has none (padding, key tail,
+    unit tail): a header that parses as valid must be exactly what pack() writes."""
+    bad = raw[:, 76:_KEY_OFFSET].any(axis=1)
+    bad |= raw[:, _UNITS_OFFSET + 8 * n_units:_CHECKED].any(axis=1)
+    key_area = raw[:, _KEY_OFFSET:_UNITS_OFFSET]
+    tail = np.arange(MAX_KEY_BYTES)[None, :] >= np.minimum(key_len, MAX_KEY_BYTES)[:, None]
+    return bad | (key_area.astype(bool) & tail).any(axis=1)
+
+
 def parse(raw: np.ndarray, fp: bytes, slots: np.ndarray, payload_nbytes: int,
           n_units: int) -> Parsed:
     """Validate n headers (raw uint8 [n, 4096]) expected at `slots` of a namespace."""
@@ -123,6 +134,8 @@ def parse(raw: np.ndarray, fp: bytes, slots: np.ndarray, payload_nbytes: int,
     ok &= rec["payload_nbytes"] == payload_nbytes
     ok &= (rec["key_len"] >= 1) & (rec["key_len"] <= MAX_KEY_BYTES)
     ok &= rec["n_units"] == n_units
+    ok &= rec["seq"] < MAX_SEQ
+    ok &= ~_unused_bytes_set(raw, rec["key_len"], n_units)
     if ok.any():
         ok &= _header_checksums(raw) == rec["hcheck"]
     keys: list = [None] * len(rec)

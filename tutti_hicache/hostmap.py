@@ -129,8 +129,10 @@ class HostMap:
         host_indices: CPU int64 tensor (or array) of n_pages*page_size slots; page i starts at
         host_indices[i*page_size] and covers page_size consecutive, page-aligned slots.
         Raises ValueError on a wrong length, misaligned or out-of-range index."""
-        idx = np.asarray(host_indices.numpy() if hasattr(host_indices, "numpy") else host_indices,
-                         dtype=np.int64)
+        raw = np.asarray(host_indices.numpy() if hasattr(host_indices, "numpy") else host_indices)
+        if raw.dtype.kind not in "iu":
+            raise ValueError(f"host_indices: expected an integer tensor, got {raw.dtype}")
+        idx = raw.astype(np.int64, copy=False)
         p = self.page_size
         if idx.ndim != 1 or len(idx) != n_pages * p:
             raise ValueError(f"host_indices: expected {n_pages}*{p} slots, got shape {idx.shape}")

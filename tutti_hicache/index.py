@@ -33,6 +33,7 @@ class Entry:
     owned: bool
     pins: int = 0
     units: bytes = b""  # per-unit (per-layer) XXH3-64s, little-endian uint64
+    fresh: bool = False  # published by this process since it opened the store
 
 
 @dataclass(frozen=True)
@@ -64,10 +65,10 @@ class SlotIndex:
         self.free.extend((int(s), dirty) for s in slots)
 
     def prefix_len(self, keys: list[str]) -> int:
-        """Number of leading keys present; touches them in the LRU."""
+        """Number of leading keys present; touches them in the LRU. Non-string keys are absent."""
         n = 0
         for k in keys:
-            if k not in self.entries:
+            if not isinstance(k, str) or k not in self.entries:
                 break
             if k in self.lru:
                 self.lru.move_to_end(k)
@@ -94,7 +95,7 @@ class SlotIndex:
 
     def publish(self, res: Reservation, checksum: int, seq: int, units: bytes = b"") -> None:
         del self.reserved[res.key]
-        self._add(res.key, Entry(res.slot, checksum, seq, owned=True, units=units))
+        self._add(res.key, Entry(res.slot, checksum, seq, owned=True, units=units, fresh=True))
 
     def abort(self, res: Reservation) -> None:
         del self.reserved[res.key]
@@ -103,7 +104,7 @@ class SlotIndex:
     def pin(self, keys: list[str]) -> list[Optional[Entry]]:
         out = []
         for k in keys:
-            e = self.entries.get(k)
+            e = self.entries.get(k) if isinstance(k, str) else None
             if e is not None:
                 e.pins += 1
                 self.pinned_slots[e.slot] = self.pinned_slots.get(e.slot, 0) + 1

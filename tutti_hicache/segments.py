@@ -43,6 +43,8 @@ class SegmentFiles:
 
     def _make_namespaces(self) -> None:
         """Create namespace dirs with identity.json and placement.json; refuse a changed placement."""
+        if self.maintenance:
+            return
         placement = {"n_dirs": len(self.ns_dirs), "slot_nbytes": self.layout.slot_nbytes,
                      "slots_per_segment": self.placement.slots_per_segment, "dir_index": 0}
         for d, ns in enumerate(self.ns_dirs):
@@ -88,7 +90,10 @@ class SegmentFiles:
         nbytes = n_slots * self.layout.slot_nbytes
         st = os.statvfs(os.path.dirname(path))
         floor = int(self.cfg.free_space_floor_gb * (1 << 30))
-        if st.f_bavail * st.f_frsize - nbytes < floor:
+        free = st.f_bavail * st.f_frsize
+        if free < nbytes:
+            raise OSError(errno.ENOSPC, f"only {free >> 20} MiB free for a {nbytes >> 20} MiB segment", path)
+        if free - nbytes < floor:
             raise OSError(errno.ENOSPC, "free space would fall below tutti_free_space_floor_gb", path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -108,6 +113,8 @@ class SegmentFiles:
 
     def _fit_row(self, row: int) -> None:
         """Size an owned row's files to exactly the slots that fit in the capacity."""
+        if self.maintenance:
+            return
         for d in range(len(self.ns_dirs)):
             path = self._seg_path(d, row)
             want = len(self._file_slots(d, row)) * self.layout.slot_nbytes
@@ -138,7 +145,7 @@ class SegmentFiles:
 
         Rows another process holds are retried at most every 5 s."""
         now = time.monotonic()
-        if not self.writer or now < getattr(self, "_growth_retry_at", 0.0):
+        if not self.writer or self.maintenance or now < getattr(self, "_growth_retry_at", 0.0):
             return False
         for row in range(self.n_rows):
             if row in self._lock_fds or now - self._claim_checked.get(row, -1e9) < 5.0:
@@ -169,6 +176,8 @@ class SegmentFiles:
 
     def _shrink(self, rows: list[int]) -> None:
         """Remove rows beyond the capacity (it shrank since they were written), if unused."""
+        if self.maintenance:
+            return
         for r in rows:
             paths = [p for p in (self._seg_path(d, r) for d in range(len(self.ns_dirs)))
                      if os.path.exists(p)]
@@ -210,8 +219,11 @@ class SegmentFiles:
         owned = self._owned_mask(slots)
         learned = 0
         with self._lock:
+            damaged = ~p.valid & ~p.empty & (res == HEADER_NBYTES)
             extra = self._stats.extra
-            extra["bad_headers"] = extra.get("bad_headers", 0) + int((~p.valid & ~p.empty).sum())
+            extra["bad_headers"] = extra.get("bad_headers", 0) + int(damaged.sum())
+            self._bad_header_slots.difference_update(slots.tolist())
+            self._bad_header_slots.update(slots[damaged].tolist())
             for i in np.flatnonzero(p.valid):
                 learned += self.index.learn(int(slots[i]), p.keys[i], int(p.checksum[i]),
                                             int(p.seq[i]), bool(owned[i]), p.units[i])
@@ -307,5 +319,9 @@ def _write_once(path: str, obj: dict) -> dict:
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, sort_keys=True, indent=1)
         os.replace(tmp, path)
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"tutti_dirs: {path} is damaged ({e}); remove its namespace directory "
+                         "to start it empty") from None

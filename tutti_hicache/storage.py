@@ -105,7 +105,7 @@ class TuttiStorage(HiCacheStorage):
     # ----------------------------------------------------------- queries
     def batch_exists(self, keys: List[str], extra_info=None) -> int:
         try:
-            return self.store.prefix_len(list(keys)) if self.store else 0
+            return self.store.prefix_len(list(keys)) if self.store is not None else 0
         except Exception:
             logger.exception("tutti: batch_exists failed; reporting a miss")
             return 0
@@ -222,7 +222,7 @@ class TuttiStorage(HiCacheStorage):
 
     def tutti_stats(self) -> dict:
         """Richer counters: bytes, hits, misses, checksum failures, evictions, engine calls."""
-        return self.store.stats() if self.store else {}
+        return self.store.stats() if self.store is not None else {}
 
     def _record(self, op: str, pages: int, seconds: float) -> None:
         if not pages:

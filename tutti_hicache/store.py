@@ -64,6 +64,7 @@ class StoreStats:
     hits: int = 0
     misses: int = 0
     checksum_failures: int = 0
+    stale_foreign: int = 0  # another process's slot changed under us (re-scanned, a miss)
     read_errors: int = 0
     write_pages: int = 0
     write_bytes: int = 0
@@ -76,8 +77,12 @@ class StoreStats:
 
 class ObjectStore(SegmentFiles):
     def __init__(self, cfg: TuttiConfig, geometry: PageGeometry, identity: dict,
-                 writer: bool = True, engine=None):
-        check_dirs(cfg)
+                 writer: bool = True, engine=None, maintenance: bool = False):
+        """maintenance (fsck/inspect): open an existing namespace as found, with the capacity its
+        segment files span; never create, grow, resize or remove anything."""
+        self.maintenance = maintenance
+        if not maintenance:
+            check_dirs(cfg)
         self.cfg = cfg
         self.layout = SlotLayout(geometry)
         g = geometry  # the page geometry is always part of the identity, whatever the caller passed
@@ -89,12 +94,17 @@ class ObjectStore(SegmentFiles):
         if geometry.units > header.MAX_UNITS:
             raise ValueError(f"tutti: {geometry.num_layers} layers exceed the {header.MAX_UNITS} "
                              "per-layer checksums a slot header holds")
-        self.capacity_slots = cfg.capacity_bytes // self.layout.slot_nbytes
+        self.ns_dirs = [os.path.join(d, "tutti-" + self.fingerprint.hex()) for d in cfg.dirs]
+        if maintenance:
+            rows = self._existing_rows()
+            self.capacity_slots = (max(rows, default=0) + 1) * self.placement.slots_per_segment \
+                * len(cfg.dirs)
+        else:
+            self.capacity_slots = cfg.capacity_bytes // self.layout.slot_nbytes
         if self.capacity_slots < 1:
             raise ValueError(f"tutti_capacity_gb: {cfg.capacity_gb} GB holds no slot of "
                              f"{self.layout.slot_nbytes} bytes")
         self.n_rows = self.placement.segments_for(self.capacity_slots)
-        self.ns_dirs = [os.path.join(d, "tutti-" + self.fingerprint.hex()) for d in cfg.dirs]
         self.engine = engine or open_engine(cfg.engine, cfg.queue_depth,
                                             cfg.io_mode == "vectored", cfg.threads)
         self.index = SlotIndex()
@@ -110,6 +120,7 @@ class ObjectStore(SegmentFiles):
         self._last_rescan = 0.0
         self._rescan_wanted = threading.Event()
         self._dirty_slots: set[int] = set()
+        self._bad_header_slots: set[int] = set()  # damaged (not empty) headers seen by scans
         self._claim_checked: dict[int, float] = {}
         self._closed = False
         page_io = self.layout.payload_nbytes
@@ -147,7 +158,7 @@ class ObjectStore(SegmentFiles):
         slots = np.array([entries[i].slot for i in idx], dtype=np.int64)
         try:
             if len(idx):
-                must = np.array([self.cfg.verify or not entries[i].owned for i in idx], dtype=bool)
+                must = np.array([self.cfg.verify or not entries[i].fresh for i in idx], dtype=bool)
                 good, sums = self._read_slots(slots, addrs[idx], aligned, bool(must.any()))
                 ok[idx] = good & self._verify([entries[i] for i in idx], must, sums, addrs[idx])
         finally:
@@ -223,7 +234,7 @@ class ObjectStore(SegmentFiles):
         files, offsets = self._slot_files(slots)
         u = self.layout.geometry.units
         units = np.frombuffer(b"".join(e.units or bytes(8 * u) for e in entries), "<u8")
-        must = np.array([self.cfg.verify or not e.owned for e in entries], dtype=bool)
+        must = np.array([self.cfg.verify or not e.fresh for e in entries], dtype=bool)
         return PagePlan(list(entries), slots, files, offsets, must, units.reshape(len(entries), u))
 
     def read_layer(self, plan: "PagePlan", layer: int, dst: np.ndarray, rows=slice(None)) -> np.ndarray:
@@ -259,14 +270,25 @@ class ObjectStore(SegmentFiles):
         return ok
 
     def _drop_corrupt(self, bad_entries) -> None:
+        """Forget entries whose bytes failed their checksum. For a slot another process owns,
+        the usual cause is that it reused the slot since our last re-scan (counted as stale and
+        re-scanned); for our own slots it is damage (counted and logged)."""
+        stale = 0
         with self._lock:
             for e in bad_entries:
                 key = self.index.by_slot.get(e.slot)
-                if key is not None:
+                if key is None:
+                    continue
+                if e.owned:
                     logger.warning("tutti: checksum mismatch in slot %d (key %s): dropped, "
                                    "served as a miss", e.slot, key)
-                    self.index.drop(key)
-            self._stats.checksum_failures += len(bad_entries)
+                else:
+                    stale += 1
+                self.index.drop(key)
+            self._stats.checksum_failures += len(bad_entries) - stale
+            self._stats.stale_foreign += stale
+        if stale:
+            self._request_rescan()
 
     def _unit_starts(self, n_pages: int) -> np.ndarray:
         """group_start over n pages' objects, one group per checksum unit (layer)."""
@@ -302,8 +324,9 @@ class ObjectStore(SegmentFiles):
             idx = np.array(todo, dtype=np.int64)
             written = self._write_reserved(reservations, addrs[idx], aligned)
             ok[idx] = written
-        self._account_write(len(todo), int(ok[todo].sum()) if todo else 0,
-                            time.perf_counter() - t0)
+        stored = int(ok[todo].sum()) if todo else 0
+        refused = n - len(todo) - int(ok.sum() - stored)  # no slot, unusable key
+        self._account_write(len(todo) + refused, stored, time.perf_counter() - t0)
         return ok
 
     def _reserve(self, keys: list[str], ok: np.ndarray):
@@ -332,6 +355,18 @@ class ObjectStore(SegmentFiles):
         return r or self.index.reserve(key, evict=True)
 
     def _write_reserved(self, res: list, addrs: np.ndarray, aligned: bool) -> np.ndarray:
+        """Write reserved slots; any exception gives every reservation back (nothing published)."""
+        try:
+            return self._write_reserved_io(res, addrs, aligned)
+        except Exception:
+            logger.exception("tutti: write of %d pages failed; not stored", len(res))
+            with self._lock:
+                for r in res:
+                    if r.key in self.index.reserved:
+                        self.index.abort(r)
+            return np.zeros(len(res), dtype=bool)
+
+    def _write_reserved_io(self, res: list, addrs: np.ndarray, aligned: bool) -> np.ndarray:
         n = len(res)
         slots = np.array([r.slot for r in res], dtype=np.int64)
         files, offsets = self._slot_files(slots)
@@ -481,15 +516,20 @@ class ObjectStore(SegmentFiles):
                 if not good or int(c) != e.checksum:
                     bad.append((k, e))
             checked += len(part)
-        if repair and bad:
+        bad_headers = sorted(self._bad_header_slots)
+        if repair:
             self._drop_corrupt([e for _, e in bad])
-            own = np.array([e.slot for _, e in bad if e.owned], dtype=np.int64)
-            if len(own):
-                files, offsets = self._slot_files(own)
+            own = [e.slot for _, e in bad if e.owned] + [s for s in bad_headers if self._owns(s)]
+            if own:
+                slots = np.array(own, dtype=np.int64)
+                files, offsets = self._slot_files(slots)
                 self.engine.write(files, offsets, np.full(len(own), HEADER_NBYTES, np.int64),
                                   np.full(len(own), self._zero.address, np.uint64))
         return {"checked": checked, "bad": len(bad), "bad_keys": [k for k, _ in bad][:20],
-                "bad_headers": self._stats.extra.get("bad_headers", 0)}
+                "bad_headers": len(bad_headers)}
+
+    def _owns(self, slot: int) -> bool:
+        return int(self.placement.locate([slot])[1][0]) in self._lock_fds
 
     def close(self) -> None:
         with self._lock:
@@ -497,6 +537,9 @@ class ObjectStore(SegmentFiles):
                 return
             self._closed = True
         self._rescan_wanted.set()
+        thread = getattr(self, "_rescan_thread", None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=60)  # a re-scan in flight finishes before the engine goes
         self.engine.close()
         for fds in self._lock_fds.values():
             for fd in fds:
@@ -506,7 +549,7 @@ class ObjectStore(SegmentFiles):
     def stats(self) -> dict:
         with self._lock:
             s = dict(self._stats.__dict__)
-            s.pop("extra")
+            s["bad_headers"] = s.pop("extra").get("bad_headers", 0)
             s.update({f"sched_{k}": v for k, v in self.gate.stats.items()})
             s.update(pages=len(self.index), evictions=self.index.evictions,
                      capacity_slots=self.capacity_slots, slot_nbytes=self.layout.slot_nbytes,
