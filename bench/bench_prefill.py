@@ -27,7 +27,6 @@ import tempfile
 import threading
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 

@@ -9,13 +9,13 @@ seeded (SEED); failures print the seed and the injected positions.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 
 import numpy as np
 import pytest
 
+from tutti_hicache.testdata import page_content
 from tutti_hicache import header
 from tutti_hicache.cli import main as cli_main
 from tutti_hicache.config import TuttiConfig
@@ -47,13 +47,6 @@ def cfg_for(dirs, **kw):
     return TuttiConfig.from_sources(base, env={})
 
 
-def page_content(key: str, nbytes: int) -> np.ndarray:
-    seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
-    w = np.arange(nbytes // 8, dtype=np.uint64)
-    w += np.uint64(seed)
-    w *= np.uint64(0x9E3779B97F4A7C15)
-    w ^= w >> np.uint64(29)
-    return w.view(np.uint8)
 
 
 class Pages:

@@ -25,7 +25,6 @@ could not trust (bad headers == 0: no torn header either).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import mmap
@@ -48,6 +47,7 @@ try:
 except ImportError:  # standalone runs do not need pytest
     pytest = None
 
+from tutti_hicache.testdata import page_content
 from tutti_hicache.config import TuttiConfig
 from tutti_hicache.engine import extension
 from tutti_hicache.layout import PageGeometry
@@ -67,14 +67,6 @@ POOLS = [("layer_first", 64), ("page_first_direct", 64), ("page_first", 64), ("p
 PAGE, LAYERS, HEADS, POOL_PAGES, STORAGE_SLOTS = 16, 2, 2, 32, 40
 
 
-def page_content(key: str, nbytes: int) -> np.ndarray:
-    """The bytes every page stored under `key` holds (nbytes a multiple of 8)."""
-    seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
-    w = np.arange(nbytes // 8, dtype=np.uint64)
-    w += np.uint64(seed)
-    w *= np.uint64(0x9E3779B97F4A7C15)
-    w ^= w >> np.uint64(29)
-    return w.view(np.uint8)
 
 
 @dataclass

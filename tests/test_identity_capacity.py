@@ -23,9 +23,9 @@ import subprocess
 import tempfile
 import time
 
-import numpy as np
 import pytest
 
+from tutti_hicache.testdata import page_content
 from tutti_hicache.config import SETTINGS, TuttiConfig
 
 torch = pytest.importorskip("torch")
@@ -35,13 +35,6 @@ PAGE = 16
 MiB = 1 << 20
 
 
-def page_content(key: str, nbytes: int) -> np.ndarray:
-    seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
-    w = np.arange(nbytes // 8, dtype=np.uint64)
-    w += np.uint64(seed)
-    w *= np.uint64(0x9E3779B97F4A7C15)
-    w ^= w >> np.uint64(29)
-    return w.view(np.uint8)
 
 
 def make_pool(h, layout="layer_first", layers=2, heads=2, head_dim=64, page=PAGE,

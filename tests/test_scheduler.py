@@ -4,7 +4,6 @@ Gate with real threads."""
 import threading
 import time
 
-import pytest
 
 from tutti_hicache.scheduler import Gate, Policy
 

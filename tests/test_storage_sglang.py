@@ -6,7 +6,6 @@ zero-copy (batch_*_v1) and generic (batch_get/batch_set) paths, restart in betwe
 """
 
 import multiprocessing as mp
-import os
 import threading
 
 import pytest

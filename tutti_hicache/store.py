@@ -23,9 +23,6 @@ the payload's XXH3 checksum. Thread-safe: one lock around the index; I/O outside
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import json
 import logging
 import os
 import threading
