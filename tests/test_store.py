@@ -179,9 +179,10 @@ def test_files_are_private(store):
     src = Pages(1, seed=10)
     store.write_pages(keys(1), src.addrs, True)
     for d in store.ns_dirs:
-        assert os.stat(d).st_mode & 0o777 == 0o700
-        for f in os.listdir(d):
-            assert os.stat(os.path.join(d, f)).st_mode & 0o777 == 0o600, f
+        for root, dirs, files in os.walk(d):
+            assert os.stat(root).st_mode & 0o777 == 0o700, root
+            for f in files:
+                assert os.stat(os.path.join(root, f)).st_mode & 0o777 == 0o600, f
 
 
 def _writer(dirs, n, q):
@@ -240,3 +241,23 @@ def test_two_writers_share_without_clobbering(tmp_path):
         q.put("done")
         p.join(30)
         a.close()
+
+
+def test_writers_share_rows_fairly(tmp_path):
+    """A second writer on a namespace the first has fully claimed gets its share back."""
+    dirs = [tmp_path / "s"]
+    a = ObjectStore(cfg_for(dirs), GEOM, IDENT)  # 64 slots: rows of 28 -> 3 rows
+    src = Pages(16, seed=13)
+    for r in range(5):  # fill: a claims every row
+        assert a.write_pages(keys(16, f"a{r}"), src.addrs, True).all()
+    assert len(a._lock_fds) == a.n_rows
+    b = ObjectStore(cfg_for(dirs), GEOM, IDENT)
+    a._share_at = -1e9  # forget the cached writer count
+    a._release_excess_rows()  # what a's re-scan thread does
+    assert len(a._lock_fds) == -(-a.n_rows // 2)
+    assert b.write_pages(keys(4, "b"), src.addrs[:4], True).all()
+    assert b._lock_fds and not set(b._lock_fds) & set(a._lock_fds)
+    for k in keys(16, "a4"):  # a's pages in released rows stay readable, now foreign to a
+        assert k in a
+    b.close()
+    a.close()

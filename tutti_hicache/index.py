@@ -146,6 +146,21 @@ class SlotIndex:
         self._add(key, Entry(slot, checksum, seq, owned, units=units))
         return True
 
+    def disown(self, slots) -> bool:
+        """Give up slots (another process will own them): their entries stay readable as foreign,
+        they leave the LRU and the free list. False (nothing changed) if one is pinned or reserved."""
+        slots = set(int(s) for s in slots)
+        if slots & set(self.pinned_slots) or slots & set(self.reserved.values()) \
+                or slots & self.zombies:
+            return False
+        for s in slots:
+            key = self.by_slot.get(s)
+            if key is not None:
+                self.entries[key].owned = False
+                self.lru.pop(key, None)
+        self.free = deque(f for f in self.free if f[0] not in slots)
+        return True
+
     def forget_slot(self, slot: int) -> None:
         key = self.by_slot.get(slot)
         if key is not None:

@@ -13,6 +13,7 @@ over all files never exceeds the slots that fit in tutti_capacity_gb.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -140,12 +141,64 @@ class SegmentFiles:
         self._scan_rows([row])
         return True
 
-    def _claim_next_row(self) -> bool:
-        """Own one more row (create it if needed). Called with the store lock held.
+    # ---------------------------------------------------------------- writers
+    def _register_writer(self) -> None:
+        """One flock'd file per live writer (writers/<pid>.<n>.lock) so writers share rows fairly."""
+        d = os.path.join(self.ns_dirs[0], "writers")
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        path = os.path.join(d, f"{os.getpid()}.{id(self)}.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._writer_lock = (fd, path)
 
-        Rows another process holds are retried at most every 5 s."""
+    def _live_writers(self) -> int:
+        """Writers holding their lock file now (stale files of dead processes are removed)."""
+        d = os.path.join(self.ns_dirs[0], "writers")
+        mine = getattr(self, "_writer_lock", (None, None))[1]
+        live = 0
+        for name in os.listdir(d) if os.path.isdir(d) else ():
+            path = os.path.join(d, name)
+            if path == mine:
+                live += 1
+                continue
+            fds = _lock_paths([path])
+            if fds is None:
+                live += 1
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                os.close(fds[0])
+        return max(1, live)
+
+    def _fair_share(self) -> int:
+        """Rows this writer may hold: an equal share of the capacity among live writers."""
+        now = time.monotonic()
+        if now - getattr(self, "_share_at", -1e9) > 1.0:
+            self._share = -(-self.n_rows // self._live_writers())
+            self._share_at = now
+        return self._share
+
+    def _release_excess_rows(self) -> None:
+        """Hand rows beyond the fair share back (newest first) when more writers have come."""
+        share = self._fair_share()
+        with self._lock:
+            for row in sorted(self._lock_fds, reverse=True):
+                if len(self._lock_fds) <= share:
+                    return
+                slots = np.concatenate([self._file_slots(d, row) for d in range(len(self.ns_dirs))])
+                if self.index.disown(slots.tolist()):
+                    for fd in self._lock_fds.pop(row):
+                        os.close(fd)
+                    self._claim_checked[row] = time.monotonic()
+                    logger.info("tutti: handed segment row %d to the other writers", row)
+
+    def _claim_next_row(self) -> bool:
+        """Own one more row (create it if needed), up to the fair share of the live writers.
+        Called with the store lock held. Rows another process holds are retried every 5 s."""
         now = time.monotonic()
         if not self.writer or self.maintenance or now < getattr(self, "_growth_retry_at", 0.0):
+            return False
+        if self._lock_fds and len(self._lock_fds) >= self._fair_share():
             return False
         for row in range(self.n_rows):
             if row in self._lock_fds or now - self._claim_checked.get(row, -1e9) < 5.0:
@@ -163,8 +216,12 @@ class SegmentFiles:
         rows = self._existing_rows()
         self._shrink([r for r in rows if r >= self.n_rows])
         rows = [r for r in rows if r < self.n_rows]
+        if self.writer and not self.maintenance:
+            self._register_writer()
         for r in rows:
-            if self._open_row_files(r, create=False) and self.writer and self._try_lock_row(r):
+            full = self.writer and not self.maintenance and len(self._lock_fds) >= self._fair_share()
+            if self._open_row_files(r, create=False) and self.writer and not full \
+                    and self._try_lock_row(r):
                 try:
                     self._fit_row(r)
                 except OSError as e:
@@ -292,6 +349,8 @@ class SegmentFiles:
                 return
             try:
                 self.rescan()
+                if self.writer and not self.maintenance:
+                    self._release_excess_rows()
             except Exception:  # a background thread must not die silently
                 logger.exception("tutti: re-scan failed")
 

@@ -23,6 +23,7 @@ the payload's XXH3 checksum. Thread-safe: one lock around the index; I/O outside
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -542,6 +543,12 @@ class ObjectStore(SegmentFiles):
             for fd in fds:
                 os.close(fd)
         self._lock_fds.clear()
+        fd, path = getattr(self, "_writer_lock", (None, None))
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            os.close(fd)
+            self._writer_lock = (None, None)
 
     def stats(self) -> dict:
         with self._lock:
