@@ -80,3 +80,13 @@ def test_drop_while_pinned_frees_at_last_unpin():
     ix.unpin([0])
     r = ix.reserve("b", evict=False)
     assert (r.slot, r.dirty) == (0, True)
+
+
+def test_a_slot_is_never_granted_twice():
+    ix = SlotIndex()
+    ix.grant([0, 1], dirty=False)
+    with pytest.raises(RuntimeError, match="already free"):
+        ix.grant([1, 2], dirty=False)
+    fill(ix, ["a"])
+    with pytest.raises(RuntimeError):
+        ix.grant([0], dirty=True)  # slot 0 holds "a"

@@ -62,7 +62,14 @@ class SlotIndex:
         return key in self.entries
 
     def grant(self, slots: Iterable[int], dirty: bool) -> None:
-        self.free.extend((int(s), dirty) for s in slots)
+        """Make slots allocatable. A slot already free, reserved or holding an entry is a bug in
+        the caller and raises: granting it twice would give two keys one slot."""
+        slots = [int(s) for s in slots]
+        taken = ({f[0] for f in self.free} | set(self.reserved.values()) | set(self.by_slot)) \
+            & set(slots)
+        if taken:
+            raise RuntimeError(f"grant: slots {sorted(taken)[:5]} are already free or in use")
+        self.free.extend((s, dirty) for s in slots)
 
     def prefix_len(self, keys: list[str]) -> int:
         """Number of leading keys present; touches them in the LRU. Non-string keys are absent."""

@@ -138,7 +138,7 @@ class SegmentFiles:
             logger.warning("tutti: cannot grow the store with row %d: %s (retry in 10 s)", row, e)
             self._growth_retry_at = time.monotonic() + 10.0
             return False
-        self._scan_rows([row])
+        self._scan_rows([row], grant=True)
         return True
 
     # ---------------------------------------------------------------- writers
@@ -226,7 +226,7 @@ class SegmentFiles:
                     self._fit_row(r)
                 except OSError as e:
                     logger.warning("tutti: cannot size segment row %d: %s", r, e)
-        self._scan_rows(rows)
+        self._scan_rows(rows, grant=True)
         self._rescan_thread = threading.Thread(target=self._rescan_loop, daemon=True,
                                                name="tutti-rescan")
         self._rescan_thread.start()
@@ -249,8 +249,12 @@ class SegmentFiles:
                 os.close(fd)
             logger.warning("tutti: capacity shrank: removed segment row %d", r)
 
-    def _scan_rows(self, rows: list[int]) -> int:
-        """Read the headers of every slot in `rows` and learn them. Returns entries learned."""
+    def _scan_rows(self, rows: list[int], grant: bool = False) -> int:
+        """Read the headers of every slot in `rows` and learn them. Returns entries learned.
+
+        grant: the caller just took these rows (open, claim): their free slots become
+        allocatable. Re-scans never grant: a row claimed while a re-scan reads it must not have
+        its free slots handed out twice."""
         pairs = [(d, r) for r in rows for d in range(len(self.ns_dirs))
                  if self._file_table[d, r] >= 0]
         slots = np.concatenate([self._file_slots(d, r) for d, r in pairs] or [np.zeros(0, np.int64)])
@@ -262,7 +266,7 @@ class SegmentFiles:
             learned += self._scan_chunk(chunk, buf, raw_all[:len(chunk)])
         for r in rows:
             self._note_mtime(r)
-            if r in self._lock_fds:
+            if grant and r in self._lock_fds:
                 self._grant_free(r)
         return learned
 
