@@ -185,14 +185,20 @@ class TuttiStorage(HiCacheStorage):
     def clear(self) -> None:
         """Drop every page of this rank's identity: index and on-disk headers (tombstoned)."""
         if self.store is not None:
-            n = self.store.clear()
-            logger.info("tutti: cleared %d pages", n)
+            try:
+                n = self.store.clear()
+                logger.info("tutti: cleared %d pages", n)
+            except Exception:
+                logger.exception("tutti: clear failed")
 
     def close(self) -> None:
         if self.store is not None:
             self._dump_stats(force=True)
-            self.store.close()
-            self.store = None
+            store, self.store = self.store, None
+            try:
+                store.close()
+            except Exception:
+                logger.exception("tutti: close failed")
 
     def _dump_stats(self, force: bool = False) -> None:
         """tutti_stats_file: counters as JSON, at most once a second (never raises)."""
