@@ -263,27 +263,35 @@ class SegmentFiles:
         raw_all = np.frombuffer(buf, dtype=np.uint8).reshape(-1, HEADER_NBYTES)
         for start in range(0, len(slots), _SCAN_CHUNK):
             chunk = slots[start:start + _SCAN_CHUNK]
-            learned += self._scan_chunk(chunk, buf, raw_all[:len(chunk)])
+            learned += self._scan_chunk(chunk, buf, raw_all[:len(chunk)], grant)
         for r in rows:
             self._note_mtime(r)
             if grant and r in self._lock_fds:
                 self._grant_free(r)
         return learned
 
-    def _scan_chunk(self, slots: np.ndarray, buf, raw: np.ndarray) -> int:
+    def _scan_chunk(self, slots: np.ndarray, buf, raw: np.ndarray, taking: bool) -> int:
+        """Learn the headers read at `slots`. taking: the caller is taking these rows (open,
+        claim) and their headers are the truth. Otherwise (a re-scan) rows this process owns are
+        left alone, whatever was read: its index is their truth, and a header read before one of
+        its own rewrites must not bring an evicted key back over the slot being rewritten."""
         files, offsets = self._slot_files(slots)
         addr = buf.address + np.arange(len(slots), dtype=np.uint64) * HEADER_NBYTES
         res = self.engine.read(files, offsets, np.full(len(slots), HEADER_NBYTES, np.int64), addr)
         raw[res != HEADER_NBYTES] = 0
         p = header.parse(raw, self.fingerprint, slots, int(self.layout.object_nbytes.sum()),
                          self.layout.geometry.units)
-        owned = self._owned_mask(slots)
         learned = 0
         with self._lock:
+            owned = self._owned_mask(slots)
+            if not taking:
+                p.valid &= ~owned
+                p.empty |= owned
             damaged = ~p.valid & ~p.empty & (res == HEADER_NBYTES)
             extra = self._stats.extra
             extra["bad_headers"] = extra.get("bad_headers", 0) + int(damaged.sum())
-            self._bad_header_slots.difference_update(slots.tolist())
+            seen = slots if taking else slots[~owned]
+            self._bad_header_slots.difference_update(seen.tolist())
             self._bad_header_slots.update(slots[damaged].tolist())
             for i in np.flatnonzero(p.valid):
                 learned += self.index.learn(int(slots[i]), p.keys[i], int(p.checksum[i]),
