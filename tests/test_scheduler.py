@@ -122,13 +122,12 @@ def test_gate_read_waits_for_one_chunk_only():
     t.start()
     while not order:
         time.sleep(0.001)
-    t0 = time.monotonic()
     with g.reading({0}):
-        order.append(("r", time.monotonic() - t0))
+        order.append(("r", None))
     t.join()
     kinds = [k for k, _ in order]
-    assert kinds[0] == "w" and "r" in kinds and kinds.index("r") <= 2
-    assert [o for k, o in order if k == "r"][0] < 0.2  # behind at most one ~50 ms chunk
+    # the read went in after the chunk in flight, ahead of the rest of the 4 MB write
+    assert kinds[0] == "w" and "r" in kinds and kinds.index("r") <= 2 and len(kinds) > 3
 
 
 def test_gate_disabled_and_refusal():
