@@ -164,6 +164,11 @@ class Worker:
         self.lock = threading.Lock()
         self.gate = RWLock()
         logging.getLogger("tutti_hicache").addHandler(LogCounter(self.add))
+        if os.environ.get("TUTTI_SOAK_LOG"):  # show the store's warnings (debugging a soak)
+            h = logging.StreamHandler(sys.stderr)
+            h.setFormatter(logging.Formatter(f"[worker {wid}.{gen} %(asctime)s] %(message)s"))
+            h.setLevel(logging.WARNING)
+            logging.getLogger("tutti_hicache").addHandler(h)
         self.store = ObjectStore(self.cfg, self.g, self.ident)
         self.rng = random.Random(f"{a.seed}-{wid}-{gen}")
         self.errors_logged = 0

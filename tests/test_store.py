@@ -261,3 +261,16 @@ def test_writers_share_rows_fairly(tmp_path):
         assert k in a
     b.close()
     a.close()
+
+
+def test_last_row_with_an_empty_directory_still_grows(tmp_path):
+    """57 slots over 2 dirs with 28-slot segments: row 1 holds 1 slot in dir 0 and none in dir 1."""
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    s = ObjectStore(cfg_for(dirs, tutti_capacity_gb=57 * 36864 / 2**30), GEOM, IDENT)
+    assert s.capacity_slots == 57 and s.n_rows == 2
+    src = Pages(19, seed=14)
+    for r in range(4):
+        assert s.write_pages(keys(19, f"g{r}"), src.addrs, True).all()
+    assert len(s) == 57 and s.stats()["write_failures"] == 0
+    assert not (tmp_path / "b" / s.ns_dirs[1].split("/")[-1] / "seg-000001.dat").exists()
+    s.close()

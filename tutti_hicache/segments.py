@@ -73,7 +73,7 @@ class SegmentFiles:
 
         Returns True when every file of the row is open."""
         complete = True
-        for d in range(len(self.ns_dirs)):
+        for d in self._row_dirs(row):
             if self._file_table[d, row] >= 0:
                 continue
             path = self._seg_path(d, row)
@@ -105,8 +105,12 @@ class SegmentFiles:
             raise
         os.close(fd)
 
+    def _row_dirs(self, row: int) -> list[int]:
+        """Directories holding at least one slot of `row` (the capacity can end mid-row)."""
+        return [d for d in range(len(self.ns_dirs)) if len(self._file_slots(d, row))]
+
     def _try_lock_row(self, row: int) -> bool:
-        fds = _lock_paths([self._seg_path(d, row) for d in range(len(self.ns_dirs))])
+        fds = _lock_paths([self._seg_path(d, row) for d in self._row_dirs(row)])
         if fds is None:
             return False
         self._lock_fds[row] = fds
@@ -116,7 +120,7 @@ class SegmentFiles:
         """Size an owned row's files to exactly the slots that fit in the capacity."""
         if self.maintenance:
             return
-        for d in range(len(self.ns_dirs)):
+        for d in self._row_dirs(row):
             path = self._seg_path(d, row)
             want = len(self._file_slots(d, row)) * self.layout.slot_nbytes
             have = os.path.getsize(path)

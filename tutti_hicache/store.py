@@ -271,19 +271,19 @@ class ObjectStore(SegmentFiles):
         """Forget entries whose bytes failed their checksum. For a slot another process owns,
         the usual cause is that it reused the slot since our last re-scan (counted as stale and
         re-scanned); for our own slots it is damage (counted and logged)."""
-        stale = 0
+        damaged = stale = 0
         with self._lock:
             for e in bad_entries:
                 key = self.index.by_slot.get(e.slot)
-                if key is None:
-                    continue
                 if e.owned:
+                    damaged += 1
                     logger.warning("tutti: checksum mismatch in slot %d (key %s): dropped, "
                                    "served as a miss", e.slot, key)
                 else:
                     stale += 1
-                self.index.drop(key)
-            self._stats.checksum_failures += len(bad_entries) - stale
+                if key is not None and self.index.entries.get(key) is e:
+                    self.index.drop(key)
+            self._stats.checksum_failures += damaged
             self._stats.stale_foreign += stale
         if stale:
             self._request_rescan()
