@@ -70,8 +70,7 @@ def server_cmd(args, config: str, medium_dir: str, port: int) -> list:
     tutti = {"tutti_dirs": [os.path.join(medium_dir, "tutti")], "tutti_capacity_gb": args.capacity_gb,
              "tutti_stats_file": os.path.join(args.out_dir, f"stats-{config}-{{pid}}.json")}
     if config == "file":
-        cmd += ["--hicache-storage-backend", "file",
-                "--hicache-storage-backend-extra-config", json.dumps({"file_storage_path": os.path.join(medium_dir, "file")})]
+        cmd += ["--hicache-storage-backend", "file"]  # its directory: server_env()
     elif config == "tutti":
         extra = {"backend_name": "tutti", "module_path": "tutti_hicache.storage",
                  "class_name": "TuttiStorage", "interface_v1": 1, **tutti}
@@ -81,10 +80,19 @@ def server_cmd(args, config: str, medium_dir: str, port: int) -> list:
     return cmd
 
 
+def server_env(config: str, medium_dir: str) -> dict:
+    """SGLang's `file` backend takes its directory only from this variable (the extra config's
+    file_storage_path is ignored by 0.5.17-0.5.23's factory): point it at the medium under test."""
+    env = dict(os.environ)
+    env.pop("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", None)
+    if config == "file":
+        env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = os.path.join(medium_dir, "file")
+    return env
+
+
 class Server:
-    def __init__(self, cmd: list, log_path: str, port: int):
+    def __init__(self, cmd: list, log_path: str, port: int, env: dict):
         self.port = port
-        env = dict(os.environ, SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR="")
         self.log = open(log_path, "a")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
@@ -135,6 +143,10 @@ def one_request(url: str, ids: list, max_new: int) -> dict:
 
 
 def run_phase(url: str, reqs: list, rate: float, max_new: int) -> list:
+    """At a fixed rate (rate > 0), or one after another (rate == 0: clean TTFT, and the same
+    batch composition for every run, so greedy outputs can be compared across runs)."""
+    if rate <= 0:
+        return [one_request(url, ids, max_new) for _, _, ids in reqs]
     out, threads = [None] * len(reqs), []
     for i, (_, _, ids) in enumerate(reqs):
         t = threading.Thread(target=lambda i=i, ids=ids: out.__setitem__(i, one_request(url, ids, max_new)))
@@ -189,32 +201,82 @@ def drop_caches() -> str:
         return f"not dropped ({e.strerror})"
 
 
+def storage_written(config: str, medium_dir: str, out_dir: str) -> int:
+    """Bytes the storage tier holds or has written so far (to wait for write-backs to finish)."""
+    if config.startswith("tutti"):
+        total = 0
+        for p in os.listdir(out_dir):
+            if p.startswith(f"stats-{config}-") and p.endswith(".json"):
+                try:
+                    total += json.load(open(os.path.join(out_dir, p))).get("write_bytes", 0)
+                except (OSError, ValueError):
+                    pass
+        return total
+    total = 0
+    for root, _, files in os.walk(os.path.join(medium_dir, "file")):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def settle(config: str, medium_dir: str, out_dir: str, quiet_s: float = 4.0, limit_s: float = 60.0) -> float:
+    """Wait until the storage tier's written bytes stop growing (SGLang backs up asynchronously)."""
+    t0 = last_change = time.time()
+    last = storage_written(config, medium_dir, out_dir)
+    while time.time() - last_change < quiet_s and time.time() - t0 < limit_s:
+        time.sleep(0.5)
+        now = storage_written(config, medium_dir, out_dir)
+        if now != last:
+            last, last_change = now, time.time()
+    return time.time() - t0
+
+
 def run_config(args, config: str, medium: str, medium_dir: str, reqs: list) -> dict:
+    """One server start writes (phase warm) then repeats the cold prompts as L1 hits (reference
+    outputs); a restart plus a page-cache drop, then phase cold reads them from the storage tier.
+    Config `none` has no storage tier: a single fresh start runs the cold prompts (recompute)."""
     port = 30000 + abs(hash((config, medium))) % 1000
     shutil.rmtree(medium_dir, ignore_errors=True)
     os.makedirs(medium_dir, exist_ok=True)
     log = os.path.join(args.out_dir, f"server-{config}-{medium}.log")
     res = {"config": config, "medium": medium}
-    warm = [r for r in reqs]  # every question once: first per document misses, the rest hit
-    cold = [r for r in reqs if r[1] == 0]  # after the restart: one request per document
-    for phase, batch in (("warm", warm), ("cold", cold)):
-        if phase == "cold" and config == "none":
-            pass  # no storage tier: the restart empties everything (a recompute baseline)
-        srv = Server(server_cmd(args, config, medium_dir, port), log, port)
+    cold = [r for r in reqs if r[1] == 0]  # one request per document
+    phases = [("cold", cold)] if config == "none" else [("warm", reqs), ("cold", cold)]
+    for phase, batch in phases:
+        srv = Server(server_cmd(args, config, medium_dir, port), log, port, server_env(config, medium_dir))
         try:
             res[f"{phase}_start_s"] = srv.wait_ready(args.start_timeout)
             if phase == "cold":
                 res["page_cache"] = drop_caches()
             t0 = time.time()
-            out = run_phase(srv.url, batch, args.rate, args.max_new)
+            out = run_phase(srv.url, batch, args.rate if phase == "warm" else 0, args.max_new)
             res[phase] = summarize(out, time.time() - t0)
-            res[f"{phase}_metrics"] = scrape_metrics(srv.url)
             res[f"{phase}_outputs"] = {f"{d}:{q}": o["output_ids"] for (d, q, _), o in zip(batch, out)}
+            res[f"{phase}_cached_tokens"] = [o["cached_tokens"] for o in out]
+            if phase == "warm":
+                ref = run_phase(srv.url, cold, 0, args.max_new)  # same prompts, now L1 hits
+                res["l1_ref"] = summarize(ref, 1.0)
+                res["l1_ref_outputs"] = {f"{d}:{q}": o["output_ids"] for (d, q, _), o in zip(cold, ref)}
+                res["settle_s"] = settle(config, medium_dir, args.out_dir)
+            res[f"{phase}_metrics"] = scrape_metrics(srv.url)
         finally:
             srv.stop()
-    res["outputs_equal_l1_run"] = all(res["warm_outputs"].get(k) == v for k, v in res["cold_outputs"].items())
+    if "l1_ref_outputs" in res:
+        ref = res["l1_ref_outputs"]
+        res["outputs_equal_l1_run"] = all(ref.get(k) == v for k, v in res["cold_outputs"].items())
+        res["outputs_equal_count"] = sum(ref.get(k) == v for k, v in res["cold_outputs"].items())
     stats = sorted(p for p in os.listdir(args.out_dir) if p.startswith(f"stats-{config}-"))
     res["tutti_stats"] = [json.load(open(os.path.join(args.out_dir, p))) for p in stats]
+    for p in stats:  # the next medium's run starts from zero
+        os.replace(os.path.join(args.out_dir, p), os.path.join(args.out_dir, f"done-{medium}-{p}"))
+    if res["tutti_stats"]:
+        rb = sum(s.get("read_bytes", 0) for s in res["tutti_stats"])
+        rs = sum(s.get("read_seconds", 0.0) for s in res["tutti_stats"])
+        res["restore_GBps"] = rb / rs / 1e9 if rs else None
+        res["checksum_failures"] = sum(s.get("checksum_failures", 0) for s in res["tutti_stats"])
     return res
 
 
@@ -230,10 +292,13 @@ def main():
     ap.add_argument("--context", type=int, default=16384)
     ap.add_argument("--rate", type=float, default=1.0, help="requests per second")
     ap.add_argument("--max-new", type=int, default=16)
-    ap.add_argument("--hicache-gb", type=int, default=16)
+    ap.add_argument("--hicache-gb", type=int, default=8)
     ap.add_argument("--capacity-gb", type=float, default=32.0)
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--deadline-s", type=float, default=0,
+                    help="skip configurations that would start after this many seconds (0: none)")
+    ap.add_argument("--min-left-s", type=float, default=170, help="time one configuration needs")
     ap.add_argument("--out-dir", default="/tmp/tutti-e2e")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
@@ -241,17 +306,24 @@ def main():
     if args.write_model:
         write_model(args.model, args.layers)
     reqs = workload(args.docs, args.questions, args.context)
-    results = []
+    results, t_start = [], time.time()
     for spec in args.medium:
         name, d = spec.split("=", 1)
         raw = raw_read(d)
         for config in args.configs.split(","):
-            r = run_config(args, config, name, d, reqs)
+            if args.deadline_s and time.time() - t_start + args.min_left_s > args.deadline_s:
+                print(f"skipped {config} on {name}: out of time", flush=True)
+                results.append({"config": config, "medium": name, "skipped": "out of time"})
+                continue
+            try:
+                r = run_config(args, config, name, d, reqs)
+            except Exception as e:  # keep what the other configurations measured
+                r = {"config": config, "medium": name, "error": repr(e)}
             r["raw_read_GBps"] = raw
             results.append(r)
             print(json.dumps({k: v for k, v in r.items() if not k.endswith("outputs")}, default=str), flush=True)
-    with open(args.json, "w") as f:
-        json.dump(results, f, indent=1, default=str)
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1, default=str)
 
 
 if __name__ == "__main__":
