@@ -283,7 +283,8 @@ def run(args) -> dict:
 def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) -> dict:
     page = model.s["page"]
     page_bytes = model.s["layers"] * 2 * page * model.s["kv_heads"] * model.s["head_dim"] * 2
-    lw = make_tutti(model, dirs, cap_gb=(max_pages + 64) * (page_bytes + 4096 * 65) / 2**30)
+    slack = 64 + args.offload_stream * 2
+    lw = make_tutti(model, dirs, cap_gb=(max_pages + slack) * (page_bytes + 4096 * 65) / 2**30)
     keys = [f"{i:064x}" for i in range(max_pages)]
     write_s = write_prefix(lw, model, keys, max_pages)
     raw = raw_read(dirs, min(max_pages * page_bytes, 4 << 30))
@@ -308,8 +309,83 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
         info["runs"].append(r)
         print(f"[{name}] C={c} h={h}: TTFT {ttft:.3f}s bubble {bub:.3f}s io-only {t_io:.3f}s "
               f"({r['restore_GBps']:.2f} GB/s, {cnt['enter_calls']} enters, {cnt['cpu_s']:.2f} CPU s)", flush=True)
+    if args.offload_stream:
+        c = max(contexts)
+        info["offload_stream"] = offload_stream(lw, model, keys, c, int(c * 0.9) // page, args.offload_stream)
     lw.close()
     return info
+
+
+class OffloadStream:
+    """A continuous offload (gather -> pinned -> engine writes) of fresh keys through the same
+    LayerwiseKV, as a server storing the previous request's KV would run it; at most `limit`
+    pages per burst so the store's LRU never reaches the prefix being restored."""
+
+    def __init__(self, lw: LayerwiseKV, model, limit: int, chunk: int = 16):
+        page = model.s["page"]
+        self.lw, self.limit, self.chunk = lw, limit, chunk
+        self.rows = torch.arange(page, page * (chunk + 1), device=model.device)
+        self.serial, self.pages, self.refused = 0, 0, 0
+
+    def _run(self, stop: threading.Event) -> None:
+        queued = done = 0
+        while not stop.is_set() and queued * self.chunk < self.limit:
+            keys = [f"{0xFF << 240 | (self.serial + i):064x}" for i in range(self.chunk)]
+            if self.lw.offload(keys, self.rows, []):
+                self.serial += self.chunk
+                queued += 1
+            else:
+                self.refused += 1
+                time.sleep(0.002)
+            while self.lw.num_completed():
+                done += 1
+                self.pages += self.chunk * bool(self.lw.pop_completed())
+            if queued - done >= 4:
+                time.sleep(0.001)
+        while done < queued:  # drain: every queued offload reports, in order
+            if self.lw.num_completed():
+                done += 1
+                self.pages += self.chunk * bool(self.lw.pop_completed())
+            else:
+                time.sleep(0.001)
+
+    def during(self, fn):
+        """fn() while the stream runs; returns (fn's result, pages written, seconds)."""
+        stop, pages0, t0 = threading.Event(), self.pages, time.perf_counter()
+        t = threading.Thread(target=self._run, args=(stop,))
+        t.start()
+        time.sleep(0.05)  # writes in flight before the request arrives
+        try:
+            out = fn()
+        finally:
+            stop.set()
+            t.join()
+        return out, self.pages - pages0, time.perf_counter() - t0
+
+
+def offload_stream(lw: LayerwiseKV, model, keys: list, c: int, pages: int, limit: int) -> dict:
+    """TTFT at (C, h=0.9) with a continuous offload stream, scheduler off vs on (alternating)."""
+    page = model.s["page"]
+    page_bytes = lw.store.layout.geometry.page_nbytes
+    stream = OffloadStream(lw, model, limit)
+    alone = [prefill(model, c, pages * page, restore_fn(lw, model, keys, pages), lw.counter) for _ in range(2)]
+    runs = []
+    for enabled in (False, True, False, True):
+        lw.store.gate.enabled = enabled
+        (ttft, bub), written, secs = stream.during(
+            lambda: prefill(model, c, pages * page, restore_fn(lw, model, keys, pages), lw.counter))
+        runs.append(dict(scheduler=enabled, ttft_s=ttft, bubble_s=bub, written_pages=written,
+                         write_GBps=written * page_bytes / secs / 1e9))
+    lw.store.gate.enabled = True
+    out = {"C": c, "h": 0.9, "ttft_alone_s": min(t for t, _ in alone), "runs": runs, "refused_offloads": stream.refused}
+    for enabled in (False, True):
+        sel = [r["ttft_s"] for r in runs if r["scheduler"] == enabled]
+        out[f"ttft_scheduler_{'on' if enabled else 'off'}_s"] = min(sel)
+        out[f"vs_alone_scheduler_{'on' if enabled else 'off'}"] = min(sel) / out["ttft_alone_s"]
+    print(f"  offload stream C={c} h=0.9: alone {out['ttft_alone_s']:.3f}s, scheduler off "
+          f"{out['ttft_scheduler_off_s']:.3f}s ({out['vs_alone_scheduler_off']:.2f}x), on "
+          f"{out['ttft_scheduler_on_s']:.3f}s ({out['vs_alone_scheduler_on']:.2f}x); {runs}", flush=True)
+    return out
 
 
 def main():
@@ -322,6 +398,9 @@ def main():
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU")
     ap.add_argument("--engine", default="auto", choices=["auto", "uring", "posix"])
     ap.add_argument("--no-verify", action="store_true")
+    ap.add_argument("--offload-stream", type=int, default=0, metavar="PAGES",
+                    help="also TTFT at the largest C, h=0.9 with a continuous offload stream (at most PAGES "
+                         "pages per request), scheduler off vs on")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
     global ENGINE, VERIFY

@@ -182,6 +182,38 @@ def test_narrow_words(device, dtype, dim, staging_offset):
     assert_same_bytes(back, staging)
 
 
+@pytest.mark.parametrize("obj_words,word_bytes", [(4608, 16), (8192, 16), (100, 16), (9216, 8), (2304, 16),
+                                                  (9000, 16), (1, 2), (65537, 16)])
+def test_launch_shape_covers_objects_with_little_masking(obj_words, word_bytes):
+    """Blocks are powers of two of at most 16 KiB that cover the object; above 4 KiB a block leaves at most
+    1/16 of the last chunk's lanes idle (MLA's 72 KiB object: nine 8 KiB chunks, none masked)."""
+    block, warps, chunks = tk._common._launch_shape(obj_words, word_bytes)
+    assert block & (block - 1) == 0 and block * word_bytes <= 16384 and 1 <= warps <= 8
+    assert chunks * block >= obj_words > (chunks - 1) * block
+    if block * word_bytes > 4096:
+        assert (chunks * block - obj_words) * 16 <= obj_words
+    if (obj_words, word_bytes) == (4608, 16):
+        assert (block, chunks) == (512, 9)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mla_full_size_object_round_trip(device):
+    """A real MLA object (page 64 x 576 bf16 = 72 KiB, several chunks per object) scatters and gathers exactly."""
+    page_size, dim, n = 64, 576, 3
+    buf = torch.full((8 * page_size, 1, dim), 0, dtype=torch.bfloat16).view(torch.uint8)
+    buf = buf.fill_(SENTINEL).view(torch.bfloat16).to(device)
+    ref = buf.clone()
+    obj_bytes = page_size * dim * 2
+    ids = torch.tensor([5, 0, 6], dtype=torch.int32, device=device)
+    staging = random_bytes(n * obj_bytes, seed=9).to(device)
+    tk.scatter_layer_mla(staging, buf, ids, page_size)
+    tk.scatter_layer_ref(staging, ref, None, ids, page_size)
+    assert_same_bytes(buf, ref)
+    back = torch.full_like(staging, SENTINEL)
+    tk.gather_layer_mla(back, buf, ids, page_size)
+    assert_same_bytes(back, staging)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_kernel_skips_out_of_range_pages(device):
     """Unchecked ids (GPU default) outside [0, num_pages) write nothing and read nothing."""
