@@ -57,11 +57,15 @@ def load_kernels():
         return module
 
 
+REPEATS = 1
+
+
 def timed_ms(fn, device) -> float:
-    """Median milliseconds of ``fn`` (CUDA: ``triton.testing.do_bench``, L2 flushed; CPU: wall clock)."""
+    """Median milliseconds of ``fn`` (CUDA: ``triton.testing.do_bench``, L2 flushed; the best of ``REPEATS``
+    such medians, since a ~40 us launch is at the mercy of clocks and the L2 flush; CPU: wall clock)."""
     if device.type == "cuda":
         import triton.testing
-        return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+        return min(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median") for _ in range(REPEATS))
     fn()
     start = time.perf_counter()
     fn()
@@ -252,7 +256,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes, CPU, Triton interpreter")
+    parser.add_argument("--repeats", type=int, default=3, help="best of this many do_bench medians per case")
+    parser.add_argument("--layers-only", action="store_true", help="only the per-layer bandwidth table")
     args = parser.parse_args(argv)
+    global REPEATS
+    REPEATS = max(1, args.repeats)
     import triton
 
     tk = load_kernels()
@@ -263,8 +271,10 @@ def main(argv=None):
                        "torch": torch.__version__, "triton": triton.__version__, "dry_run": not cuda},
               "units": UNITS}
     result["bandwidth"] = bench_layers(tk, device, (1024, 4096, 16384) if cuda else (2, 3), geometries)
-    result["bandwidth"] += bench_pages(tk, device, 512 if cuda else 2, 32 if cuda else 2, geometries)
-    result["interference"] = interference(tk, device) if cuda else "skipped: needs CUDA"
+    result["meta"]["repeats"] = REPEATS
+    if not args.layers_only:
+        result["bandwidth"] += bench_pages(tk, device, 512 if cuda else 2, 32 if cuda else 2, geometries)
+    result["interference"] = interference(tk, device) if cuda and not args.layers_only else "skipped"
     print_table(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
