@@ -303,6 +303,9 @@ def main():
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
+    for p in os.listdir(args.out_dir):  # stats of an earlier invocation are not this run's
+        if p.startswith(("stats-", "done-")):
+            os.unlink(os.path.join(args.out_dir, p))
     if args.write_model:
         write_model(args.model, args.layers)
     reqs = workload(args.docs, args.questions, args.context)

@@ -136,3 +136,25 @@ def test_gate_disabled_and_refusal():
     assert g.write({0}, 8 * MB, lambda o, n: ran.append(n)) and ran == [8 * MB]
     g = Gate(policy(max_backlog=MB))
     assert not g.write({0}, 8 * MB, lambda o, n: ran.append(n)) and g.stats["refused"] == 1
+
+
+def test_gate_toggled_during_a_read_releases_it():
+    """A read registered while the scheduler was on is released even if it was switched off since
+    (and one that started while off is not released twice): a later write must not wait for it."""
+    g = Gate(policy(write_bw=100 * MB))
+    hold = g.reading({0})
+    hold.__enter__()
+    g.enabled = False
+    hold.__exit__(None, None, None)
+    g.enabled = True
+    ran = []
+    writer = threading.Thread(target=g.write, args=({0}, MB, lambda o, n: ran.append(n)))
+    writer.start()
+    writer.join(timeout=10)
+    assert not writer.is_alive() and ran == [MB]
+    g.enabled = False
+    late = g.reading({0})
+    late.__enter__()
+    g.enabled = True
+    late.__exit__(None, None, None)  # never registered: nothing to release
+    assert g.write({0}, MB, lambda o, n: ran.append(n)) and ran == [MB, MB]

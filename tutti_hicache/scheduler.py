@@ -219,7 +219,7 @@ class _Reading:
 
     def __exit__(self, *exc):
         g = self.gate
-        if g.enabled:
+        if self.id is not None:  # registered at enter: release it even if `enabled` flipped since
             with g._cv:
                 g.policy.read_done(self.id)
                 g._cv.notify_all()
