@@ -141,12 +141,8 @@ def as_words(t: torch.Tensor, nbytes: int, word_bytes: int) -> torch.Tensor:
 
 def _launch_shape(obj_words: int, word_bytes: int) -> tuple:
     """``(BLOCK words, num_warps, chunks per object)``: at most 16 KiB per program, a 16-byte vector per
-    thread per access. The block halves (down to 4 KiB) while the last chunk of an object would leave more
-    than 1/16 of the lanes masked off: an MLA object (64 x 576 bf16 = 72 KiB) takes nine 8 KiB chunks rather
-    than five 16 KiB chunks of which the last is half empty."""
+    thread per access."""
     block = min(triton.next_power_of_2(obj_words), MAX_BLOCK_BYTES // word_bytes)
-    while block * word_bytes > 4096 and (triton.cdiv(obj_words, block) * block - obj_words) * 16 > obj_words:
-        block //= 2
     num_warps = max(1, min(8, block * word_bytes // 2048))
     return block, num_warps, triton.cdiv(obj_words, block)
 
