@@ -1,14 +1,17 @@
 """End to end on a real SGLang server (0.5.17-0.5.23, a GPU): tutti vs `file` vs no storage tier.
 
 Per configuration one server start writes (phase "warm": each document's first question misses,
-the next ones hit L1/L2), then the server is **restarted** and the page cache dropped, so that in
-phase "cold" hits can only come from the storage tier; a second server start reads. Workload
-(seeded token ids, no dataset): D long documents (system prompt + document, `--context` tokens)
-each asked Q questions (LEval/LooGLE-like multi-turn over one document), sent at a fixed rate.
-Reported per (config, phase): TTFT mean/p50/p99, ITL, request throughput, cached tokens per
-request (SGLang's meta_info), storage bytes and GB/s (tutti: its stats file; SGLang metrics when
-enabled), the medium's raw O_DIRECT read; greedy outputs of the cold phase are compared with the
-warm phase's L1-hit outputs for the same prompts.
+the next ones hit the device cache; then each document's first question again, as an L1 hit: the
+reference outputs), waits until the storage tier stops growing, and stops; a second server start
+over the same directory, after a page-cache drop, reads (phase "cold": one request per document,
+one after another, so hits can only come from the storage tier). Config `none` (no storage tier)
+runs only the cold phase on a fresh server: the recompute baseline. Workload (seeded token ids, no
+dataset): D long documents (a shared system prompt + document, `--context` tokens) each asked Q
+questions (LEval/LooGLE-like multi-turn over one document), sent at a fixed rate. Reported per
+(config, phase): TTFT mean/p50/p99, ITL, request throughput, cached tokens per request (SGLang's
+meta_info), SGLang's storage metrics, tutti's stats file (bytes, seconds, checksum failures) and
+restore GB/s, the medium's raw O_DIRECT read, and whether the cold outputs equal the L1-hit ones.
+SGLang's `file` backend is pointed at the medium through SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR.
 
   python bench/e2e_sglang.py --model /tmp/llama8 --medium disk=/var/tmp/tutti-e2e \
       --configs none,file,tutti,tutti-plugin --json out.json
