@@ -28,6 +28,14 @@ def test_bench_store_json_keys(sglang, tmp_path):
     assert r["tutti_verified_bytes_equal"] and r["file_verified_bytes_equal"]
 
 
+def test_bench_store_pin_without_cuda_is_a_clear_refusal(tmp_path, capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: --pin works here")
+    assert main(["bench", "store", "--medium", str(tmp_path), "--pages", "2", "--pin"]) == 2
+    assert "--pin" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
 def test_inspect_and_fsck_find_and_drop_a_bad_page(sglang, tmp_path, capsys):
     import torch
     from tutti_hicache.storage import TuttiStorage

@@ -30,6 +30,12 @@ def _bench_spec(a):
 
 def cmd_bench_store(a) -> int:
     from .bench_store import run, table
+    if a.pin:
+        import torch
+        if not torch.cuda.is_available():
+            print("tutti-hicache bench store: --pin registers the host pool with CUDA, and CUDA is not "
+                  "available here; run without --pin", file=sys.stderr)
+            return 2
     res = run(_bench_spec(a))
     print(table(res))
     if a.json:
