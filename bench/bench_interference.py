@@ -40,10 +40,11 @@ class Pages:
         self.addrs = (self.buf.address + np.arange(n * m, dtype=np.uint64) * obj).reshape(n, m)
 
 
-def open_store(dirs, read_pages: int, scheduler: bool) -> ObjectStore:
+def open_store(dirs, read_pages: int, scheduler: bool, **settings) -> ObjectStore:
     cap = (read_pages + 256) * (GEOM.page_nbytes + 4096) / 2**30
     cfg = TuttiConfig.from_sources({"tutti_dirs": dirs, "tutti_capacity_gb": cap,
-                                    "tutti_scheduler": scheduler, "tutti_threads": 8}, env={})
+                                    "tutti_scheduler": scheduler, "tutti_threads": 8,
+                                    **{f"tutti_{k}": v for k, v in settings.items() if v is not None}}, env={})
     return ObjectStore(cfg, GEOM, {"bench": "interference"})
 
 
@@ -96,7 +97,7 @@ def scenario(store, keys, args, dst, src, with_writes: bool, gap_s: float) -> di
 
 
 def bench_medium(name: str, dirs: list, args) -> dict:
-    store = open_store(dirs, args.pages, scheduler=True)
+    store = open_store(dirs, args.pages, scheduler=True, write_window_ms=args.write_window_ms)
     src, dst = Pages(args.batch, 2), Pages(args.batch, 3)
     keys = [f"r{i:063d}" for i in range(args.pages)]
     fill = Pages(args.pages, 4)
@@ -135,6 +136,7 @@ def main():
     ap.add_argument("--pages", type=int, default=512, help="read set (2 MiB pages)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--read-load", type=float, default=0.6, help="reader busy fraction when alone")
+    ap.add_argument("--write-window-ms", type=float, help="tutti_write_window_ms (default: the setting's)")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
     out = {}

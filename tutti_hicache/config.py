@@ -50,7 +50,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rescan_interval_s", "float", 1.0, "Minimum seconds between re-scans of segments other processes changed (triggered by a miss).", minimum=0.0),
     Setting("free_space_floor_gb", "float", 0.0, "Refuse to grow segment files when the filesystem would keep less free space than this.", minimum=0.0),
     Setting("scheduler", "bool", True, "Slack-aware I/O scheduling: reads first, no write on a directory while a read is pending or in flight there, writes in window-sized chunks."),
-    Setting("write_window_ms", "float", 5.0, "Default write window (ms) per chunk when no slack table gives one: a new read waits behind at most one chunk this long.", minimum=0.1),
+    Setting("write_window_ms", "float", 2.0, "Default write window (ms) per chunk when no slack table gives one: a new read waits behind at most one chunk this long.", minimum=0.1),
     Setting("write_floor_ms", "float", 500.0, "Write floor: after this long without write progress, one chunk goes ahead of new reads.", minimum=1.0),
     Setting("write_backlog_mb", "int", 4096, "Queued write bytes (MiB) above which new stores are refused at once (batch_set_v1 / offload return False).", minimum=1),
     Setting("slack_table", "str", "", "Linker: slack table file from `tutti-hicache profile`; without one, writes run only when no read is pending."),
@@ -135,7 +135,7 @@ class TuttiConfig:
     rescan_interval_s: float = 1.0
     free_space_floor_gb: float = 0.0
     scheduler: bool = True
-    write_window_ms: float = 5.0
+    write_window_ms: float = 2.0
     write_floor_ms: float = 500.0
     write_backlog_mb: int = 4096
     slack_table: str = ""
