@@ -22,6 +22,7 @@ fails its checksum and is served as a miss (a benign race), so they are reported
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import json
 import logging
@@ -96,39 +97,33 @@ class RWLock:
         self._readers = 0
         self._writer = False
 
+    @contextlib.contextmanager
     def shared(self):
-        lock = self
+        with self._cond:
+            while self._writer:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
 
-        class _Ctx:
-            def __enter__(self):
-                with lock._cond:
-                    while lock._writer:
-                        lock._cond.wait()
-                    lock._readers += 1
-
-            def __exit__(self, *exc):
-                with lock._cond:
-                    lock._readers -= 1
-                    lock._cond.notify_all()
-        return _Ctx()
-
+    @contextlib.contextmanager
     def exclusive(self):
-        lock = self
-
-        class _Ctx:
-            def __enter__(self):
-                with lock._cond:
-                    while lock._writer:
-                        lock._cond.wait()
-                    lock._writer = True
-                    while lock._readers:
-                        lock._cond.wait()
-
-            def __exit__(self, *exc):
-                with lock._cond:
-                    lock._writer = False
-                    lock._cond.notify_all()
-        return _Ctx()
+        with self._cond:
+            while self._writer:
+                self._cond.wait()
+            self._writer = True
+            while self._readers:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
 
 
 class Buffers:
