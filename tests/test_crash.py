@@ -120,20 +120,27 @@ class _Buf:
         return self.a[s:s + self.page]
 
 
+def _batch_keys(rng: random.Random, trial: int, n: int, older: range) -> tuple:
+    """1-16 keys for one write: new ones (t<trial>-<n>, n counting up) and, when `older` trials exist,
+    a fifth of them an older trial's key (present: dedupe; evicted: rewritten). Returns (keys, next n)."""
+    keys = []
+    for _ in range(rng.randint(1, 16)):
+        if older and rng.random() < 0.2:
+            keys.append(f"t{rng.randrange(older.start, older.stop, older.step)}-{rng.randrange(64)}")
+        else:
+            keys.append(f"t{trial}-{n}")
+            n += 1
+    return keys, n
+
+
 def _store_child(dirs, trial: int, rng: random.Random, progress, started_w) -> None:
     store = ObjectStore(_store_cfg(dirs), GEOM, STORE_IDENT)
     bufs = {False: _Buf(16, 8), True: _Buf(16, 0)}
     os.write(started_w, b"s")
     batch, n = 0, 0
     while True:
-        k = rng.randint(1, 16)
-        keys = []
-        for _ in range(k):
-            if trial and rng.random() < 0.2:  # an older key: present (dedupe) or rewritten
-                keys.append(f"t{rng.randrange(trial)}-{rng.randrange(64)}")
-            else:
-                keys.append(f"t{trial}-{n}")
-                n += 1
+        keys, n = _batch_keys(rng, trial, n, range(trial))
+        k = len(keys)
         aligned = rng.random() < 0.6
         b = bufs[aligned]
         for i, key in enumerate(keys):
@@ -196,14 +203,9 @@ def _storage_child(dirs, trial: int, rng: random.Random, progress, started_w) ->
     os.write(started_w, b"s")
     batch, n = 0, 0
     while True:
-        k = rng.randint(1, 16)
-        keys = []
-        for _ in range(k):
-            if trial >= len(POOLS) and rng.random() < 0.2:
-                keys.append(f"t{rng.randrange(trial % len(POOLS), trial, len(POOLS))}-{rng.randrange(64)}")
-            else:
-                keys.append(f"t{trial}-{n}")
-                n += 1
+        # older keys only from trials of the same pool geometry
+        keys, n = _batch_keys(rng, trial, n, range(trial % len(POOLS), trial, len(POOLS)))
+        k = len(keys)
         first = rng.randrange(POOL_PAGES - k + 1)
         pages = idx[first * PAGE:(first + k) * PAGE]
         for i, key in enumerate(keys):
