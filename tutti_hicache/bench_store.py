@@ -258,6 +258,11 @@ def bench_file(spec, work, pool, keys, src, dst, nbytes) -> dict:
 
 
 def run(spec: BenchSpec) -> dict:
+    if spec.pin_memory:
+        import torch
+        if not torch.cuda.is_available():
+            raise ValueError("--pin (pin_memory) registers the host pool with CUDA, and CUDA is not "
+                             "available here; run without it")
     version = H.ensure_sglang()
     os.makedirs(spec.medium, exist_ok=True)
     work = tempfile.mkdtemp(prefix="tutti-bench-", dir=spec.medium)
