@@ -36,7 +36,7 @@ from tutti_hicache.config import TuttiConfig  # noqa: E402
 from tutti_hicache.layerwise import LayerCounter, LayerwiseKV  # noqa: E402
 from tutti_hicache.layout import PageGeometry  # noqa: E402
 
-ENGINE, VERIFY = "auto", True
+ENGINE, VERIFY, STAGE_DEPTH = "auto", True, 3
 LLAMA = dict(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, mlp=14336, page=64)
 TINY = dict(layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, mlp=512, page=16)
 
@@ -179,7 +179,8 @@ def make_tutti(model, dirs, cap_gb: float) -> LayerwiseKV:
     g = PageGeometry("mha", s["layers"], s["page"], kb, kb)
     cfg = TuttiConfig.from_sources({"tutti_dirs": list(dirs), "tutti_capacity_gb": cap_gb,
                                     "tutti_threads": 16, "tutti_queue_depth": 1024,
-                                    "tutti_engine": ENGINE, "tutti_verify": VERIFY})
+                                    "tutti_engine": ENGINE, "tutti_verify": VERIFY,
+                                    "tutti_stage_depth": STAGE_DEPTH})
     ident = {"bench": "llama-shaped", "layers": s["layers"], "page": s["page"]}
     return LayerwiseKV(cfg, g, ident, model.k, model.v, s["page"])
 
@@ -298,17 +299,21 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
         grid += [(c, h) for h in (0.96, 0.97, 0.975, 0.98, 0.985, 0.99, 0.995) if (c, h) not in grid]
     for c, h in grid:
         pages = int(c * h) // page
-        t_io, cnt = io_only(lw, model, keys, pages)
-        if prefix_kv is not None:  # dry run: the restored prefix must equal what was written
-            for l, (k, v) in enumerate(prefix_kv):
-                rows = slice(page, page * (pages + 1))
-                assert torch.equal(model.k[l][rows], k[rows]) and torch.equal(model.v[l][rows], v[rows])
-        ttft, bub = prefill(model, c, pages * page, restore_fn(lw, model, keys, pages), lw.counter)
-        r = dict(config=f"tutti:{name}", C=c, h=h, ttft_s=ttft, bubble_s=bub, io_only_s=t_io,
-                 restore_GBps=pages * page_bytes / t_io / 1e9, **cnt)
-        info["runs"].append(r)
-        print(f"[{name}] C={c} h={h}: TTFT {ttft:.3f}s bubble {bub:.3f}s io-only {t_io:.3f}s "
-              f"({r['restore_GBps']:.2f} GB/s, {cnt['enter_calls']} enters, {cnt['cpu_s']:.2f} CPU s)", flush=True)
+        for ra in args.read_ahead:  # alternating per point: an A/B in one process, same media
+            lw.read_ahead = min(ra, lw.cfg.stage_depth - 1)
+            t_io, cnt = io_only(lw, model, keys, pages)
+            if prefix_kv is not None:  # dry run: the restored prefix must equal what was written
+                for l, (k, v) in enumerate(prefix_kv):
+                    rows = slice(page, page * (pages + 1))
+                    assert torch.equal(model.k[l][rows], k[rows]) and torch.equal(model.v[l][rows], v[rows])
+            ttft, bub = prefill(model, c, pages * page, restore_fn(lw, model, keys, pages), lw.counter)
+            r = dict(config=f"tutti:{name}", C=c, h=h, ttft_s=ttft, bubble_s=bub, io_only_s=t_io,
+                     restore_GBps=pages * page_bytes / t_io / 1e9, read_ahead=lw.read_ahead, **cnt)
+            info["runs"].append(r)
+            print(f"[{name}] C={c} h={h} read-ahead {lw.read_ahead}: TTFT {ttft:.3f}s bubble {bub:.3f}s "
+                  f"io-only {t_io:.3f}s ({r['restore_GBps']:.2f} GB/s, {cnt['enter_calls']} enters, "
+                  f"{cnt['cpu_s']:.2f} CPU s)", flush=True)
+    lw.read_ahead = min(args.read_ahead[-1], lw.cfg.stage_depth - 1)
     if args.offload_stream:
         c = max(contexts)
         info["offload_stream"] = offload_stream(lw, model, keys, c, int(c * 0.9) // page, args.offload_stream)
@@ -373,10 +378,13 @@ def offload_stream(lw: LayerwiseKV, model, keys: list, c: int, pages: int, limit
     for enabled in (False, True, False, True):
         lw._load_q.join()  # the last restore has released its read hold before the switch
         lw.store.gate.enabled = enabled
+        t0 = time.perf_counter()
         (ttft, bub), written, secs = stream.during(
             lambda: prefill(model, c, pages * page, restore_fn(lw, model, keys, pages), lw.counter))
         runs.append(dict(scheduler=enabled, ttft_s=ttft, bubble_s=bub, written_pages=written,
                          write_GBps=written * page_bytes / secs / 1e9))
+        print(f"  scheduler {'on' if enabled else 'off'}: TTFT {ttft:.3f}s, {written} pages written "
+              f"in {time.perf_counter() - t0:.1f}s", flush=True)
     lw.store.gate.enabled = True
     out = {"C": c, "h": 0.9, "ttft_alone_s": min(t for t, _ in alone), "runs": runs, "refused_offloads": stream.refused}
     for enabled in (False, True):
@@ -399,13 +407,16 @@ def main():
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU")
     ap.add_argument("--engine", default="auto", choices=["auto", "uring", "posix"])
     ap.add_argument("--no-verify", action="store_true")
+    ap.add_argument("--read-ahead", type=lambda v: [int(x) for x in v.split(",")], default=[2],
+                    help="layer chunks read at once; a list (e.g. 1,2) measures each at every point")
     ap.add_argument("--offload-stream", type=int, default=0, metavar="PAGES",
                     help="also TTFT at the largest C, h=0.9 with a continuous offload stream (at most PAGES "
                          "pages per request), scheduler off vs on")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
-    global ENGINE, VERIFY
+    global ENGINE, VERIFY, STAGE_DEPTH
     ENGINE, VERIFY = args.engine, not args.no_verify
+    STAGE_DEPTH = max(3, max(args.read_ahead) + 1)
     if args.dry_run and not args.medium:
         args.medium = [f"tmp={tempfile.mkdtemp(prefix='tutti-prefill-')}"]
     res = run(args)

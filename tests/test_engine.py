@@ -3,6 +3,7 @@
 import errno
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -142,6 +143,37 @@ def test_reads_and_writes_from_two_threads(engine, tmp_path):
     assert not errors and (a == b).all()
 
 
+def test_read_batches_from_several_threads_land_exactly(engine, tmp_path):
+    """Four readers at once (io_uring: two read rings in flight, the rest wait their turn) on
+    one registered buffer: every byte lands where its own batch asked."""
+    n, sz, readers = 64, 8192, 4
+    f = engine.open_file(make_file(tmp_path, readers * n * sz), True, True)
+    src, a = buf_of(readers * n * sz, seed=6)
+    offs = np.arange(readers * n) * sz
+    assert (engine.write(np.full(readers * n, f), offs, np.full(readers * n, sz),
+                         src.address + offs.astype(np.uint64)) == sz).all()
+    dst, b = buf_of(readers * n * sz)
+    engine.register_buffers([(dst.address, dst.nbytes)])
+    errors = []
+
+    def loop(r):
+        rng = np.random.default_rng(r)
+        for _ in range(30):
+            perm = rng.permutation(n) + r * n  # this reader's pages, shuffled
+            got = engine.read(np.full(n, f), perm * sz, np.full(n, sz),
+                              dst.address + (perm * sz).astype(np.uint64))
+            if not (got == sz).all():
+                errors.append(got)
+
+    ts = [threading.Thread(target=loop, args=(r,)) for r in range(readers)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors and (a == b).all()
+    engine.unregister_buffers()
+
+
 def test_closed_engine_refuses(tmp_path):
     e = open_engine("posix")
     e.close()
@@ -179,3 +211,84 @@ def test_auto_falls_back_to_posix_when_uring_is_refused(monkeypatch):
     e.close()
     with pytest.raises(PermissionError):
         eng.open_engine("uring")
+
+
+def _stream_file(engine, tmp_path, n, sz, seed):
+    f = engine.open_file(make_file(tmp_path, n * sz, "s.bin"), True, True)
+    src, a = buf_of(n * sz, seed=seed)
+    offs = np.arange(n) * sz
+    assert (engine.write(np.full(n, f), offs, np.full(n, sz), src.address + offs.astype(np.uint64)) == sz).all()
+    return f, a
+
+
+def test_read_stream_chunks_land_in_order_with_checksums(engine, tmp_path):
+    """Five chunks (one empty) allowed two at a time, groups of 3 requests inside chunks: every
+    chunk's bytes, results and group checksums equal a plain read's."""
+    n, sz = 60, 8192
+    f, a = _stream_file(engine, tmp_path, n, sz, 7)
+    order = np.random.default_rng(1).permutation(n)  # scattered file offsets
+    dst, b = buf_of(n * sz)
+    engine.register_buffers([(dst.address, dst.nbytes)])
+    chunks = np.array([0, 12, 12, 30, 45, 60])
+    groups = np.arange(0, n + 1, 3)
+    st = engine.read_stream(np.full(n, f), order * sz, np.full(n, sz),
+                            dst.address + np.arange(n, dtype=np.uint64) * sz, chunks, groups)
+    assert st.nchunks == 5
+    want = E.checksum_groups(a.ctypes.data + (order * sz).astype(np.uint64), np.full(n, sz), groups, 1)
+    got_sums = []
+    for c in range(5):
+        st.allow(c + 2)
+        res, sums = st.wait(c)
+        assert (res == sz).all() and len(res) == chunks[c + 1] - chunks[c]
+        got_sums.append(sums)
+        for i in range(chunks[c], chunks[c + 1]):  # the chunk's bytes are final now
+            assert (b[i * sz:(i + 1) * sz] == a[order[i] * sz:(order[i] + 1) * sz]).all()
+    st.join()
+    assert (np.concatenate(got_sums) == want).all()
+    engine.unregister_buffers()
+
+
+def test_read_stream_submits_nothing_before_allow_and_cancel_ends_it(engine, tmp_path):
+    n, sz = 16, 4096
+    f, a = _stream_file(engine, tmp_path, n, sz, 8)
+    dst, b = buf_of(n * sz)
+    before = engine.counters()["bytes"]
+    st = engine.read_stream(np.full(n, f), np.arange(n) * sz, np.full(n, sz),
+                            dst.address + np.arange(n, dtype=np.uint64) * sz, np.array([0, 8, 16]))
+    time.sleep(0.05)
+    assert engine.counters()["bytes"] == before and b.max() == 0  # nothing allowed, nothing read
+    st.allow(1)
+    res, sums = st.wait(0)
+    assert (res == sz).all() and len(sums) == 0 and (b[:8 * sz] == a[:8 * sz]).all()
+    st.cancel()
+    res, _ = st.wait(1)
+    assert (res == -errno.ECANCELED).all() and b[8 * sz:].max() == 0
+    st.join()
+
+
+def test_read_stream_reports_per_request_errors(engine, tmp_path):
+    n, sz = 8, 4096
+    f, a = _stream_file(engine, tmp_path, n, sz, 9)
+    dst, b = buf_of(n * sz)
+    offs = np.arange(n) * sz
+    offs[5] = (n + 100) * sz  # past the end of the file
+    files = np.full(n, f)
+    files[2] = 999  # no such file
+    st = engine.read_stream(files, offs, np.full(n, sz), dst.address + np.arange(n, dtype=np.uint64) * sz,
+                            np.array([0, 4, 8]), np.arange(0, n + 1, 2))
+    st.allow(2)
+    r0, s0 = st.wait(0)
+    r1, s1 = st.wait(1)
+    assert list(r0) == [sz, sz, -errno.EBADF, sz] and r1[1] == -errno.ENODATA
+    assert s0[1] == 0 and s1[0] == 0  # groups with a failed request get no checksum
+    assert s0[0] != 0 and s1[1] != 0
+    st.join()
+
+
+def test_read_stream_refuses_groups_across_chunks(engine, tmp_path):
+    f, _ = _stream_file(engine, tmp_path, 4, 4096, 10)
+    dst, _ = buf_of(4 * 4096)
+    with pytest.raises(ValueError, match="inside one chunk"):
+        engine.read_stream(np.full(4, f), np.arange(4) * 4096, np.full(4, 4096),
+                           dst.address + np.arange(4, dtype=np.uint64) * 4096, np.array([0, 2, 4]),
+                           np.array([0, 3, 4]))

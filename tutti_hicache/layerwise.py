@@ -6,7 +6,8 @@ At a glance:
     lw.lookup(keys) -> n                    leading pages present (memory only)
     lw.load(rid, keys, device_indices)      pin and queue; no I/O
     lw.start() -> index                     every queued page, layer by layer, on the [loader]:
-        one engine batch per layer (and staging chunk) into a pinned ring slot, per-layer
+        one engine stream over every layer (and staging chunk), each chunk into a pinned ring
+        slot, the next layer's requests queued behind this one's (read_ahead), per-layer
         checksums verified as pages land, one H2D copy, one scatter kernel on the I/O stream,
         one CUDA event -> counter.complete(index, layer)
     lw.counter.wait_until(l)                waits until layer l is enqueued, then a GPU-side wait
@@ -183,6 +184,7 @@ class LayerwiseKV:
         self._backlog = 0
         self.slack = SlackTable.load(cfg.slack_table) if cfg.slack_table else None
         self.windows_opened = 0
+        self.read_ahead = max(1, min(cfg.read_ahead, cfg.stage_depth - 1))
         self._load_q: queue.Queue = queue.Queue()
         self._offload_q: queue.Queue = queue.Queue()
         self._threads = [threading.Thread(target=self._loop, args=(self._load_q, self._run_load),
@@ -260,27 +262,54 @@ class LayerwiseKV:
     # ------------------------------------------------------------ the load pipeline
     def _run_load(self, job) -> None:
         """Reads hold every directory of the batch against writes from start to the last layer,
-        except in slack-table windows opened while the reads are ahead of the forward."""
+        except in slack-table windows opened while the reads are ahead of the forward.
+        Every (layer, staging chunk) of the batch is one store stream: `read_ahead` chunks are
+        admitted at once, so the next layer's requests wait at the devices behind this layer's
+        and the queue never drains between layers; each chunk lands, is verified, copied and
+        scattered in layer order."""
         index, entries, page_ids, ready, input_tokens = job
         gate = self.store.gate
         hold = gate.reading(self.store._devices(np.array([e.slot for e in entries])))
         hold.__enter__()
+        stream = None
         try:
             plan = self.store.plan_pages(entries)
             window = self._window(input_tokens, len(entries) * self.page_size)
             if ready is not None:
                 self.io.stream.wait_event(ready)
-            for layer in range(self.num_layers):
-                for c0 in range(0, len(entries), self.stage_pages):
-                    rows = slice(c0, min(len(entries), c0 + self.stage_pages))
-                    self._load_chunk(plan, layer, rows, page_ids[rows])
+            n, per_page = len(entries), self.k_objs * self.obj_stride
+            chunks = [(layer, slice(c0, min(n, c0 + self.stage_pages)))
+                      for layer in range(self.num_layers) for c0 in range(0, n, self.stage_pages)]
+            depth = len(self.stage.bufs)
+            slots = [(self.stage.next + i) % depth for i in range(len(chunks))]  # take() order
+            dsts = [self.stage.bufs[k].address +
+                    np.arange(rows.stop - rows.start, dtype=np.uint64) * np.uint64(per_page)
+                    for (_, rows), k in zip(chunks, slots)]
+            stream = self.store.stream_layers(plan, chunks, dsts)
+            admitted = 0
+            for i, (layer, rows) in enumerate(chunks):
+                while admitted < min(len(chunks), i + self.read_ahead):
+                    if self.stage.take() != slots[admitted]:  # waits for its last copy
+                        raise RuntimeError("tutti linker: staging ring out of order")
+                    admitted += 1
+                stream.allow(admitted)
+                ok = stream.wait(i)
+                if not ok.all():
+                    raise LoadFailed(f"layer {layer}: {int((~ok).sum())} of {len(ok)} pages "
+                                     "unreadable or corrupt")
+                self._copy_chunk(slots[i], layer, len(ok), page_ids[rows])
+                if rows.stop < n:
+                    continue
                 self.counter.complete(index, layer, self._mark())
                 if window > 0 and layer + 1 < self.num_layers and layer - self.counter.waited >= 2:
+                    stream.settle(admitted)  # writes never overlap a read still in flight
                     hold = self._open_window(hold, window)
         except BaseException as e:  # the forward must never hang; finish() reports it
             logger.error("tutti linker: load of %d pages failed: %s", len(entries), e)
             self.counter.fail(index, e)
         finally:
+            if stream is not None:
+                stream.close()  # nothing lands in the staging slots after this
             hold.__exit__(None, None, None)
             self.store.unpin(entries)
 
@@ -301,20 +330,14 @@ class LayerwiseKV:
         hold.__enter__()
         return hold
 
-    def _load_chunk(self, plan, layer: int, rows: slice, page_ids) -> None:
-        n = rows.stop - rows.start
-        per_page = self.k_objs * self.obj_stride
-        k = self.stage.take()
-        dst = self.stage.bufs[k].address + np.arange(n, dtype=np.uint64) * np.uint64(per_page)
-        ok = self.store.read_layer(plan, layer, dst, rows)
-        if not ok.all():
-            raise LoadFailed(f"layer {layer}: {int((~ok).sum())} of {n} pages unreadable or corrupt")
-        host = self.stage.host[k][: n * per_page]
+    def _copy_chunk(self, k: int, layer: int, n: int, page_ids) -> None:
+        """Ring slot k holds layer `layer` of n pages: to the device pool (H2D + scatter)."""
+        host = self.stage.host[k][: n * self.k_objs * self.obj_stride]
         if not self.cuda:
             self._scatter(host, layer, page_ids)
             return
         with torch.cuda.stream(self.io.stream):
-            dev = self.stage.device[: n * per_page]
+            dev = self.stage.device[: host.numel()]
             dev.copy_(host, non_blocking=True)
             ev = torch.cuda.Event()
             ev.record()

@@ -54,6 +54,36 @@ class PagePlan:
     units: np.ndarray
 
 
+class LayerStream:
+    """A running ObjectStore.stream_layers read: allow(n) admits chunks [0, n), wait(i) -> ok
+    per page of chunk i (verified once), settle(n) waits until chunks [0, n) have landed
+    without consuming them, close() stops and joins (nothing lands in memory afterwards)."""
+
+    def __init__(self, store, plan, chunks, dsts, stream, verify: bool):
+        self._store, self._plan, self._chunks, self._dsts = store, plan, chunks, dsts
+        self._stream, self._verify = stream, verify
+
+    def allow(self, n: int) -> None:
+        self._stream.allow(n)
+
+    def settle(self, n: int) -> None:
+        for i in range(n):
+            self._stream.wait(i)
+
+    def wait(self, i: int) -> np.ndarray:
+        res, sums = self._stream.wait(i)
+        layer, rows = self._chunks[i]
+        return self._store._layer_ok(self._plan, layer, rows, self._dsts[i], res,
+                                     sums if self._verify else None)
+
+    def close(self) -> None:
+        self._stream.cancel()
+        try:
+            self._stream.join()
+        except OSError as e:  # already reported to the chunk's wait()
+            logger.debug("tutti: read stream ended with %s", e)
+
+
 @dataclass
 class StoreStats:
     read_pages: int = 0
@@ -240,19 +270,48 @@ class ObjectStore(SegmentFiles):
         land at dst[i] + j * layer_object_stride(). dst: uint64 per page, 4 KiB-aligned.
         Returns ok per page, verified against the per-layer checksum when verification applies
         (computed as each page lands when objects are unpadded)."""
-        objs = self.layout.geometry.layer_objects(layer)
-        k, stride = len(objs), self.layer_object_stride()
-        files, offsets, must = plan.files[rows], plan.offsets[rows], plan.must[rows]
-        n = len(files)
-        dst = np.asarray(dst, dtype=np.uint64)
-        args = (files, offsets + self.layout.object_offsets[objs[0]],
-                np.full(n, k * stride, np.int64), dst)
-        exact = stride == int(self.layout.object_nbytes[objs[0]])  # no padding between objects
+        args, exact = self._layer_requests(plan, layer, dst, rows)
+        n = len(args[0])
         with self.gate.reading(self._devices(plan.slots[rows])):
-            if must.any() and exact:
+            if plan.must[rows].any() and exact:
                 res, sums = self.engine.read_verify(*args, np.arange(n + 1, dtype=np.int64))
             else:
                 res, sums = self.engine.read(*args), None
+        return self._layer_ok(plan, layer, rows, args[3], res, sums)
+
+    def stream_layers(self, plan: "PagePlan", chunks: list, dsts: list) -> "LayerStream":
+        """Read chunks [(layer, rows)] of the plan's pages, chunk i into dsts[i] (as read_layer's
+        dst), back to back at the devices: a chunk's requests go out once LayerStream.allow
+        admits it, queued behind the chunks before it. The caller holds the directories
+        (`gate.reading`) for the stream's life; LayerStream.wait(i) -> ok per page, verified
+        as in read_layer."""
+        reqs = [self._layer_requests(plan, layer, d, rows) for (layer, rows), d in zip(chunks, dsts)]
+        arrays = [np.concatenate([r[0][j] for r in reqs]) for j in range(4)]
+        starts = np.zeros(len(chunks) + 1, dtype=np.int64)
+        starts[1:] = np.cumsum([len(r[0][0]) for r in reqs])
+        verify = bool(reqs) and reqs[0][1] and bool(plan.must.any())
+        groups = np.arange(starts[-1] + 1, dtype=np.int64) if verify else None  # one per page
+        return LayerStream(self, plan, chunks, [r[0][3] for r in reqs],
+                           self.engine.read_stream(*arrays, starts, groups), verify)
+
+    def _layer_requests(self, plan: "PagePlan", layer: int, dst, rows):
+        """(file, offset, nbytes, addr) of one request per page (its layer's objects are
+        contiguous on disk), and whether the objects are unpadded (checksums as pages land)."""
+        objs = self.layout.geometry.layer_objects(layer)
+        k, stride = len(objs), self.layer_object_stride()
+        files, offsets = plan.files[rows], plan.offsets[rows]
+        n = len(files)
+        args = (files, offsets + self.layout.object_offsets[objs[0]],
+                np.full(n, k * stride, np.int64), np.asarray(dst, dtype=np.uint64))
+        return args, stride == int(self.layout.object_nbytes[objs[0]])
+
+    def _layer_ok(self, plan: "PagePlan", layer: int, rows, dst: np.ndarray, res: np.ndarray,
+                  sums) -> np.ndarray:
+        """ok per page of a layer read: whole, and its checksum matches where it must (sums
+        None: computed here). Corrupt pages are dropped from the index."""
+        objs = self.layout.geometry.layer_objects(layer)
+        k, stride = len(objs), self.layer_object_stride()
+        must, n = plan.must[rows], len(res)
         self._count_errors(res, "read")
         ok = res == k * stride
         if must.any():

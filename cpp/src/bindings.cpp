@@ -63,6 +63,37 @@ py::tuple read_verify(Engine& e, const I64& file, const I64& offset, const I64& 
   return py::make_tuple(results, sums);
 }
 
+std::vector<int64_t> vec(const I64& a) { return {a.data(), a.data() + a.size()}; }
+
+// A many-chunk read kept back to back at the device (see ReadStream in engine.hpp).
+std::unique_ptr<tutti::ReadStream> read_stream(Engine& e, const I64& file, const I64& offset,
+                                               const I64& nbytes, const U64& addr,
+                                               const I64& chunk_start, py::object group_start) {
+  same_length({file.size(), offset.size(), nbytes.size(), addr.size()});
+  std::vector<int64_t> groups;
+  if (!group_start.is_none()) groups = vec(group_start.cast<I64>());
+  std::vector<uint64_t> a(addr.data(), addr.data() + addr.size());
+  auto f = vec(file), o = vec(offset), n = vec(nbytes), c = vec(chunk_start);
+  py::gil_scoped_release release;
+  return std::make_unique<tutti::ReadStream>(e, std::move(f), std::move(o), std::move(n),
+                                             std::move(a), std::move(c), std::move(groups));
+}
+
+// wait(c): chunk c final -> (its results, the checksums of its groups), copies.
+py::tuple stream_wait(tutti::ReadStream& s, size_t c) {
+  {
+    py::gil_scoped_release release;
+    s.wait(c);
+  }
+  const int64_t b0 = s.chunk_begin(c), b1 = s.chunk_end(c);
+  auto [g0, g1] = s.chunk_groups(c);
+  py::array_t<int32_t> res(static_cast<py::ssize_t>(b1 - b0));
+  std::copy(s.results() + b0, s.results() + b1, res.mutable_data());
+  py::array_t<uint64_t> sums(static_cast<py::ssize_t>(g1 - g0));
+  std::copy(s.sums() + g0, s.sums() + g1, sums.mutable_data());
+  return py::make_tuple(res, sums);
+}
+
 py::dict counters(const Engine& e) {
   const auto& c = e.counters;
   py::dict d;
@@ -153,8 +184,19 @@ PYBIND11_MODULE(_engine, m) {
           }, py::arg("file"), py::arg("offset"), py::arg("nbytes"), py::arg("addr"))
       .def("read_verify", &read_verify, py::arg("file"), py::arg("offset"), py::arg("nbytes"),
            py::arg("addr"), py::arg("group_start"))
+      .def("read_stream", &read_stream, py::arg("file"), py::arg("offset"), py::arg("nbytes"),
+           py::arg("addr"), py::arg("chunk_start"), py::arg("group_start") = py::none(),
+           py::keep_alive<0, 1>())
       .def("counters", &counters)
       .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>());
+
+  py::class_<tutti::ReadStream>(m, "ReadStream")
+      .def_property_readonly("nchunks", &tutti::ReadStream::nchunks)
+      .def("allow", &tutti::ReadStream::allow, py::arg("chunks"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("wait", &stream_wait, py::arg("chunk"))
+      .def("cancel", &tutti::ReadStream::cancel, py::call_guard<py::gil_scoped_release>())
+      .def("join", &tutti::ReadStream::join, py::call_guard<py::gil_scoped_release>());
 
   m.def("make_engine", &make_engine, py::arg("kind"), py::arg("queue_depth") = 1024,
         py::arg("vectored") = true, py::arg("threads") = 8, py::arg("max_op_bytes") = 1 << 30);

@@ -142,8 +142,10 @@ void GroupChecksums::done(const Batch& b, size_t req, bool ok) {
     std::lock_guard lock(mu_);
     pending_++;
   }
+  if (on_task) on_task(g, +1);
   pool_->push([this, &b, g] {
     compute(b, g);
+    if (on_task) on_task(g, -1);
     std::lock_guard lock(mu_);
     if (--pending_ == 0) cv_.notify_all();
   });

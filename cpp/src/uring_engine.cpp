@@ -1,12 +1,15 @@
 // io_uring engine: O_DIRECT files registered once, memory registered once
-// (IORING_REGISTER_BUFFERS, sparse table updated in place), one ring per
-// direction, many SQEs per io_uring_enter, short transfers and -EAGAIN
-// re-queued here so callers only ever see whole requests.
+// (IORING_REGISTER_BUFFERS, sparse table updated in place), one write ring and
+// kReadRings read rings (so a reader can put the next read batch in flight while
+// another reader's batch drains), many SQEs per io_uring_enter, short transfers
+// and -EAGAIN re-queued here so callers only ever see whole requests.
 #include "tutti/engine.hpp"
 #include "tutti/error.hpp"
 
 #ifdef TUTTI_HAVE_URING
 #include <liburing.h>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <deque>
@@ -17,6 +20,7 @@ namespace {
 constexpr unsigned kMaxFiles = 4096;
 constexpr unsigned kMaxBuffers = 16384;
 constexpr uint64_t kMaxBufferBytes = 1ull << 30;  // kernel limit per registered buffer
+constexpr unsigned kReadRings = 2;  // read batches that may be in flight at once
 
 class Ring {
  public:
@@ -55,11 +59,30 @@ class Ring {
 
   void run(Op op, Plan& plan, const Batch& b, const FileTable& files, int32_t* results,
            Counters& c);
+  // The ops of a read stream, chunk after chunk (op_chunk[i]: chunk of op i; chunk_end[c]:
+  // ops of chunks <= c), each chunk's ops submitted once the stream allows the chunk.
+  void run_stream(Plan& plan, const std::vector<uint32_t>& op_chunk,
+                  const std::vector<size_t>& chunk_end, ReadStream& s, const FileTable& files,
+                  Counters& c);
 
  private:
+  static constexpr uint64_t kWake = UINT64_MAX;  // user_data of a read on a stream's eventfd
+  struct Flight {  // ops to (re)submit and in flight
+    std::deque<uint32_t> requeue;
+    size_t next = 0;
+    unsigned inflight = 0;
+    bool wake_armed = false;
+  };
   void prep(io_uring_sqe* sqe, Op op, const Plan& plan, const IoOp& o, int fd, bool fixed_file);
-  bool reap(Plan& plan, const Batch& b, std::deque<uint32_t>& requeue, int32_t* results,
-            Counters& c, unsigned& inflight);
+  // Queue requeued ops, then new ones below `limit`, while the ring has room; end(idx, err)
+  // finishes an op that cannot be submitted.
+  template <class End>
+  void fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& files, Counters& c,
+            End&& end);
+  void enter(unsigned want, Counters& c);
+  // Drain available completions: whole ops end(idx, 0 | -errno), partial ones are requeued.
+  template <class End>
+  void reap(Plan& plan, Flight& f, Counters& c, End&& end);
 
   io_uring ring_{};
   unsigned depth_;
@@ -90,76 +113,139 @@ void Ring::prep(io_uring_sqe* sqe, Op op, const Plan& plan, const IoOp& o, int f
   if (fixed_file) sqe->flags |= IOSQE_FIXED_FILE;
 }
 
-// Drain available completions. Returns false if nothing was there.
-bool Ring::reap(Plan& plan, const Batch& b, std::deque<uint32_t>& requeue, int32_t* results,
-                Counters& c, unsigned& inflight) {
+template <class End>
+void Ring::fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& files, Counters& c,
+                End&& end) {
+  while (f.inflight < depth_ && (f.next < limit || !f.requeue.empty())) {
+    uint32_t idx;
+    if (!f.requeue.empty()) {
+      idx = f.requeue.front();
+      f.requeue.pop_front();
+    } else {
+      idx = static_cast<uint32_t>(f.next++);
+    }
+    IoOp& o = plan.ops[idx];
+    int fd = files_ok_ ? static_cast<int>(o.file) : files.fd(static_cast<int>(o.file));
+    if (!files_ok_ && fd < 0) {
+      end(idx, -EBADF);
+      continue;
+    }
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    if (!sqe) {  // SQ full: put it back and submit what we have
+      f.requeue.push_front(idx);
+      break;
+    }
+    prep(sqe, op, plan, o, fd, files_ok_);
+    io_uring_sqe_set_data64(sqe, idx);
+    f.inflight++;
+    c.submissions++;
+  }
+}
+
+void Ring::enter(unsigned want, Counters& c) {
+  int r = io_uring_submit_and_wait(&ring_, std::max(1u, want));
+  c.enter_calls++;
+  if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)
+    TUTTI_SYS_FAIL(-r, "io_uring_submit_and_wait", "");
+}
+
+template <class End>
+void Ring::reap(Plan& plan, Flight& f, Counters& c, End&& end) {
   io_uring_cqe* cqe;
   unsigned head, seen = 0;
   io_uring_for_each_cqe(&ring_, head, cqe) {
     seen++;
-    inflight--;
+    if (cqe->user_data == kWake) {
+      f.wake_armed = false;
+      continue;
+    }
+    f.inflight--;
     uint32_t idx = static_cast<uint32_t>(cqe->user_data);
     IoOp& o = plan.ops[idx];
     int res = cqe->res;
     if (res == -EAGAIN || res == -EINTR) {
       c.requeues++;
-      requeue.push_back(idx);
+      f.requeue.push_back(idx);
     } else if (res < 0) {
-      finish_op(plan, o, b, res, results, c);
+      end(idx, res);
     } else if (res == 0) {
-      finish_op(plan, o, b, -ENODATA, results, c);  // unexpected end of file
+      end(idx, -ENODATA);  // unexpected end of file
     } else if (o.done + res < o.nbytes) {
       advance_op(plan, o, res);
       c.requeues++;
-      requeue.push_back(idx);
+      f.requeue.push_back(idx);
     } else {
-      finish_op(plan, o, b, 0, results, c);
+      end(idx, 0);
     }
   }
   io_uring_cq_advance(&ring_, seen);
-  return seen > 0;
 }
 
 void Ring::run(Op op, Plan& plan, const Batch& b, const FileTable& files, int32_t* results,
                Counters& c) {
-  std::deque<uint32_t> requeue;
-  size_t next = 0;
-  unsigned inflight = 0;
+  Flight f;
+  auto end = [&](uint32_t idx, int err) { finish_op(plan, plan.ops[idx], b, err, results, c); };
+  const size_t nops = plan.ops.size();
   const unsigned low_water = depth_ / 8;
-  while (next < plan.ops.size() || !requeue.empty() || inflight) {
-    while (inflight < depth_ && (next < plan.ops.size() || !requeue.empty())) {
-      uint32_t idx;
-      if (!requeue.empty()) {
-        idx = requeue.front();
-        requeue.pop_front();
-      } else {
-        idx = static_cast<uint32_t>(next++);
-      }
-      IoOp& o = plan.ops[idx];
-      int fd = files_ok_ ? static_cast<int>(o.file) : files.fd(static_cast<int>(o.file));
-      if (!files_ok_ && fd < 0) {
-        finish_op(plan, o, b, -EBADF, results, c);
+  while (f.next < nops || !f.requeue.empty() || f.inflight) {
+    fill(op, plan, f, nops, files, c, end);
+    if (!f.inflight) continue;
+    const bool more = f.next < nops || !f.requeue.empty();
+    // Wait for all when nothing else is pending; otherwise refill at the low-water mark.
+    enter(more ? f.inflight - std::min(f.inflight, low_water) : f.inflight, c);
+    reap(plan, f, c, end);
+  }
+}
+
+void Ring::run_stream(Plan& plan, const std::vector<uint32_t>& op_chunk,
+                      const std::vector<size_t>& chunk_end, ReadStream& s,
+                      const FileTable& files, Counters& c) {
+  const Batch& b = s.batch();
+  int32_t* results = s.results_data();
+  auto end = [&](uint32_t idx, int err) {
+    finish_op(plan, plan.ops[idx], b, err, results, c);
+    s.op_finished(op_chunk[idx]);
+  };
+  Flight f;
+  uint64_t wake_buf = 0;
+  const unsigned low_water = depth_ / 8;
+  const size_t nops = plan.ops.size();
+  for (;;) {
+    const size_t allowed = s.allowed();
+    const bool cancelled = s.cancelled();
+    const size_t limit =
+        cancelled || allowed == 0 ? f.next : std::max(f.next, chunk_end[allowed - 1]);
+    if (!f.inflight && f.requeue.empty()) {
+      if (f.next >= nops || cancelled) break;
+      if (f.next >= limit) {  // nothing allowed yet: sleep until allow() or cancel()
+        s.wait_allowed(allowed);
         continue;
       }
-      io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-      if (!sqe) {  // SQ full: put it back and submit what we have
-        requeue.push_front(idx);
-        break;
-      }
-      prep(sqe, op, plan, o, fd, files_ok_);
-      io_uring_sqe_set_data64(sqe, idx);
-      inflight++;
-      c.submissions++;
     }
-    if (!inflight) continue;
-    const bool more = next < plan.ops.size() || !requeue.empty();
-    // Wait for all when nothing else is pending; otherwise refill at the low-water mark.
-    unsigned want = more ? inflight - std::min(inflight, low_water) : inflight;
-    int r = io_uring_submit_and_wait(&ring_, std::max(1u, want));
-    c.enter_calls++;
-    if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)
-      TUTTI_SYS_FAIL(-r, "io_uring_submit_and_wait", "");
-    reap(plan, b, requeue, results, c, inflight);
+    fill(Op::kRead, plan, f, limit, files, c, end);
+    if (!f.inflight) continue;
+    const bool more = f.next < limit || !f.requeue.empty();
+    if (!more && !cancelled && f.next < nops && !f.wake_armed) {
+      // the next chunk may be allowed any moment: a read on the eventfd ends the wait then
+      if (io_uring_sqe* sqe = io_uring_get_sqe(&ring_)) {
+        io_uring_prep_read(sqe, s.wake_fd(), &wake_buf, sizeof wake_buf, 0);
+        io_uring_sqe_set_data64(sqe, kWake);
+        f.wake_armed = true;
+      }
+    }
+    // Refill at the low-water mark; otherwise wait until the oldest chunk can be final.
+    enter(more ? f.inflight - std::min(f.inflight, low_water)
+               : static_cast<unsigned>(std::min<size_t>(f.inflight, s.ops_left_oldest())),
+          c);
+    reap(plan, f, c, end);
+  }
+  if (f.wake_armed) {  // complete our own read on the eventfd before wake_buf goes away
+    uint64_t one = 1;
+    if (::write(s.wake_fd(), &one, sizeof one) < 0) { /* counter full: the read completes */ }
+    while (f.wake_armed) {
+      enter(1, c);
+      reap(plan, f, c, end);
+    }
   }
 }
 
@@ -236,19 +322,48 @@ class UringEngine : public Engine {
   void submit(Op op, const Batch& b, int32_t* results) override {
     auto life = live();
     c_add(b);
-    Ring& ring = *rings_[static_cast<int>(op)];
-    std::lock_guard lock(ring.mu);
+    Ring& ring = op == Op::kWrite ? write_ring() : read_ring();
+    std::lock_guard lock(ring.mu, std::adopt_lock);  // locked by the picker
     BufferMap buffers;
-    {
-      std::lock_guard ml(map_mu_);
-      buffers = buffers_;
-    }
-    PlanPolicy pol;
-    pol.vectored = opt_.vectored;
-    pol.max_op_bytes = opt_.max_op_bytes;
-    pol.buffers = buffers.regions.empty() ? nullptr : &buffers;
-    Plan plan = build_plan(b, pol, files.size(), results);
+    Plan plan = build_plan(b, policy(buffers), files.size(), results);
     ring.run(op, plan, b, files, results, counters);
+  }
+
+  void run_stream(ReadStream& s) override {
+    auto life = live();
+    Ring& ring = read_ring();
+    std::lock_guard lock(ring.mu, std::adopt_lock);  // the stream's for its whole life
+    BufferMap buffers;
+    const PlanPolicy pol = policy(buffers);
+    // One plan per chunk (an op never spans two chunks), joined into one.
+    const Batch& all = s.batch();
+    counters.batches++;
+    counters.requests += all.n;
+    Plan plan;
+    std::vector<uint32_t> op_chunk;
+    std::vector<size_t> chunk_end(s.nchunks());
+    for (size_t c = 0; c < s.nchunks(); ++c) {
+      const int64_t b0 = s.chunk_begin(c), n = s.chunk_end(c) - b0;
+      Batch b{all.file + b0, all.offset + b0, all.nbytes + b0, all.addr + b0,
+              static_cast<size_t>(n), nullptr};
+      int32_t* res = s.results_data() + b0;
+      Plan p = build_plan(b, pol, files.size(), res);
+      if (all.groups)  // requests refused by planning, or empty: their groups learn it now
+        for (int64_t i = 0; i < n; ++i)
+          if (res[i] != 0 || all.nbytes[b0 + i] == 0) all.groups->done(all, b0 + i, res[i] == 0);
+      const uint32_t iov0 = static_cast<uint32_t>(plan.iovs.size());
+      for (IoOp o : p.ops) {
+        o.iov_begin += iov0;
+        o.req_begin += static_cast<uint32_t>(b0);
+        o.req_end += static_cast<uint32_t>(b0);
+        plan.ops.push_back(o);
+        op_chunk.push_back(static_cast<uint32_t>(c));
+      }
+      plan.iovs.insert(plan.iovs.end(), p.iovs.begin(), p.iovs.end());
+      chunk_end[c] = plan.ops.size();
+      s.planned(c, p.ops.size());
+    }
+    ring.run_stream(plan, op_chunk, chunk_end, s, files, counters);
   }
 
   // Waits for running batches, then releases rings and files. Idempotent.
@@ -260,6 +375,33 @@ class UringEngine : public Engine {
   }
 
  private:
+  // The coalescing policy over a snapshot of the registered buffers (kept in `buffers`).
+  PlanPolicy policy(BufferMap& buffers) {
+    {
+      std::lock_guard ml(map_mu_);
+      buffers = buffers_;
+    }
+    PlanPolicy pol;
+    pol.vectored = opt_.vectored;
+    pol.max_op_bytes = opt_.max_op_bytes;
+    pol.buffers = buffers.regions.empty() ? nullptr : &buffers;
+    return pol;
+  }
+
+  Ring& write_ring() {
+    rings_[0]->mu.lock();
+    return *rings_[0];
+  }
+
+  // A locked read ring: the first free one, else wait for the next in turn.
+  Ring& read_ring() {
+    for (unsigned i = 1; i <= kReadRings; i++)
+      if (rings_[i]->mu.try_lock()) return *rings_[i];
+    Ring& r = *rings_[1 + next_read_++ % kReadRings];
+    r.mu.lock();
+    return r;
+  }
+
   // Shared hold on the engine's life: close() waits for every holder.
   std::shared_lock<std::shared_mutex> live() {
     std::shared_lock<std::shared_mutex> lock(life_mu_);
@@ -275,7 +417,8 @@ class UringEngine : public Engine {
   EngineOptions opt_;
   std::shared_mutex life_mu_;
   std::atomic<bool> closed_{false};
-  std::unique_ptr<Ring> rings_[2];
+  std::unique_ptr<Ring> rings_[1 + kReadRings];  // [0] writes, the rest reads
+  std::atomic<unsigned> next_read_{0};
   std::mutex map_mu_;
   BufferMap buffers_;
   unsigned nbufs_ = 0;

@@ -7,9 +7,11 @@
 // contiguous in the file are coalesced into one operation (one SQE, one
 // preadv); an operation fails or succeeds as a whole.
 //
-// Thread safety: reads and writes go through separate submission paths (two
-// rings, two worker pools), each serialised by its own mutex, so a read batch
-// and a write batch from two threads proceed concurrently. Opening and closing
+// Thread safety: reads and writes go through separate submission paths, so a
+// read batch and a write batch from two threads proceed concurrently. The
+// io_uring engine has two read rings: two read batches from two threads are in
+// flight at once (a pipelined reader submits the next batch while one drains);
+// the POSIX engine serialises read batches (one worker pool per direction). Opening and closing
 // files may happen while batches run.
 #pragma once
 
@@ -19,12 +21,14 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <thread>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tutti {
@@ -70,6 +74,9 @@ class GroupChecksums {
                  TaskPool* pool);
   void done(const Batch& b, size_t req, bool ok);
   void wait();
+  // Optional: told (g, +1) when group g's checksum is queued on the pool and (g, -1) once it
+  // is computed (a read stream uses it to know when a chunk's checksums are final).
+  std::function<void(uint32_t, int)> on_task;
 
  private:
   void compute(const Batch& b, uint32_t g);
@@ -157,6 +164,8 @@ class FileTable {
   std::vector<std::string> paths_;
 };
 
+class ReadStream;
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -173,6 +182,10 @@ class Engine {
   virtual void close() = 0;
   // Worker threads for per-page checksums during reads (created on first use).
   TaskPool* task_pool();
+  // Run a read stream to its end (called on the stream's own thread). This default submits
+  // one chunk after another; the io_uring engine keeps the next chunks' operations queued
+  // behind the current one's.
+  virtual void run_stream(ReadStream& s);
 
   Counters counters;
   FileTable files;
@@ -181,6 +194,73 @@ class Engine {
  private:
   std::mutex task_mu_;
   std::unique_ptr<TaskPool> tasks_;
+};
+
+// One read of many chunks (e.g. the layers of one restore) kept back to back at the device: the
+// requests of chunk c are submitted once allow(c + 1) was called, in order, so the next chunk's
+// operations wait in the queue while the current chunk's drain, and a newly allowed chunk wakes
+// the submitter at once. wait(c) returns once every request of chunk c has its result and the
+// checksums of its groups are computed. The arrays are copied in; a thread runs the stream.
+// Groups (optional, as in read_verify) must each lie inside one chunk.
+class ReadStream {
+ public:
+  ReadStream(Engine& engine, std::vector<int64_t> file, std::vector<int64_t> offset,
+             std::vector<int64_t> nbytes, std::vector<uint64_t> addr,
+             std::vector<int64_t> chunk_start, std::vector<int64_t> group_start);
+  ~ReadStream();  // cancel() and join(), errors dropped
+  ReadStream(const ReadStream&) = delete;
+  ReadStream& operator=(const ReadStream&) = delete;
+
+  void allow(size_t chunks);  // chunks [0, chunks) may be submitted (never shrinks)
+  void wait(size_t chunk);    // until chunk is final; rethrows the stream's error
+  void cancel();              // nothing new is submitted; unsubmitted requests get -ECANCELED
+  void join();                // until the stream's thread ended; rethrows its error
+
+  size_t nchunks() const { return chunk_start_.size() - 1; }
+  int64_t chunk_begin(size_t c) const { return chunk_start_[c]; }
+  int64_t chunk_end(size_t c) const { return chunk_start_[c + 1]; }
+  std::pair<size_t, size_t> chunk_groups(size_t c) const { return chunk_groups_[c]; }
+  const int32_t* results() const { return results_.data(); }
+  const uint64_t* sums() const { return sums_.data(); }
+  const int64_t* group_starts() const { return group_start_.data(); }
+
+  // ---- for the engines' run loops
+  const Batch& batch() const { return batch_; }
+  int32_t* results_data() { return results_.data(); }
+  int wake_fd() const { return wake_fd_; }
+  size_t allowed();        // chunks allowed so far
+  bool cancelled();
+  size_t wait_allowed(size_t have);  // until more than `have` are allowed or cancelled
+  void planned(size_t c, size_t ops);  // chunk c will finish after `ops` operations
+  void op_finished(size_t c);          // one operation of chunk c ended (results set)
+  size_t ops_left_oldest();            // operations left in the oldest unfinished chunk (>= 1)
+
+ private:
+  void run();
+  void task(size_t c, int delta);
+  void check_done(size_t c);  // holds mu_
+  Engine& engine_;
+  std::vector<int64_t> file_, offset_, nbytes_;
+  std::vector<uint64_t> addr_;
+  std::vector<int64_t> chunk_start_, group_start_;
+  std::vector<int32_t> results_;
+  std::vector<uint64_t> sums_;
+  std::vector<std::pair<size_t, size_t>> chunk_groups_;
+  std::vector<uint32_t> group_chunk_;
+  std::unique_ptr<GroupChecksums> groups_;
+  Batch batch_;
+  int wake_fd_ = -1;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t allowed_ = 0;
+  bool cancelled_ = false;
+  bool ended_ = false;
+  std::exception_ptr error_;
+  std::vector<int64_t> ops_left_;
+  std::vector<int32_t> tasks_left_;
+  std::vector<char> planned_, done_;
+  size_t oldest_ = 0;
+  std::thread thread_;
 };
 
 struct EngineOptions {
