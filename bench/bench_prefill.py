@@ -36,7 +36,7 @@ from tutti_hicache.config import TuttiConfig  # noqa: E402
 from tutti_hicache.layerwise import LayerCounter, LayerwiseKV  # noqa: E402
 from tutti_hicache.layout import PageGeometry  # noqa: E402
 
-ENGINE, VERIFY, STAGE_DEPTH = "auto", True, 3
+ENGINE, VERIFY, STAGE_DEPTH = "auto", True, TuttiConfig().stage_depth
 LLAMA = dict(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, mlp=14336, page=64)
 TINY = dict(layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, mlp=512, page=16)
 
@@ -407,7 +407,8 @@ def main():
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU")
     ap.add_argument("--engine", default="auto", choices=["auto", "uring", "posix"])
     ap.add_argument("--no-verify", action="store_true")
-    ap.add_argument("--read-ahead", type=lambda v: [int(x) for x in v.split(",")], default=[2],
+    ap.add_argument("--read-ahead", type=lambda v: [int(x) for x in v.split(",")],
+                    default=[TuttiConfig().read_ahead],
                     help="layer chunks read at once; a list (e.g. 1,2) measures each at every point")
     ap.add_argument("--offload-stream", type=int, default=0, metavar="PAGES",
                     help="also TTFT at the largest C, h=0.9 with a continuous offload stream (at most PAGES "
@@ -416,7 +417,7 @@ def main():
     args = ap.parse_args()
     global ENGINE, VERIFY, STAGE_DEPTH
     ENGINE, VERIFY = args.engine, not args.no_verify
-    STAGE_DEPTH = max(3, max(args.read_ahead) + 1)
+    STAGE_DEPTH = max(TuttiConfig().stage_depth, max(args.read_ahead) + 1)
     if args.dry_run and not args.medium:
         args.medium = [f"tmp={tempfile.mkdtemp(prefix='tutti-prefill-')}"]
     res = run(args)

@@ -56,8 +56,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("slack_table", "str", "", "Linker: slack table file from `tutti-hicache profile`; without one, writes run only when no read is pending."),
     Setting("stats_file", "str", "", "Write the backend's counters (hits, misses, bytes, checksum failures, engine calls) as JSON to this file, at most once a second and at close ({pid} is replaced)."),
     Setting("stage_mb", "int", 256, "Linker: bytes of one pinned staging slot (one layer of up to this many MiB of pages per copy); memory does not grow with sequence length.", minimum=1),
-    Setting("stage_depth", "int", 3, "Linker: pinned staging slots in the read ring (reads of the next chunk overlap the copy of this one).", minimum=2),
-    Setting("read_ahead", "int", 2, "Linker: staging chunks (layers) whose reads are in flight at once: 2 queues the next layer's reads at the disks while this layer's drain (io_uring engine); 1 reads them one after another. At most stage_depth - 1 are used.", minimum=1),
+    Setting("stage_depth", "int", 4, "Linker: pinned staging slots in the read ring: one being copied to the device, the others being read (read_ahead).", minimum=2),
+    Setting("read_ahead", "int", 3, "Linker: staging chunks (layers) admitted to the read stream at once: the next layers' requests wait at the devices behind this layer's, so the queue never drains between layers; 1 reads layer after layer. At most stage_depth - 1 are used.", minimum=1),
     Setting("io_sms", "int", 8, "Linker: SMs reserved for the I/O kernels through a CUDA green context (Hopper); 0 = an ordinary high-priority stream.", minimum=0),
     Setting("offload_backlog_pages", "int", 8192, "Linker: pages queued for offload before new offloads are refused (the device pages stay locked until written).", minimum=1),
 )
@@ -142,8 +142,8 @@ class TuttiConfig:
     slack_table: str = ""
     stats_file: str = ""
     stage_mb: int = 256
-    stage_depth: int = 3
-    read_ahead: int = 2
+    stage_depth: int = 4
+    read_ahead: int = 3
     io_sms: int = 8
     offload_backlog_pages: int = 8192
 

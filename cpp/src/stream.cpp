@@ -159,8 +159,9 @@ void ReadStream::task(size_t c, int delta) {
 }
 
 size_t ReadStream::ops_left_oldest() {
-  std::lock_guard lock(mu_);
-  while (oldest_ < nchunks() && done_[oldest_]) oldest_++;
+  std::lock_guard lock(mu_);  // chunks with only checksums left need no more completions
+  while (oldest_ < nchunks() && (done_[oldest_] || (planned_[oldest_] && !ops_left_[oldest_])))
+    oldest_++;
   if (oldest_ == nchunks()) return 1;
   return static_cast<size_t>(std::max<int64_t>(1, ops_left_[oldest_]));
 }

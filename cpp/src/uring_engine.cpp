@@ -208,7 +208,7 @@ void Ring::run_stream(Plan& plan, const std::vector<uint32_t>& op_chunk,
   };
   Flight f;
   uint64_t wake_buf = 0;
-  const unsigned low_water = depth_ / 8;
+  const unsigned high_water = depth_ - std::max(1u, depth_ / 4);  // the queue never runs low
   const size_t nops = plan.ops.size();
   for (;;) {
     const size_t allowed = s.allowed();
@@ -233,8 +233,9 @@ void Ring::run_stream(Plan& plan, const std::vector<uint32_t>& op_chunk,
         f.wake_armed = true;
       }
     }
-    // Refill at the low-water mark; otherwise wait until the oldest chunk can be final.
-    enter(more ? f.inflight - std::min(f.inflight, low_water)
+    // Top up once a quarter of the ring is free; otherwise wait until the oldest chunk's
+    // operations are done (or a wake).
+    enter(more ? f.inflight - std::min(f.inflight, high_water)
                : static_cast<unsigned>(std::min<size_t>(f.inflight, s.ops_left_oldest())),
           c);
     reap(plan, f, c, end);

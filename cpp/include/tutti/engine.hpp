@@ -233,7 +233,7 @@ class ReadStream {
   size_t wait_allowed(size_t have);  // until more than `have` are allowed or cancelled
   void planned(size_t c, size_t ops);  // chunk c will finish after `ops` operations
   void op_finished(size_t c);          // one operation of chunk c ended (results set)
-  size_t ops_left_oldest();            // operations left in the oldest unfinished chunk (>= 1)
+  size_t ops_left_oldest();  // operations left in the oldest chunk with any in flight (>= 1)
 
  private:
   void run();
