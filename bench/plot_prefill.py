@@ -24,7 +24,8 @@ def rows(paths):
 def main(out, *paths):
     series = defaultdict(dict)
     for r in rows(paths):
-        series[(r["C"], r["config"])][r["h"]] = r["ttft_s"]
+        config = r["config"] + (f" read-ahead {r['read_ahead']}" if "read_ahead" in r else "")
+        series[(r["C"], config)][r["h"]] = r["ttft_s"]
     contexts = sorted({c for c, _ in series})
     fig, axes = plt.subplots(1, len(contexts), figsize=(6 * len(contexts), 4.5), squeeze=False)
     for ax, c in zip(axes[0], contexts):

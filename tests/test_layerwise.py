@@ -19,12 +19,15 @@ PAGE, N = 16, 300  # 1 MiB staging slots hold 128 pages: 3 chunks per layer (128
 ENGINES = ["uring", "posix"] if extension().uring_compiled() else ["posix"]
 
 
-def make_lw(tmp_path, engine="posix", **extra):
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # cuda: the GPU machine
+
+
+def make_lw(tmp_path, engine="posix", device="cpu", **extra):
     from tutti_hicache.layerwise import LayerwiseKV
     g = torch.Generator().manual_seed(7)
     rows = (N + 1) * PAGE
-    k = [torch.randn(rows, 2, 64, generator=g).to(torch.bfloat16) for _ in range(GEOM.num_layers)]
-    v = [torch.randn(rows, 2, 64, generator=g).to(torch.bfloat16) for _ in range(GEOM.num_layers)]
+    k = [torch.randn(rows, 2, 64, generator=g).to(torch.bfloat16).to(device) for _ in range(GEOM.num_layers)]
+    v = [torch.randn(rows, 2, 64, generator=g).to(torch.bfloat16).to(device) for _ in range(GEOM.num_layers)]
     cfg = TuttiConfig.from_sources({"tutti_dirs": [str(tmp_path / "a"), str(tmp_path / "b")],
                                     "tutti_capacity_gb": 0.05, "tutti_stage_mb": 1,
                                     "tutti_engine": engine, **extra}, env={})
@@ -48,13 +51,14 @@ def restore(lw, keys, rows, rid="r"):
     return lw.finish(idx)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("read_ahead,depth", [(1, 2), (2, 3), (3, 4)])
-def test_multi_chunk_layers_restore_byte_exact(tmp_path, engine, read_ahead, depth):
-    lw, k, v = make_lw(tmp_path, engine, tutti_read_ahead=read_ahead, tutti_stage_depth=depth)
+def test_multi_chunk_layers_restore_byte_exact(tmp_path, engine, read_ahead, depth, device):
+    lw, k, v = make_lw(tmp_path, engine, device, tutti_read_ahead=read_ahead, tutti_stage_depth=depth)
     assert lw.stage_pages == 128 and lw.read_ahead == read_ahead
     keys = [f"p{i:063d}" for i in range(N)]
-    rows = torch.arange(PAGE, PAGE * (N + 1))
+    rows = torch.arange(PAGE, PAGE * (N + 1), device=device)
     offload_all(lw, keys, rows)
     want = [t[PAGE:].clone() for t in k + v]
     for t in k + v:
@@ -64,7 +68,7 @@ def test_multi_chunk_layers_restore_byte_exact(tmp_path, engine, read_ahead, dep
     # reversed page order: pool pages and disk slots no longer line up
     for t in k + v:
         t[PAGE:] = -7
-    rev = torch.flip(rows.view(N, PAGE), [0]).reshape(-1)
+    rev = torch.flip(rows.view(N, PAGE), [0]).reshape(-1).contiguous()
     assert restore(lw, keys[::-1], rev, rid="r2")
     assert all(torch.equal(t[PAGE:], w) for t, w in zip(k + v, want))
     lw.close()
@@ -76,11 +80,12 @@ def test_read_ahead_is_capped_by_the_staging_ring(tmp_path):
     lw.close()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("engine", ENGINES)
-def test_bad_page_mid_pipeline_fails_the_batch_and_the_next_load_is_clean(tmp_path, engine):
-    lw, k, v = make_lw(tmp_path, engine, tutti_read_ahead=2)
+def test_bad_page_mid_pipeline_fails_the_batch_and_the_next_load_is_clean(tmp_path, engine, device):
+    lw, k, v = make_lw(tmp_path, engine, device, tutti_read_ahead=2)
     keys = [f"p{i:063d}" for i in range(N)]
-    rows = torch.arange(PAGE, PAGE * (N + 1))
+    rows = torch.arange(PAGE, PAGE * (N + 1), device=device)
     offload_all(lw, keys, rows)
     want = [t[PAGE:].clone() for t in k + v]
     store = lw.store
