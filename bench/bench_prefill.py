@@ -36,7 +36,7 @@ from tutti_hicache.config import TuttiConfig  # noqa: E402
 from tutti_hicache.layerwise import LayerCounter, LayerwiseKV  # noqa: E402
 from tutti_hicache.layout import PageGeometry  # noqa: E402
 
-ENGINE, VERIFY, STAGE_DEPTH = "auto", True, TuttiConfig().stage_depth
+ENGINE, VERIFY, STAGE_DEPTH, THREADS = "auto", True, TuttiConfig().stage_depth, 16
 LLAMA = dict(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, mlp=14336, page=64)
 TINY = dict(layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, mlp=512, page=16)
 
@@ -178,7 +178,7 @@ def make_tutti(model, dirs, cap_gb: float) -> LayerwiseKV:
     kb = s["kv_heads"] * s["head_dim"] * 2
     g = PageGeometry("mha", s["layers"], s["page"], kb, kb)
     cfg = TuttiConfig.from_sources({"tutti_dirs": list(dirs), "tutti_capacity_gb": cap_gb,
-                                    "tutti_threads": 16, "tutti_queue_depth": 1024,
+                                    "tutti_threads": THREADS, "tutti_queue_depth": 1024,
                                     "tutti_engine": ENGINE, "tutti_verify": VERIFY,
                                     "tutti_stage_depth": STAGE_DEPTH})
     ident = {"bench": "llama-shaped", "layers": s["layers"], "page": s["page"]}
@@ -407,6 +407,7 @@ def main():
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU")
     ap.add_argument("--engine", default="auto", choices=["auto", "uring", "posix"])
     ap.add_argument("--no-verify", action="store_true")
+    ap.add_argument("--threads", type=int, default=16, help="tutti_threads (checksum workers)")
     ap.add_argument("--read-ahead", type=lambda v: [int(x) for x in v.split(",")],
                     default=[TuttiConfig().read_ahead],
                     help="layer chunks read at once; a list (e.g. 1,2) measures each at every point")
@@ -415,8 +416,8 @@ def main():
                          "pages per request), scheduler off vs on")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
-    global ENGINE, VERIFY, STAGE_DEPTH
-    ENGINE, VERIFY = args.engine, not args.no_verify
+    global ENGINE, VERIFY, STAGE_DEPTH, THREADS
+    ENGINE, VERIFY, THREADS = args.engine, not args.no_verify, args.threads
     STAGE_DEPTH = max(TuttiConfig().stage_depth, max(args.read_ahead) + 1)
     if args.dry_run and not args.medium:
         args.medium = [f"tmp={tempfile.mkdtemp(prefix='tutti-prefill-')}"]
