@@ -190,12 +190,11 @@ void Engine::run_stream(ReadStream& s) {
     std::vector<int64_t> starts;  // the chunk's groups, relative to the chunk
     std::unique_ptr<GroupChecksums> groups;
     if (all.groups && g1 > g0) {
-      // group boundaries come from the stream's own group_start through its checksums object
       starts.resize(g1 - g0 + 1);
       const int64_t* gs = s.group_starts();
       for (size_t g = g0; g <= g1; ++g) starts[g - g0] = gs[g] - b0;
-      groups = std::make_unique<GroupChecksums>(starts.data(), g1 - g0, b.n,
-                                                const_cast<uint64_t*>(s.sums()) + g0, task_pool());
+      groups = std::make_unique<GroupChecksums>(starts.data(), g1 - g0, b.n, s.sums_data() + g0,
+                                                task_pool());
       b.groups = groups.get();
     }
     s.planned(c, 1);

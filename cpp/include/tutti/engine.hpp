@@ -227,6 +227,7 @@ class ReadStream {
   // ---- for the engines' run loops
   const Batch& batch() const { return batch_; }
   int32_t* results_data() { return results_.data(); }
+  uint64_t* sums_data() { return sums_.data(); }
   int wake_fd() const { return wake_fd_; }
   size_t allowed();        // chunks allowed so far
   bool cancelled();
