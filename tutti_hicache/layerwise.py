@@ -442,6 +442,8 @@ class LayerwiseKV:
                 if job is None:
                     return
                 fn(job)
+            except Exception:  # the worker outlives any one job (each job reports its own failure)
+                logger.exception("tutti linker: worker job failed")
             finally:
                 q.task_done()
 

@@ -80,7 +80,7 @@ class LayerStream:
         self._stream.cancel()
         try:
             self._stream.join()
-        except OSError as e:  # already reported to the chunk's wait()
+        except Exception as e:  # OSError or a closed engine: already raised by wait()
             logger.debug("tutti: read stream ended with %s", e)
 
 
