@@ -207,7 +207,6 @@ void Ring::run_stream(Plan& plan, const std::vector<uint32_t>& op_chunk,
     s.op_finished(op_chunk[idx]);
   };
   Flight f;
-  uint64_t wake_buf = 0;
   const unsigned high_water = depth_ - std::max(1u, depth_ / 4);  // the queue never runs low
   const size_t nops = plan.ops.size();
   for (;;) {
@@ -228,7 +227,7 @@ void Ring::run_stream(Plan& plan, const std::vector<uint32_t>& op_chunk,
     if (!more && !cancelled && f.next < nops && !f.wake_armed) {
       // the next chunk may be allowed any moment: a read on the eventfd ends the wait then
       if (io_uring_sqe* sqe = io_uring_get_sqe(&ring_)) {
-        io_uring_prep_read(sqe, s.wake_fd(), &wake_buf, sizeof wake_buf, 0);
+        io_uring_prep_read(sqe, s.wake_fd(), s.wake_buf(), sizeof(uint64_t), 0);
         io_uring_sqe_set_data64(sqe, kWake);
         f.wake_armed = true;
       }
@@ -240,7 +239,7 @@ void Ring::run_stream(Plan& plan, const std::vector<uint32_t>& op_chunk,
           c);
     reap(plan, f, c, end);
   }
-  if (f.wake_armed) {  // complete our own read on the eventfd before wake_buf goes away
+  if (f.wake_armed) {  // complete our own read on the eventfd before the ring serves others
     uint64_t one = 1;
     if (::write(s.wake_fd(), &one, sizeof one) < 0) { /* counter full: the read completes */ }
     while (f.wake_armed) {

@@ -229,6 +229,7 @@ class ReadStream {
   int32_t* results_data() { return results_.data(); }
   uint64_t* sums_data() { return sums_.data(); }
   int wake_fd() const { return wake_fd_; }
+  uint64_t* wake_buf() { return &wake_buf_; }  // target of the ring's read on wake_fd
   size_t allowed();        // chunks allowed so far
   bool cancelled();
   size_t wait_allowed(size_t have);  // until more than `have` are allowed or cancelled
@@ -251,6 +252,7 @@ class ReadStream {
   std::unique_ptr<GroupChecksums> groups_;
   Batch batch_;
   int wake_fd_ = -1;
+  uint64_t wake_buf_ = 0;  // lives as long as the stream: a read may still be armed on error
   std::mutex mu_;
   std::condition_variable cv_;
   size_t allowed_ = 0;
