@@ -99,6 +99,13 @@ def read_all(store, keys, geometry=GEOM, aligned=True):
     return np.array(ok_all, dtype=bool), wrong
 
 
+def assert_new_pages_round_trip(store):
+    """40 fresh pages written now (into freed or damaged slots) read back exact."""
+    write(store, keys_of(40, "new"))
+    ok, wrong = read_all(store, keys_of(40, "new"))
+    assert ok.all() and not wrong
+
+
 def where(store, key):
     """(segment path, byte offset of the slot) of a present key."""
     files, offs = store._slot_files(np.array([store.index.entries[key].slot]))
@@ -259,10 +266,7 @@ def test_header_bit_flips_are_misses_after_restart(filled):
         assert bad_headers(s) == len(hit)
         ok, wrong = read_all(s, ks)
         assert not wrong and (ok == np.array([k not in hit for k in ks])).all()
-        # a bad header is a free slot: new pages land there and read back exact
-        write(s, keys_of(40, "new"))
-        ok, wrong = read_all(s, keys_of(40, "new"))
-        assert ok.all() and not wrong
+        assert_new_pages_round_trip(s)  # a bad header is a free slot: new pages land there
     finally:
         s.close()
 
@@ -456,9 +460,7 @@ def test_deleted_segment_of_one_directory(tmp_path):
         assert lost and sorted(s.index.entries) == sorted(set(ks) - lost)
         ok, wrong = read_all(s, ks)
         assert not wrong and ok.sum() == len(ks) - len(lost)
-        write(s, keys_of(40, "new"))
-        ok, wrong = read_all(s, keys_of(40, "new"))
-        assert ok.all() and not wrong
+        assert_new_pages_round_trip(s)
     finally:
         s.close()
 
