@@ -99,10 +99,10 @@ def read_all(store, keys, geometry=GEOM, aligned=True):
     return np.array(ok_all, dtype=bool), wrong
 
 
-def assert_new_pages_round_trip(store):
-    """40 fresh pages written now (into freed or damaged slots) read back exact."""
-    write(store, keys_of(40, "new"))
-    ok, wrong = read_all(store, keys_of(40, "new"))
+def assert_new_pages_round_trip(store, n=40):
+    """n fresh pages written now (into freed or damaged slots) read back exact."""
+    write(store, keys_of(n, "new"))
+    ok, wrong = read_all(store, keys_of(n, "new"))
     assert ok.all() and not wrong
 
 
@@ -183,10 +183,7 @@ def test_payload_bit_flips_are_misses(store_dirs, aligned):
         st = s.stats()
         assert st["checksum_failures"] == len(hit) and st["pages"] == len(ks) - len(hit)
         assert not any(k in s for k in hit)
-        # the dropped slots are reused for new pages, which read back exact
-        write(s, keys_of(len(hit), "new"))
-        ok, wrong = read_all(s, keys_of(len(hit), "new"))
-        assert ok.all() and not wrong
+        assert_new_pages_round_trip(s, len(hit))  # into the dropped slots
     finally:
         s.close()
 
@@ -211,9 +208,12 @@ def test_payload_flips_seen_by_the_layer_reads(tmp_path):
         dst = E.AlignedBuffer(len(ks) * 2 * stride)
         a = np.frombuffer(dst, dtype=np.uint8)
         addr = dst.address + np.arange(len(ks), dtype=np.uint64) * np.uint64(2 * stride)
+        layers = s.stream_layers(plan, [(layer, slice(None)) for layer in range(GEOM.num_layers)],
+                                 [addr] * GEOM.num_layers)  # one layer at a time, one buffer
         for layer in range(GEOM.num_layers):
             a[:] = 0
-            ok = s.read_layer(plan, layer, addr)
+            layers.allow(layer + 1)
+            ok = layers.wait(layer)
             for i, k in enumerate(ks):
                 want_ok = bad_layer.get(k) != layer
                 assert ok[i] == want_ok or (not ok[i] and k in bad_layer), (SEED, k, layer)
@@ -221,6 +221,7 @@ def test_payload_flips_seen_by_the_layer_reads(tmp_path):
                     want = page_content(k, s.layout.geometry.page_nbytes)[
                         layer * 2 * 4096:(layer + 1) * 2 * 4096]
                     assert np.array_equal(a[i * 2 * stride:(i + 1) * 2 * stride], want), (k, layer)
+        layers.close()
         s.unpin(entries)
         assert s.stats()["checksum_failures"] == len(bad_layer)
         assert not any(k in s for k in bad_layer)

@@ -252,7 +252,7 @@ class ObjectStore(SegmentFiles):
             self.index.unpin([e.slot for e in entries if e is not None])
 
     def layer_object_stride(self) -> int:
-        """Bytes between consecutive objects of a layer in a read_layer destination."""
+        """Bytes between consecutive objects of a layer in a stream_layers destination."""
         from .layout import align_up
         return align_up(int(self.layout.object_nbytes[0]))
 
@@ -265,26 +265,14 @@ class ObjectStore(SegmentFiles):
         must = np.array([self.cfg.verify or not e.fresh for e in entries], dtype=bool)
         return PagePlan(list(entries), slots, files, offsets, must, units.reshape(len(entries), u))
 
-    def read_layer(self, plan: "PagePlan", layer: int, dst: np.ndarray, rows=slice(None)) -> np.ndarray:
-        """Read layer `layer` of the plan's pages `rows`: page i's objects (K then V; MLA one)
-        land at dst[i] + j * layer_object_stride(). dst: uint64 per page, 4 KiB-aligned.
-        Returns ok per page, verified against the per-layer checksum when verification applies
-        (computed as each page lands when objects are unpadded)."""
-        args, exact = self._layer_requests(plan, layer, dst, rows)
-        n = len(args[0])
-        with self.gate.reading(self._devices(plan.slots[rows])):
-            if plan.must[rows].any() and exact:
-                res, sums = self.engine.read_verify(*args, np.arange(n + 1, dtype=np.int64))
-            else:
-                res, sums = self.engine.read(*args), None
-        return self._layer_ok(plan, layer, rows, args[3], res, sums)
-
     def stream_layers(self, plan: "PagePlan", chunks: list, dsts: list) -> "LayerStream":
-        """Read chunks [(layer, rows)] of the plan's pages, chunk i into dsts[i] (as read_layer's
-        dst), back to back at the devices: a chunk's requests go out once LayerStream.allow
-        admits it, queued behind the chunks before it. The caller holds the directories
-        (`gate.reading`) for the stream's life; LayerStream.wait(i) -> ok per page, verified
-        as in read_layer."""
+        """Read chunks [(layer, rows)] of the plan's pages back to back at the devices: chunk i's
+        page j lands its layer's objects (K then V; MLA one) at dsts[i][j] + o * layer_object_stride()
+        (uint64 per page, 4 KiB-aligned); a chunk's requests go out once LayerStream.allow admits
+        it, queued behind the chunks before it. The caller holds the directories (`gate.reading`)
+        for the stream's life. LayerStream.wait(i) -> ok per page: whole, and verified against
+        the page's per-layer checksum where verification applies (computed as each page lands
+        when objects are unpadded); corrupt pages are dropped from the index."""
         reqs = [self._layer_requests(plan, layer, d, rows) for (layer, rows), d in zip(chunks, dsts)]
         arrays = [np.concatenate([r[0][j] for r in reqs]) for j in range(4)]
         starts = np.zeros(len(chunks) + 1, dtype=np.int64)
