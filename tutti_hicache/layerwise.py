@@ -39,6 +39,7 @@ from .config import TuttiConfig
 from .engine import extension
 from .layout import PageGeometry
 from .profiler import SlackTable
+from .statsfile import StatsFile
 from .store import ObjectStore
 
 logger = logging.getLogger("tutti_hicache.linker")
@@ -179,6 +180,13 @@ class LayerwiseKV:
         self.io = self._io_stream()
         self.obj_stride = self.store.layer_object_stride()
         self._make_staging(geometry)
+        self.page_nbytes = self.num_layers * self.k_objs * self.obj_stride
+        self._stats = {"loads": 0, "load_pages": 0, "load_bytes": 0, "load_seconds": 0.0,
+                       "load_failures": 0, "first_load_seconds": None, "offloads": 0,
+                       "offload_pages": 0, "offload_seconds": 0.0, "warmup_seconds": 0.0}
+        self._stats_lock = threading.Lock()
+        self._stats_file = StatsFile(cfg.stats_file)
+        self._warm_kernels()
         self._queued: dict[str, tuple] = {}
         self._results: deque = deque()
         self._backlog = 0
@@ -214,6 +222,36 @@ class LayerwiseKV:
         self.out_pages = max(1, (self.cfg.stage_mb << 20) // per_page)
         self.out = _Staging(self.out_pages * per_page, 2, self.device, self.cuda)
         self.store.register_memory(self.stage.regions() + self.out.regions())
+
+    def _warm_kernels(self) -> None:
+        """Load the gather and scatter kernels at attach, so the first restore after a server
+        start pays no compilation or module load: page 0's objects are gathered and scattered
+        back onto themselves on the I/O stream (no byte of the pool changes)."""
+        if not self.cuda:
+            return
+        t0 = time.perf_counter()
+        ids = torch.zeros(1, dtype=torch.int64, device=self.device)
+        with torch.cuda.stream(self.io.stream):
+            dev = self.out.device
+            self._gather(dev, ids)
+            per_layer = self.k_objs * self.obj_stride
+            for layer in range(self.num_layers):
+                self._scatter(dev[layer * per_layer:(layer + 1) * per_layer], layer, ids)
+        self.io.stream.synchronize()
+        self._stats["warmup_seconds"] = time.perf_counter() - t0
+
+    def stats(self) -> dict:
+        """The store's counters plus the linker's: loads (pages, bytes, seconds from the first read
+        to the last layer handed to the GPU, failures, the first load after start), offloads."""
+        with self._stats_lock:
+            mine = dict(self._stats)
+        return {**self.store.stats(), "linker": mine}
+
+    def _account(self, **add) -> None:
+        with self._stats_lock:
+            for k, v in add.items():
+                self._stats[k] += v
+        self._stats_file.dump(self.stats())
 
     # ------------------------------------------------------------ lookup / load
     def lookup(self, keys: list) -> int:
@@ -268,6 +306,7 @@ class LayerwiseKV:
         and the queue never drains between layers; each chunk lands, is verified, copied and
         scattered in layer order."""
         index, entries, page_ids, ready, input_tokens = job
+        t0 = time.perf_counter()
         gate = self.store.gate
         hold = gate.reading(self.store._devices(np.array([e.slot for e in entries])))
         hold.__enter__()
@@ -304,9 +343,15 @@ class LayerwiseKV:
                 if window > 0 and layer + 1 < self.num_layers and layer - self.counter.waited >= 2:
                     stream.settle(admitted)  # writes never overlap a read still in flight
                     hold = self._open_window(hold, window)
+            seconds = time.perf_counter() - t0
+            if self._stats["first_load_seconds"] is None:
+                self._stats["first_load_seconds"] = seconds
+            self._account(loads=1, load_pages=len(entries), load_bytes=len(entries) * self.page_nbytes,
+                          load_seconds=seconds)
         except BaseException as e:  # the forward must never hang; finish() reports it
             logger.error("tutti linker: load of %d pages failed: %s", len(entries), e)
             self.counter.fail(index, e)
+            self._account(load_failures=1)
         finally:
             if stream is not None:
                 stream.close()  # nothing lands in the staging slots after this
@@ -354,6 +399,14 @@ class LayerwiseKV:
             fn(staging, self.k_bufs[layer], self.v_bufs[layer], page_ids, self.page_size,
                self.obj_stride)
 
+    def _gather(self, dev, page_ids) -> None:
+        """Every layer of pages `page_ids` into device staging `dev` (on the current stream)."""
+        from . import triton_kernels as tk
+        if self.mla:
+            tk.gather_pages_mla(dev, self.k_bufs, page_ids, self.page_size, self.obj_stride)
+        else:
+            tk.gather_pages(dev, self.k_bufs, self.v_bufs, page_ids, self.page_size, self.obj_stride)
+
     def _mark(self):
         if not self.cuda:
             return None
@@ -385,6 +438,7 @@ class LayerwiseKV:
 
     def _run_offload(self, job: "_Offload") -> None:
         ok = True
+        t0 = time.perf_counter()
         try:
             for ev in job.events:
                 ev.synchronize()
@@ -397,6 +451,8 @@ class LayerwiseKV:
         finally:
             self._backlog -= len(job.keys)
             job.finish(ok)
+            self._account(offloads=1, offload_pages=len(job.keys) if ok else 0,
+                          offload_seconds=time.perf_counter() - t0)
 
     def _offload_chunk(self, keys: list, page_ids) -> bool:
         from . import triton_kernels as tk
@@ -407,9 +463,7 @@ class LayerwiseKV:
         if self.cuda:
             with torch.cuda.stream(self.io.stream):
                 dev = self.out.device[: n * m * self.obj_stride]
-                fn = tk.gather_pages_mla if self.mla else tk.gather_pages
-                args = (self.k_bufs,) if self.mla else (self.k_bufs, self.v_bufs)
-                fn(dev, *args, page_ids, self.page_size, self.obj_stride)
+                self._gather(dev, page_ids)
                 host.copy_(dev, non_blocking=True)
                 ev = torch.cuda.Event()
                 ev.record()
@@ -458,6 +512,7 @@ class LayerwiseKV:
 
     def close(self) -> None:
         self.reset()
+        self._stats_file.dump(self.stats(), force=True)
         for q in (self._load_q, self._offload_q):
             q.put(None)
         for t in self._threads:

@@ -32,6 +32,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 from .config import TuttiConfig, check_dirs
 from .hostmap import HostMap
 from .identity import make_identity
+from .statsfile import StatsFile
 from .store import ObjectStore
 
 logger = logging.getLogger("tutti_hicache.storage")
@@ -74,6 +75,7 @@ class TuttiStorage(HiCacheStorage):
         self._metrics = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [],
                          "backup_bandwidth": []}
         self._warned: set[str] = set()
+        self._stats_file = StatsFile(self.cfg.stats_file)
 
     # ------------------------------------------------------------ attach
     def register_mem_pool_host(self, mem_pool_host) -> None:
@@ -202,21 +204,8 @@ class TuttiStorage(HiCacheStorage):
 
     def _dump_stats(self, force: bool = False) -> None:
         """tutti_stats_file: counters as JSON, at most once a second (never raises)."""
-        if not self.cfg.stats_file or self.store is None:
-            return
-        now = time.monotonic()
-        if not force and now - getattr(self, "_stats_at", 0.0) < 1.0:
-            return
-        self._stats_at = now
-        try:
-            import json
-            import os
-            path = self.cfg.stats_file.replace("{pid}", str(os.getpid()))
-            with open(path + ".tmp", "w") as f:
-                json.dump(self.store.stats(), f)
-            os.replace(path + ".tmp", path)
-        except Exception as e:  # observability must not break storage
-            self._warn_once("stats", "tutti: cannot write tutti_stats_file: %s", e)
+        if self.store is not None:
+            self._stats_file.dump(self.store.stats(), force)
 
     def get_stats(self):
         with self._metrics_lock:

@@ -1,0 +1,46 @@
+"""`tutti_stats_file`: a backend's counters as JSON, rewritten atomically at most once a second.
+
+At a glance:
+    sf = StatsFile(path_template)       "{pid}" in the template is replaced by the process id
+    sf.dump(counters, force=False)      -> bool written; never raises (observability must not
+                                        break storage): the first failure is logged once
+Thread-safe: one lock around the rate limit and the write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+
+logger = logging.getLogger("tutti_hicache.stats")
+
+
+class StatsFile:
+    def __init__(self, template: str, min_interval_s: float = 1.0):
+        self.path = template.replace("{pid}", str(os.getpid())) if template else ""
+        self.min_interval_s = min_interval_s
+        self._last = float("-inf")
+        self._failed = False
+        self._lock = threading.Lock()
+
+    def dump(self, counters: dict, force: bool = False) -> bool:
+        if not self.path:
+            return False
+        with self._lock:
+            now = time.monotonic()
+            if not force and now - self._last < self.min_interval_s:
+                return False
+            self._last = now
+            try:
+                with open(self.path + ".tmp", "w") as f:
+                    json.dump(counters, f)
+                os.replace(self.path + ".tmp", self.path)
+                return True
+            except (OSError, TypeError, ValueError) as e:
+                if not self._failed:
+                    self._failed = True
+                    logger.warning("tutti: cannot write tutti_stats_file %s: %s", self.path, e)
+                return False
