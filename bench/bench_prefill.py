@@ -227,26 +227,8 @@ def io_only(lw, model, keys, pages) -> tuple[float, dict]:
 def raw_read(dirs, nbytes: int) -> dict:
     """Raw O_DIRECT read of a same-size file per directory, all directories at once (8 readers
     each, distinct pre-faulted memory): the sum of the per-directory rates."""
-    from tutti_hicache.bench_store import raw_read_GBps, write_raw_file
-    paths, per = [], nbytes // len(dirs)
-    for d in dirs:
-        p = os.path.join(d, "raw-prefill.bin")
-        write_raw_file(p, per)
-        paths.append(p)
-    out = {}
-    for req in (256 << 10, 8 << 20):  # tutti's per-layer request (K+V of a page), and 8 MiB
-        rates = []
-        threads = [threading.Thread(target=lambda p=p: rates.append(raw_read_GBps(p, per, req, 8)))
-                   for p in paths]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        out[f"raw_{req >> 10}KiB_GBps"] = sum(rates)
-    for p in paths:
-        os.unlink(p)
-    out["raw_read_GBps"] = max(out.values())
-    return out
+    from tutti_hicache.benchmarks.rawio import raw_read_dirs
+    return raw_read_dirs(dirs, nbytes)  # tutti's per-layer request (K+V of a page), and 8 MiB
 
 
 def run(args) -> dict:

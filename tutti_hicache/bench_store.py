@@ -13,17 +13,16 @@ restored page is compared with the page that was written (byte for byte).
 
 from __future__ import annotations
 
-import mmap
 import os
 import shutil
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from . import _sglang_harness as H
+from .benchmarks.rawio import drop_page_cache, raw_read_GBps, write_raw_file  # noqa: F401
 
 GEOMETRIES = {
     # name: (kind, layers, kv heads or kv_lora_rank, head_dim or rope dim, page, dtype)
@@ -87,69 +86,7 @@ def pages_equal(pool, src, dst) -> bool:
     return True
 
 
-# ------------------------------------------------------------------ raw medium
-def drop_page_cache(paths) -> str:
-    """Evict files from the page cache: drop_caches when allowed, else fadvise per file."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return "drop_caches"
-    except OSError:
-        pass
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return "fadvise"
-
-
-def _aligned(nbytes: int) -> mmap.mmap:
-    return mmap.mmap(-1, nbytes)
-
-
-def write_raw_file(path: str, nbytes: int, chunk: int = 8 << 20) -> None:
-    buf = _aligned(chunk)
-    buf.write(os.urandom(chunk))
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
-    try:
-        for off in range(0, nbytes, chunk):
-            os.pwritev(fd, [memoryview(buf)[: min(chunk, nbytes - off)]], off)
-    finally:
-        os.close(fd)
-
-
-def raw_read_GBps(path: str, nbytes: int, req: int, threads: int) -> float:
-    """O_DIRECT read of [0, nbytes) in `req`-byte requests over `threads` threads; GB/s.
-
-    Requests land in distinct memory (a buffer of up to 1 GiB, as a restore fills a host pool),
-    not one small reused buffer: on a RAM-backed medium the read is a memcpy, and a hot 8 MiB
-    destination that stays in the CPU caches would overstate the medium (seen: 7.0 vs 4.2 GB/s)."""
-    req = max(4096, req // 4096 * 4096)
-    offsets = list(range(0, nbytes - req + 1, req))
-    span = max(req, min(nbytes, 1 << 30) // req * req)
-    buf = _aligned(span)
-    np.frombuffer(buf, dtype=np.uint8)[:] = 1  # fault the pages in, as a host pool already is
-    dst = memoryview(buf)
-
-    def worker(k: int) -> None:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-        try:
-            for off in offsets[k::threads]:
-                at = off % span
-                os.preadv(fd, [dst[at:at + req]], off)
-        finally:
-            os.close(fd)
-
-    t0 = time.perf_counter()
-    ts = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return len(offsets) * req / (time.perf_counter() - t0) / 1e9
+# ------------------------------------------------------------------ raw medium: benchmarks/rawio.py
 
 
 # ------------------------------------------------------------------ backends

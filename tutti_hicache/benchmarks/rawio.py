@@ -1,0 +1,109 @@
+"""The raw medium: O_DIRECT reads and writes of plain files, the reference every figure is set against.
+
+At a glance:
+    write_raw_file(path, nbytes)                    random bytes, O_DIRECT, 8 MiB requests
+    raw_read_GBps(path, nbytes, req, threads) -> GB/s   O_DIRECT read into distinct, pre-faulted memory
+    raw_read_dirs(dirs, nbytes, reqs) -> dict       one file per directory, every directory at once
+    drop_page_cache(paths) -> str                   drop_caches when allowed, else fadvise per file
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+
+import numpy as np
+
+
+def drop_page_cache(paths) -> str:
+    """Evict files from the page cache: drop_caches when allowed, else fadvise per file."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "drop_caches"
+    except OSError:
+        pass
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return "fadvise"
+
+
+def _aligned(nbytes: int) -> mmap.mmap:
+    return mmap.mmap(-1, nbytes)
+
+
+def write_raw_file(path: str, nbytes: int, chunk: int = 8 << 20) -> None:
+    buf = _aligned(chunk)
+    buf.write(os.urandom(chunk))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
+    try:
+        for off in range(0, nbytes, chunk):
+            os.pwritev(fd, [memoryview(buf)[: min(chunk, nbytes - off)]], off)
+    finally:
+        os.close(fd)
+
+
+def raw_read_GBps(path: str, nbytes: int, req: int, threads: int) -> float:
+    """O_DIRECT read of [0, nbytes) in `req`-byte requests over `threads` threads; GB/s.
+
+    Requests land in distinct memory (a buffer of up to 1 GiB, as a restore fills a host pool),
+    not one small reused buffer: on a RAM-backed medium the read is a memcpy, and a hot 8 MiB
+    destination that stays in the CPU caches would overstate the medium (seen: 7.0 vs 4.2 GB/s)."""
+    req = max(4096, req // 4096 * 4096)
+    offsets = list(range(0, nbytes - req + 1, req))
+    span = max(req, min(nbytes, 1 << 30) // req * req)
+    buf = _aligned(span)
+    np.frombuffer(buf, dtype=np.uint8)[:] = 1  # fault the pages in, as a host pool already is
+    dst = memoryview(buf)
+
+    def worker(k: int) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            for off in offsets[k::threads]:
+                at = off % span
+                os.preadv(fd, [dst[at:at + req]], off)
+        finally:
+            os.close(fd)
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return len(offsets) * req / (time.perf_counter() - t0) / 1e9
+
+
+def raw_read_dirs(dirs, nbytes: int, reqs=(256 << 10, 8 << 20), threads: int = 8) -> dict:
+    """Raw O_DIRECT read of a same-size file per directory (nbytes in all), all directories at
+    once (`threads` readers each, distinct pre-faulted memory): the sum of the per-directory
+    rates, per request size, and the best of them as raw_read_GBps."""
+    paths, per = [], nbytes // len(dirs) // 4096 * 4096
+    for d in dirs:
+        p = os.path.join(d, "raw-read.bin")
+        write_raw_file(p, per)
+        paths.append(p)
+    drop_page_cache(paths)
+    out = {}
+    try:
+        for req in reqs:
+            rates = []
+            ts = [threading.Thread(target=lambda p=p: rates.append(raw_read_GBps(p, per, req, threads)))
+                  for p in paths]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            out[f"raw_{req >> 10}KiB_GBps"] = sum(rates)
+    finally:
+        for p in paths:
+            os.unlink(p)
+    out["raw_read_GBps"] = max(out.values())
+    return out
