@@ -1,24 +1,33 @@
-"""End to end on a real SGLang server (0.5.17-0.5.23, a GPU): tutti vs `file` vs no storage tier.
+"""End to end on a real SGLang server (0.5.23; a GPU): layer-wise restore vs recompute, the DRAM tier
+and the SSD tiers users would pick, with the same server build, model, prompts and medium.
 
-Per configuration one server start writes (phase "warm": each document's first question misses,
-the next ones hit the device cache; then each document's first question again, as an L1 hit: the
-reference outputs), waits until the storage tier stops growing, and stops; a second server start
-over the same directory, after a page-cache drop, reads (phase "cold": one request per document,
-one after another, so hits can only come from the storage tier). Config `none` (no storage tier)
-runs only the cold phase on a fresh server: the recompute baseline. Workload (seeded token ids, no
-dataset): D long documents (a shared system prompt + document, `--context` tokens) each asked Q
-questions (LEval/LooGLE-like multi-turn over one document), sent at a fixed rate. Reported per
-(config, phase): TTFT mean/p50/p99, ITL, request throughput, cached tokens per request (SGLang's
-meta_info), SGLang's storage metrics, tutti's stats file (bytes, seconds, checksum failures) and
-restore GB/s, the medium's raw O_DIRECT read, and whether the cold outputs equal the L1-hit ones.
-SGLang's `file` backend is pointed at the medium through SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR.
+Configurations (one or two server starts each, one after another):
+  recompute             no cache tier at all (--disable-radix-cache): every prompt is prefilled
+  dram                  HiCache's host tier, no storage backend, a host pool holding every prefix
+  file / nixl           HiCache + SGLang's `file` / `nixl` (POSIX plugin, io_uring) backend, one directory
+  tutti-host            HiCache + TuttiStorage (plugin name `tutti`), striped over the array's directories
+  tutti-linker          TuttiLinker (--unified-cache-external-linker-backend tutti): layer-wise SSD -> GPU
+  tutti-linker-dynamic  the same through `dynamic` and the module path (no plugin)
+Phases (workload: tutti_hicache/benchmarks/e2e.py): `warm` (each document first seen; for the capacity
+configurations also the capacity documents), then for storage configurations a **restart and a page-cache
+drop**; `first` (the first request after the start), `sweep` (hit fractions: per point the prompt restored
+from the tier, then one sharing its prefix with new tokens while the prefix sits in device memory: the
+compute-only time), `rate<R>` (requests at R/s, concurrent, after a flush), `capacity` (a working set ~3x
+the DRAM tier, reused in random order). Storage configurations flush device and host caches
+(/flush_cache keeps the storage tier) before every sweep point so hits come from the SSD; `dram` cannot
+flush (its host pool would go) and relies on its documents being evicted from the bounded device pool
+(every configuration has the same --max-total-tokens) by the interleaved sweep order; SGLang's
+cached_tokens_details says per request where the hit came from.
 
-  python bench/e2e_sglang.py --model /tmp/llama8 --medium disk=/var/tmp/tutti-e2e \
-      --configs none,file,tutti,tutti-plugin --json out.json
+  python bench/e2e_sglang.py --write-model --model /tmp/llama8 --layers 8 \\
+      --tutti-dirs /mnt/a0,...,/mnt/a7 --one-dir /mnt/stripe --medium array-8 \\
+      --configs tutti-linker,recompute --json out.json
+  python bench/plot_e2e.py docs/img out.json [more.json ...]     # tables + PNGs
 
-A model directory needs only a config.json (`--write-model` writes a Llama-3-8B-width one with
-`--layers` layers); the server loads random weights (--load-format dummy --skip-tokenizer-init).
-No GPU in CI: this script is not a test (see tests/README.md).
+The model directory needs only a config.json (`--write-model` writes a Llama-3-8B-shaped one with
+`--layers` layers); the server loads random weights (--load-format dummy --skip-tokenizer-init), and
+clients send token ids. Every client stops waiting as soon as the server process is gone. Not a test:
+it needs a GPU (tests/README.md); its workload and report code is tested on CPU.
 """
 
 from __future__ import annotations
@@ -29,171 +38,139 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 
-import numpy as np
+from tutti_hicache.benchmarks import e2e
+from tutti_hicache.benchmarks.rawio import raw_read_dirs
 
-LLAMA_WIDTH = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-               "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
-               "vocab_size": 32000, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
-               "rope_theta": 500000.0, "torch_dtype": "bfloat16", "hidden_act": "silu",
-               "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}
-
-
-def write_model(path: str, layers: int) -> None:
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(dict(LLAMA_WIDTH, num_hidden_layers=layers), f)
-
-
-def workload(docs: int, questions: int, context: int, seed: int = 0) -> list:
-    """[(doc, question, token ids)]: a shared system prompt + document, then a short question."""
-    rng = np.random.default_rng(seed)
-    system = rng.integers(100, 30000, 256).tolist()
-    out = []
-    for d in range(docs):
-        doc = rng.integers(100, 30000, context - 256).tolist()
-        for q in range(questions):
-            out.append((d, q, system + doc + rng.integers(100, 30000, 96).tolist()))
-    return out
-
-
-def server_cmd(args, config: str, medium_dir: str, port: int) -> list:
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model,
-           "--load-format", "dummy", "--skip-tokenizer-init", "--attention-backend", "triton",
-           "--sampling-backend", "pytorch", "--disable-cuda-graph", "--page-size", "64",
-           "--mem-fraction-static", "0.5", "--port", str(port), "--enable-metrics",
-           "--enable-hierarchical-cache", "--hicache-size", str(args.hicache_gb),
-           "--hicache-mem-layout", "layer_first", "--hicache-write-policy", "write_through",
-           "--hicache-storage-prefetch-policy", "wait_complete"]
-    if args.deterministic:
-        cmd.append("--enable-deterministic-inference")
-    tutti = {"tutti_dirs": [os.path.join(medium_dir, "tutti")], "tutti_capacity_gb": args.capacity_gb,
-             "tutti_stats_file": os.path.join(args.out_dir, f"stats-{config}-{{pid}}.json")}
-    if config == "file":
-        cmd += ["--hicache-storage-backend", "file"]  # its directory: server_env()
-    elif config == "tutti":
-        extra = {"backend_name": "tutti", "module_path": "tutti_hicache.storage",
-                 "class_name": "TuttiStorage", "interface_v1": 1, **tutti}
-        cmd += ["--hicache-storage-backend", "dynamic", "--hicache-storage-backend-extra-config", json.dumps(extra)]
-    elif config == "tutti-plugin":
-        cmd += ["--hicache-storage-backend", "tutti", "--hicache-storage-backend-extra-config", json.dumps(tutti)]
-    return cmd
-
-
-def server_env(config: str, medium_dir: str) -> dict:
-    """SGLang's `file` backend takes its directory only from this variable (the extra config's
-    file_storage_path is ignored by 0.5.17-0.5.23's factory): point it at the medium under test."""
-    env = dict(os.environ)
-    env.pop("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", None)
-    if config == "file":
-        env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = os.path.join(medium_dir, "file")
-    return env
-
-
+# ------------------------------------------------------------------ the server
 class Server:
-    def __init__(self, cmd: list, log_path: str, port: int, env: dict):
-        self.port = port
-        self.log = open(log_path, "a")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+    """One server process group; every wait on it ends as soon as the process is gone."""
+
+    def __init__(self, cmd: list, env: dict, log_path: str, port: int):
         self.url = f"http://127.0.0.1:{port}"
+        self.log = open(log_path, "a")
+        self.log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n")
+        self.log.flush()
+        # cwd: not the checkout, whose tutti_hicache/ would shadow the installed package
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     cwd=os.path.dirname(log_path), start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
 
     def wait_ready(self, timeout: float) -> float:
         import requests
         t0 = time.time()
         while time.time() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} (see {self.log.name})")
+            if not self.alive():
+                raise RuntimeError(f"server exited with {self.proc.returncode} (log: {self.log.name})")
             try:
                 if requests.get(self.url + "/health", timeout=2).ok:
                     return time.time() - t0
-            except Exception:
+            except requests.RequestException:
                 pass
-            time.sleep(1)
-        raise TimeoutError("server did not start")
+            time.sleep(0.5)
+        raise TimeoutError(f"server not up after {timeout:.0f} s")
+
+    def flush(self) -> bool:
+        """Empty the device (and host) caches; the storage tier keeps its pages."""
+        import requests
+        for _ in range(40):
+            if not self.alive():
+                raise RuntimeError("server died")
+            try:
+                if requests.post(self.url + "/flush_cache", timeout=10).ok:
+                    time.sleep(0.3)
+                    return True
+            except requests.RequestException:
+                pass
+            time.sleep(0.25)
+        return False
 
     def stop(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGINT)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
         self.log.close()
 
 
-def one_request(url: str, ids: list, max_new: int) -> dict:
-    """Stream one greedy generation: TTFT, inter-token latencies, cached tokens, output ids."""
+# ------------------------------------------------------------------ clients
+def one_request(srv: Server, req: e2e.Request, max_new: int) -> dict:
+    """Stream one greedy generation: TTFT, inter-token gaps, SGLang's cached tokens, output ids."""
     import requests
-    t0 = time.perf_counter()
-    body = {"input_ids": ids, "stream": True,
+    rec = {"id": req.id, "prompt_tokens": len(req.ids), "cached": req.cached, "ttft_s": None}
+    body = {"input_ids": req.ids, "stream": True,
             "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
-    ttft, stamps, last = None, [], {}
-    with requests.post(url + "/generate", json=body, stream=True, timeout=600) as r:
-        for line in r.iter_lines():
-            if not line or not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
-                continue
-            now = time.perf_counter()
-            ttft = ttft if ttft is not None else now - t0
-            stamps.append(now)
-            last = json.loads(line[5:])
+    t0 = time.perf_counter()
+    stamps, chunks, last = [], [], {}
+    done = threading.Event()
+
+    def watchdog(resp_box):
+        while not done.wait(0.5):
+            if not srv.alive() and resp_box:
+                resp_box[0].close()  # unblocks the reader below
+                return
+    box: list = []
+    threading.Thread(target=watchdog, args=(box,), daemon=True).start()
+    try:
+        with requests.post(srv.url + "/generate", json=body, stream=True, timeout=(5, 300)) as r:
+            box.append(r)
+            for line in r.iter_lines():
+                if not line or not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+                    continue
+                stamps.append(time.perf_counter())
+                last = json.loads(line[5:])
+                chunks.append(list(last.get("output_ids") or []))
+    except Exception as e:  # a failed request is recorded, never hangs the run
+        rec["error"] = repr(e)
+    finally:
+        done.set()
     meta = last.get("meta_info", {})
-    return {"ttft_s": ttft, "itl_s": list(np.diff(stamps)), "cached_tokens": meta.get("cached_tokens", 0),
-            "output_ids": last.get("output_ids"), "e2e_s": time.perf_counter() - t0}
+    if stamps and "error" not in rec:
+        rec["ttft_s"] = stamps[0] - t0
+    rec.update(itl_s=[b - a for a, b in zip(stamps, stamps[1:])], e2e_s=time.perf_counter() - t0,
+               cached_tokens=meta.get("cached_tokens", 0), details=meta.get("cached_tokens_details"),
+               output_ids=e2e.output_ids(chunks) if chunks else None)
+    if "error" in last:
+        rec["error"] = str(last["error"])
+    return rec
 
 
-def run_phase(url: str, reqs: list, rate: float, max_new: int) -> list:
-    """At a fixed rate (rate > 0), or one after another (rate == 0: clean TTFT, and the same
-    batch composition for every run, so greedy outputs can be compared across runs)."""
-    if rate <= 0:
-        return [one_request(url, ids, max_new) for _, _, ids in reqs]
-    out, threads = [None] * len(reqs), []
-    for i, (_, _, ids) in enumerate(reqs):
-        t = threading.Thread(target=lambda i=i, ids=ids: out.__setitem__(i, one_request(url, ids, max_new)))
-        t.start()
-        threads.append(t)
-        time.sleep(1.0 / rate)
-    for t in threads:
-        t.join()
+def run_sequential(srv: Server, reqs: list, max_new: int, flush: bool = False) -> list:
+    out = []
+    for r in reqs:
+        if flush and not r.id.endswith("/l1"):
+            srv.flush()
+        out.append(one_request(srv, r, max_new))
     return out
 
 
-def summarize(results: list, seconds: float) -> dict:
-    ttft = np.array([r["ttft_s"] for r in results]) * 1e3
-    itl = np.array([x for r in results for x in r["itl_s"]]) * 1e3
-    return {"requests": len(results), "ttft_mean_ms": float(ttft.mean()),
-            "ttft_p50_ms": float(np.percentile(ttft, 50)), "ttft_p99_ms": float(np.percentile(ttft, 99)),
-            "itl_mean_ms": float(itl.mean()) if len(itl) else None,
-            "throughput_rps": len(results) / seconds,
-            "cached_tokens_mean": float(np.mean([r["cached_tokens"] for r in results]))}
+def run_rate(srv: Server, reqs: list, rate: float, max_new: int) -> tuple[list, float]:
+    """Requests sent at `rate` per second (concurrent); (records, seconds from first send to last end)."""
+    out: list = [None] * len(reqs)
+    t0 = time.perf_counter()
+
+    def send(i):
+        out[i] = one_request(srv, reqs[i], max_new)
+    ts = []
+    for i in range(len(reqs)):
+        ts.append(threading.Thread(target=send, args=(i,)))
+        ts[-1].start()
+        time.sleep(1.0 / rate)
+        if not srv.alive():
+            break
+    for t in ts:
+        t.join()
+    return [r for r in out if r is not None], time.perf_counter() - t0
 
 
-def scrape_metrics(url: str) -> list:
-    """SGLang's storage counters from /metrics (prefetch/backup pages, bandwidth), as text lines."""
-    import requests
-    try:
-        text = requests.get(url + "/metrics", timeout=10).text
-    except Exception as e:
-        return [f"unavailable: {e}"]
-    return [line for line in text.splitlines() if not line.startswith("#")
-            and any(k in line for k in ("prefetch", "backup", "cached_tokens", "hicache"))]
-
-
-def raw_read(directory: str, nbytes: int = 2 << 30) -> float:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from tutti_hicache.bench_store import raw_read_GBps, write_raw_file
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, "raw-e2e.bin")
-    write_raw_file(path, nbytes)
-    drop_caches()
-    rate = max(raw_read_GBps(path, nbytes, 8 << 20, n) for n in (1, 8))
-    os.unlink(path)
-    return rate
-
-
+# ------------------------------------------------------------------ storage bookkeeping
 def drop_caches() -> str:
     os.sync()
     try:
@@ -204,19 +181,24 @@ def drop_caches() -> str:
         return f"not dropped ({e.strerror})"
 
 
-def storage_written(config: str, medium_dir: str, out_dir: str) -> int:
-    """Bytes the storage tier holds or has written so far (to wait for write-backs to finish)."""
+def tutti_stats(out_dir: str, config: str) -> list:
+    out = []
+    for p in sorted(os.listdir(out_dir)):
+        if p.startswith(f"stats-{config}-") and p.endswith(".json"):
+            try:
+                with open(os.path.join(out_dir, p)) as f:
+                    out.append(json.load(f))
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+def written_bytes(args, config: str) -> int:
     if config.startswith("tutti"):
-        total = 0
-        for p in os.listdir(out_dir):
-            if p.startswith(f"stats-{config}-") and p.endswith(".json"):
-                try:
-                    total += json.load(open(os.path.join(out_dir, p))).get("write_bytes", 0)
-                except (OSError, ValueError):
-                    pass
-        return total
+        return sum(s.get("write_bytes", 0) for s in tutti_stats(args.out_dir, config))
     total = 0
-    for root, _, files in os.walk(os.path.join(medium_dir, "file")):
+    roots = [os.path.join(d, config) for d in [args.one_dir] + [x for x in args.nixl_dirs.split(",") if x]]
+    for root, _, files in (w for r in roots for w in os.walk(r)):
         for f in files:
             try:
                 total += os.stat(os.path.join(root, f)).st_size
@@ -225,62 +207,114 @@ def storage_written(config: str, medium_dir: str, out_dir: str) -> int:
     return total
 
 
-def settle(config: str, medium_dir: str, out_dir: str, quiet_s: float = 4.0, limit_s: float = 60.0) -> float:
-    """Wait until the storage tier's written bytes stop growing (SGLang backs up asynchronously)."""
+def settle(args, config: str, quiet_s: float = 3.0, limit_s: float = 120.0) -> float:
+    """Wait until the storage tier stops growing (SGLang writes back asynchronously)."""
     t0 = last_change = time.time()
-    last = storage_written(config, medium_dir, out_dir)
+    last = written_bytes(args, config)
     while time.time() - last_change < quiet_s and time.time() - t0 < limit_s:
         time.sleep(0.5)
-        now = storage_written(config, medium_dir, out_dir)
+        now = written_bytes(args, config)
         if now != last:
             last, last_change = now, time.time()
     return time.time() - t0
 
 
-def run_config(args, config: str, medium: str, medium_dir: str, reqs: list) -> dict:
-    """One server start writes (phase warm) then repeats the cold prompts as L1 hits (reference
-    outputs); a restart plus a page-cache drop, then phase cold reads them from the storage tier.
-    Config `none` has no storage tier: a single fresh start runs the cold prompts (recompute)."""
-    port = 30000 + abs(hash((config, medium))) % 1000
-    shutil.rmtree(medium_dir, ignore_errors=True)
-    os.makedirs(medium_dir, exist_ok=True)
-    log = os.path.join(args.out_dir, f"server-{config}-{medium}.log")
-    res = {"config": config, "medium": medium}
-    cold = [r for r in reqs if r[1] == 0]  # one request per document
-    phases = [("cold", cold)] if config == "none" else [("warm", reqs), ("cold", cold)]
-    for phase, batch in phases:
-        srv = Server(server_cmd(args, config, medium_dir, port), log, port, server_env(config, medium_dir))
-        try:
-            res[f"{phase}_start_s"] = srv.wait_ready(args.start_timeout)
-            if phase == "cold":
-                res["page_cache"] = drop_caches()
-            t0 = time.time()
-            out = run_phase(srv.url, batch, args.rate if phase == "warm" else 0, args.max_new)
-            res[phase] = summarize(out, time.time() - t0)
-            res[f"{phase}_outputs"] = {f"{d}:{q}": o["output_ids"] for (d, q, _), o in zip(batch, out)}
-            res[f"{phase}_cached_tokens"] = [o["cached_tokens"] for o in out]
-            if phase == "warm":
-                ref = run_phase(srv.url, cold, 0, args.max_new)  # same prompts, now L1 hits
-                res["l1_ref"] = summarize(ref, 1.0)
-                res["l1_ref_outputs"] = {f"{d}:{q}": o["output_ids"] for (d, q, _), o in zip(cold, ref)}
-                res["settle_s"] = settle(config, medium_dir, args.out_dir)
-            res[f"{phase}_metrics"] = scrape_metrics(srv.url)
-        finally:
+def clear_storage(args, config: str) -> None:
+    for d in args.tutti_dirs.split(","):
+        shutil.rmtree(os.path.join(d, "tutti"), ignore_errors=True)
+    for d in [args.one_dir] + [x for x in args.nixl_dirs.split(",") if x]:
+        for name in ("file", "nixl"):
+            shutil.rmtree(os.path.join(d, name), ignore_errors=True)
+    for d in args.tutti_dirs.split(","):
+        os.makedirs(os.path.join(d, "tutti"), exist_ok=True)
+    os.makedirs(os.path.join(args.one_dir, config if config in ("file", "nixl") else "."), exist_ok=True)
+    for p in os.listdir(args.out_dir):
+        if p.startswith(f"stats-{config}-"):
+            os.unlink(os.path.join(args.out_dir, p))
+
+
+# ------------------------------------------------------------------ one configuration
+def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float) -> dict:
+    port = 30000 + e2e.CONFIGS.index(config)
+    clear_storage(args, config)
+    run = {"config": config, "medium": args.medium, **raw, "phases": {}, "summaries": {}, "start_s": [],
+           "host_pool_gb": args.dram_gb if config == "dram" else (args.host_gb if config in
+                                                                  ("file", "nixl", "tutti-host") else 0)}
+    log = os.path.join(args.out_dir, f"server-{config}.log")
+    cmd, env = e2e.server_cmd(args, config, port)
+    capacity = config in args.capacity_configs.split(",")
+    cap_docs = max(1, round(3 * args.dram_gb * 1e9 / (args.capacity_context * args.bpt)))
+    run["capacity_working_set_gb"] = cap_docs * args.capacity_context * args.bpt / 1e9 if capacity else None
+
+    def phase(name, records, seconds=None):
+        run["phases"][name] = records
+        run["summaries"][name] = e2e.summarize(records, seconds)
+        print(f"  {config:22s} {name:10s} " + json.dumps({k: v for k, v in run["summaries"][name].items()
+                                                          if k != "cached_by_tier_mean"}), flush=True)
+
+    srv = Server(cmd, env, log, port)
+    try:
+        run["start_s"].append(srv.wait_ready(args.start_timeout))
+        if config != "recompute":
+            phase("warm", run_sequential(srv, wl.warm(), args.max_new))
+            if capacity:
+                phase("capwarm", run_sequential(srv, wl.capacity_warm(cap_docs, args.capacity_context),
+                                                args.max_new))
+        if config in e2e.PERSISTENT:
+            run["settle_s"] = settle(args, config)
             srv.stop()
-    if "l1_ref_outputs" in res:
-        ref = res["l1_ref_outputs"]
-        res["outputs_equal_l1_run"] = all(ref.get(k) == v for k, v in res["cold_outputs"].items())
-        res["outputs_equal_count"] = sum(ref.get(k) == v for k, v in res["cold_outputs"].items())
-    stats = sorted(p for p in os.listdir(args.out_dir) if p.startswith(f"stats-{config}-"))
-    res["tutti_stats"] = [json.load(open(os.path.join(args.out_dir, p))) for p in stats]
-    for p in stats:  # the next medium's run starts from zero
-        os.replace(os.path.join(args.out_dir, p), os.path.join(args.out_dir, f"done-{medium}-{p}"))
-    if res["tutti_stats"]:
-        rb = sum(s.get("read_bytes", 0) for s in res["tutti_stats"])
-        rs = sum(s.get("read_seconds", 0.0) for s in res["tutti_stats"])
-        res["restore_GBps"] = rb / rs / 1e9 if rs else None
-        res["checksum_failures"] = sum(s.get("checksum_failures", 0) for s in res["tutti_stats"])
-    return res
+            run["page_cache"] = drop_caches()
+            srv = Server(cmd, env, log, port)
+            run["start_s"].append(srv.wait_ready(args.start_timeout))
+        phase("first", [one_request(srv, wl.first(), args.max_new)])
+        phase("sweep", run_sequential(srv, e2e.sweep_requests(wl, args.fractions), args.max_new,
+                                      flush=config != "dram"))
+        for rate in args.rates:
+            if time.time() > deadline - 20:
+                run["skipped"] = f"rates from {rate} on: out of time"
+                break
+            if config != "dram":
+                srv.flush()
+            recs, secs = run_rate(srv, wl.rates(rate, args.rate_requests), rate, args.max_new)
+            phase(f"rate{rate:g}", recs, secs)
+        if capacity and time.time() < deadline - 20:
+            phase("capacity", run_sequential(
+                srv, wl.capacity_reuse(cap_docs, args.capacity_context, args.capacity_requests), args.max_new))
+        run["metrics"] = scrape_metrics(srv.url)
+    except Exception as e:  # keep what this configuration measured so far
+        run["error"] = repr(e)
+        print(f"  {config}: {e!r}", flush=True)
+    finally:
+        srv.stop()
+    run["tutti_stats"] = tutti_stats(args.out_dir, config)
+    run.update(restore_summary(run["tutti_stats"]))
+    return run
+
+
+def restore_summary(stats: list) -> dict:
+    """Restore GB/s from tutti's stats files: the linker's loads, else the host tier's reads."""
+    lb = sum(s.get("linker", {}).get("load_bytes", 0) for s in stats)
+    ls = sum(s.get("linker", {}).get("load_seconds", 0.0) for s in stats)
+    rb = sum(s.get("read_bytes", 0) for s in stats)
+    rs = sum(s.get("read_seconds", 0.0) for s in stats)
+    out = {"checksum_failures": sum(s.get("checksum_failures", 0) for s in stats)} if stats else {}
+    if ls:
+        out["restore_GBps"] = lb / ls / 1e9
+        out["first_load_s"] = [s["linker"].get("first_load_seconds") for s in stats if "linker" in s]
+        out["warmup_s"] = [s["linker"].get("warmup_seconds") for s in stats if "linker" in s]
+    elif rs:
+        out["restore_GBps"] = rb / rs / 1e9
+    return out
+
+
+def scrape_metrics(url: str) -> list:
+    import requests
+    try:
+        text = requests.get(url + "/metrics", timeout=10).text
+    except requests.RequestException as e:
+        return [f"unavailable: {e}"]
+    keys = ("prefetch", "backup", "cached_tokens", "hicache", "cache_hit")
+    return [ln for ln in text.splitlines() if not ln.startswith("#") and any(k in ln for k in keys)]
 
 
 def main():
@@ -288,49 +322,55 @@ def main():
     ap.add_argument("--model", default="/tmp/llama8")
     ap.add_argument("--write-model", action="store_true")
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--medium", action="append", required=True, help="NAME=dir")
-    ap.add_argument("--configs", default="none,file,tutti")
-    ap.add_argument("--docs", type=int, default=3)
-    ap.add_argument("--questions", type=int, default=4)
-    ap.add_argument("--context", type=int, default=16384)
-    ap.add_argument("--rate", type=float, default=1.0, help="requests per second")
-    ap.add_argument("--max-new", type=int, default=16)
-    ap.add_argument("--hicache-gb", type=int, default=8)
-    ap.add_argument("--capacity-gb", type=float, default=32.0)
+    ap.add_argument("--medium", required=True, help="name of the medium, for the report")
+    ap.add_argument("--tutti-dirs", required=True, help="comma-separated: tutti stripes over them")
+    ap.add_argument("--one-dir", required=True, help="one directory on the same devices, for file / nixl")
+    ap.add_argument("--nixl-dirs", default="", help="comma-separated, for nixl (default: --one-dir)")
+    ap.add_argument("--configs", default="recompute,tutti-linker")
+    ap.add_argument("--contexts", default="16384,32768,65536")
+    ap.add_argument("--docs", type=int, default=2, help="documents per context")
+    ap.add_argument("--fractions", default="0.5,0.9,0.95,0.99")
+    ap.add_argument("--rates", default="0.5,1,2")
+    ap.add_argument("--rate-requests", type=int, default=5)
+    ap.add_argument("--capacity-configs", default="dram,tutti-linker")
+    ap.add_argument("--capacity-context", type=int, default=32768)
+    ap.add_argument("--capacity-requests", type=int, default=12)
+    ap.add_argument("--max-new", type=int, default=8)
+    ap.add_argument("--max-total-tokens", type=int, default=150000, help="device pool, every configuration")
+    ap.add_argument("--dram-gb", type=float, default=14, help="dram's host pool (holds every prefix)")
+    ap.add_argument("--host-gb", type=float, default=6, help="host pool of the storage configurations")
+    ap.add_argument("--capacity-gb", type=float, default=60.0, help="tutti_capacity_gb")
     ap.add_argument("--start-timeout", type=float, default=300)
-    ap.add_argument("--deterministic", action="store_true")
-    ap.add_argument("--deadline-s", type=float, default=0,
-                    help="skip configurations that would start after this many seconds (0: none)")
-    ap.add_argument("--min-left-s", type=float, default=170, help="time one configuration needs")
+    ap.add_argument("--deadline-s", type=float, default=0, help="skip configurations that would not finish")
+    ap.add_argument("--config-s", type=float, default=200, help="time one configuration needs")
     ap.add_argument("--out-dir", default="/tmp/tutti-e2e")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
+    args.fractions = [float(x) for x in args.fractions.split(",")]
+    args.rates = [float(x) for x in args.rates.split(",") if x]
+    args.bpt = e2e.bytes_per_token(args.layers)
     os.makedirs(args.out_dir, exist_ok=True)
-    for p in os.listdir(args.out_dir):  # stats of an earlier invocation are not this run's
-        if p.startswith(("stats-", "done-")):
-            os.unlink(os.path.join(args.out_dir, p))
     if args.write_model:
-        write_model(args.model, args.layers)
-    reqs = workload(args.docs, args.questions, args.context)
-    results, t_start = [], time.time()
-    for spec in args.medium:
-        name, d = spec.split("=", 1)
-        raw = raw_read(d)
-        for config in args.configs.split(","):
-            need = args.min_left_s / 2 if config == "none" else args.min_left_s  # one start, not two
-            if args.deadline_s and time.time() - t_start + need > args.deadline_s:
-                print(f"skipped {config} on {name}: out of time", flush=True)
-                results.append({"config": config, "medium": name, "skipped": "out of time"})
-                continue
-            try:
-                r = run_config(args, config, name, d, reqs)
-            except Exception as e:  # keep what the other configurations measured
-                r = {"config": config, "medium": name, "error": repr(e)}
-            r["raw_read_GBps"] = raw
-            results.append(r)
-            print(json.dumps({k: v for k, v in r.items() if not k.endswith("outputs")}, default=str), flush=True)
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1, default=str)
+        e2e.write_model(args.model, args.layers)
+    t_start = time.time()
+    deadline = t_start + args.deadline_s if args.deadline_s else float("inf")
+    wl = e2e.Workload([int(c) for c in args.contexts.split(",")], args.docs)
+    raw = {"raw_read_GBps": raw_read_dirs(args.tutti_dirs.split(","), 4 << 30)["raw_read_GBps"],
+           "raw_read_one_dir_GBps": raw_read_dirs([args.one_dir], 4 << 30, threads=16)["raw_read_GBps"]}
+    print("raw O_DIRECT read:", json.dumps(raw), flush=True)
+    results = []
+    if os.path.exists(args.json):
+        with open(args.json) as f:
+            results = json.load(f)
+    for config in args.configs.split(","):
+        if time.time() + args.config_s > deadline:
+            print(f"skipped {config}: out of time", flush=True)
+            results.append({"config": config, "medium": args.medium, "skipped": "out of time"})
+            continue
+        results.append(run_config(args, config, wl, raw, deadline))
+        with open(args.json, "w") as f:
+            json.dump(results, f, default=str)
+    print(e2e.report_markdown(results, args.bpt), flush=True)
 
 
 if __name__ == "__main__":

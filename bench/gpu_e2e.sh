@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# GPU machine (SGLang 0.5.17 payload carried in .sgl, liburing in .deps): the end-to-end server
-# comparison, one medium per call (keep each invocation under ~10 minutes of GPU time; a server start takes ~1).
-#   bash bench/gpu_e2e.sh ram  tutti,file,none  [extra e2e_sglang.py args]
-#   bash bench/gpu_e2e.sh disk tutti,file,tutti-plugin
-# Results: $OUT/e2e_<medium>.json, $OUT/log.txt, $OUT/logs.tar.gz (server logs, tutti stats).
-set -u; cd "$(dirname "$0")/.."; . bench/gpu_setup.sh > "$OUT/log.txt" 2>&1
-exec >> "$OUT/log.txt" 2>&1
-MEDIUM=${1:?medium}; CONFIGS=${2:?configs}; shift 2
-case "$MEDIUM" in
-  ram) DIR=$(bench/media.sh ram 40) ;;
-  disk) DIR=$(bench/media.sh disk) ;;
-  *) echo "unknown medium $MEDIUM"; exit 2 ;;
-esac
-nvidia-smi --query-gpu=name,memory.used --format=csv
-timeout -s INT 480 python3 bench/e2e_sglang.py --write-model --model /tmp/llama8 --layers 8 \
-  --medium "$MEDIUM=$DIR/e2e" --configs "$CONFIGS" --context 16384 --docs 6 --questions 3 \
-  --deadline-s 460 --out-dir /tmp/e2e-logs --json "$OUT/e2e_$MEDIUM.json" "$@"
-echo "e2e rc=$?"
+# GPU machine: the end-to-end server comparison on `array-8` (8 RAM-backed loop devices; tutti over
+# their 8 directories, file/nixl over one filesystem on a device-mapper stripe of the same devices).
+#   bash bench/gpu_e2e.sh CONFIGS SECONDS [extra e2e_sglang.py args]
+# e.g. bash bench/gpu_e2e.sh tutti-linker,recompute 470
+# Results in $OUT: e2e-$TAG.json, log.txt, logs.tar.gz (server logs, tutti stats).
+set -u; cd "$(dirname "$0")/.."
+. bench/gpu_setup.sh > "$OUT/log.txt" 2>&1 || { cat "$OUT/log.txt"; exit 1; }
+exec 3>&1 >> "$OUT/log.txt" 2>&1  # fd 3: the caller's stdout, for the summary at the end
+CONFIGS=${1:?configs}; BUDGET=${2:?seconds}; shift 2
+eval "$(bench/media.sh striped 8 8)"
+echo "media: DIRS=$DIRS ONE=$ONE TOOL=$TOOL"; df -h /dev/shm | tail -1
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+NIXL=""; [ "$TOOL" = none ] && NIXL="--nixl-dirs $DIRS"  # no stripe: nixl takes the 8 directories
+timeout -s INT $((BUDGET + 30)) python3 bench/e2e_sglang.py --write-model --model /tmp/llama8 --layers 8 \
+  --medium array-8 --tutti-dirs "$DIRS" --one-dir "$ONE" --configs "$CONFIGS" --deadline-s "$BUDGET" \
+  --out-dir /tmp/e2e-logs --json "$OUT/e2e-${TAG:-run}.json" $NIXL "$@"
+echo "e2e rc=$? after ${SECONDS}s"
 tar -C /tmp -czf "$OUT/logs.tar.gz" e2e-logs
 bench/media.sh teardown
+tail -c 9000 "$OUT/log.txt" >&3

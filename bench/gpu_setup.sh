@@ -1,18 +1,29 @@
-# Source on the GPU machine from the repo root (with .sgl and .deps carried):
-# unpacks SGLang 0.5.17 (../shared/tools/sglang-gpu payload) and installs tutti for its Python.
+# Source on the GPU machine from the repository root. Carried in the device run (ignored folders):
+#   .sgl/site.tar.xz   the SGLang site-packages overlay (0.5.23 by default; a 0.5.17 one also works)
+#   .deps/             liburing's static library and headers, xxhash.h (include/, lib/)
+#   .nixl/nixl.tar.xz  optional: NIXL's trimmed wheels, for SGLang's `nixl` backend
+# Unpacks them into /tmp/site (first on PYTHONPATH), builds and installs tutti_hicache for the
+# machine's Python, and sets what SGLang 0.5.23 needs on torch 2.11 (see the overlay's notes).
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TVM_FFI_CACHE_DIR=/tmp/tvmffi
 export OUT=${OUT:-/tmp/tutti-out}; mkdir -p "$OUT"
-if [ -f .sgl/site.tar.xz ] && [ ! -d /tmp/site/sglang ]; then
-  mkdir -p /tmp/site && tar -C /tmp/site -xJf .sgl/site.tar.xz
-fi
+for t in .sgl/site.tar.xz .nixl/nixl.tar.xz; do
+  stamp=/tmp/site/.unpacked-$(basename "$(dirname "$t")")
+  if [ -f "$t" ] && [ ! -f "$stamp" ]; then
+    mkdir -p /tmp/site && tar -C /tmp/site -xJf "$t" && touch "$stamp"
+  fi
+done
 [ -d /tmp/site/sglang ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+# SGLang 0.5.23 on torch 2.11: sglang-kernel 0.4.5 (0.5.23 asks for >= 0.4.9), and the Python tree
+# core (the overlay's Rust one is built for torch 2.14.1).
+export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
 export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}
 if ! (cd /tmp && python3 -c "import tutti_hicache._engine") 2>/dev/null; then
   TUTTI_DEPS_DIR=$PWD/.deps python3 -m pip install -q --no-build-isolation --no-deps . \
-    > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; return 1 2>/dev/null || exit 1; }
 fi
 # The checkout shadows the installed package when run from here: give it the built extension
 # and the kernels at their installed name.
 cp "$(cd /tmp && python3 -c 'import tutti_hicache._engine as e; print(e.__file__)')" tutti_hicache/
 ln -sfn ../triton_kernels tutti_hicache/triton_kernels
 python3 -c "import tutti_hicache._engine as e, torch; print('tutti engine: uring' if e.uring_compiled() else 'posix only', '| torch', torch.__version__, torch.cuda.get_device_name())"
+(cd /tmp && python3 -c "import sglang; print('sglang', sglang.__version__)") 2>&1 | tail -1

@@ -5,10 +5,15 @@
 #   bench/media.sh nvme RBPS [GiB]    the ram medium throttled by cgroup v2 io.max (read bytes/s);
 #                                     run the benchmark with  bench/media.sh exec nvme CMD...
 #   bench/media.sh disk               a directory on the machine's real disk
+#   bench/media.sh striped K [GiB]    K loop devices, each split in two halves (device-mapper linear):
+#                                     the first halves one directory each (as `array`), the second
+#                                     halves one filesystem on a device-mapper stripe (or mdadm RAID-0)
+#                                     over the same K devices, for backends that take one directory.
+#                                     Prints "DIRS=d0,...", "ONE=dir" and "TOOL=dmsetup|mdadm|none"
 #   bench/media.sh teardown
 # RAM-backed and throttled media are emulations of fast NVMe drives; reports say so.
 set -euo pipefail
-ROOT=/mnt/tutti-media
+ROOT=${TUTTI_MEDIA_ROOT:-/mnt/tutti-media}
 CG=/sys/fs/cgroup/tutti-nvme
 
 make_loop() {  # name size_gib -> mount dir
@@ -21,6 +26,52 @@ make_loop() {  # name size_gib -> mount dir
     mount -o noatime "$dev" "$dir"
   fi
   echo "$dir"
+}
+
+shm_room() {  # make /dev/shm (tmpfs) large enough for the images
+  local want=${1:?GiB} have
+  have=$(df -BG --output=size /dev/shm | tail -1 | tr -dc 0-9)
+  [ "$have" -ge "$want" ] || mount -o remount,size="${want}G" /dev/shm
+}
+
+mkfs_mount() {  # dev dir
+  mkdir -p "$2"
+  mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$1"
+  mount -o noatime "$1" "$2"
+}
+
+dm_works() { command -v dmsetup >/dev/null && dmsetup version >/dev/null 2>&1; }
+
+striped() {  # K GiB: one image per device; with device-mapper, each split in halves
+  local k=$1 gib=$2 i loop half dirs="" parts="" tool=none dm=0
+  dm_works && dm=1
+  shm_room $(((dm + 1) * k * gib + 8))
+  for i in $(seq 0 $((k - 1))); do
+    truncate -s "$(((dm + 1) * gib))G" "/dev/shm/tutti-d$i.img"
+    loop=$(losetup --direct-io=on -f --show "/dev/shm/tutti-d$i.img")
+    if [ $dm = 1 ]; then
+      half=$(($(blockdev --getsz "$loop") / 2))
+      dmsetup create "tutti-a$i" --table "0 $half linear $loop 0"
+      dmsetup create "tutti-s$i" --table "0 $half linear $loop $half"
+      mkfs_mount "/dev/mapper/tutti-a$i" "$ROOT/a$i"
+      parts="$parts /dev/mapper/tutti-s$i 0"
+    else
+      mkfs_mount "$loop" "$ROOT/a$i"
+    fi
+    dirs="$dirs,$ROOT/a$i"
+  done
+  if [ $dm = 1 ]; then
+    dmsetup create tutti-stripe --table "0 $((half / 1024 * 1024 * k)) striped $k 1024$parts"  # 512 KiB chunks
+    mkfs_mount /dev/mapper/tutti-stripe "$ROOT/stripe"
+    tool=dmsetup
+  else  # no device-mapper in this kernel: one more device of the same kind (a single drive)
+    echo "striped: device-mapper unavailable; ONE is a single loop device" >&2
+    truncate -s "${gib}G" /dev/shm/tutti-d$k.img
+    mkfs_mount "$(losetup --direct-io=on -f --show /dev/shm/tutti-d$k.img)" "$ROOT/stripe"
+  fi
+  echo "DIRS=${dirs#,}"
+  echo "ONE=$ROOT/stripe"
+  echo "TOOL=$tool"
 }
 
 case "${1:-}" in
@@ -36,13 +87,21 @@ case "${1:-}" in
     echo "$dir" ;;
   exec)  # exec nvme CMD...: run CMD inside the throttled cgroup
     shift 2; echo $$ > "$CG/cgroup.procs"; exec "$@" ;;
+  striped) striped "${2:?K}" "${3:-8}" ;;
   disk) mkdir -p /var/tmp/tutti-disk && echo /var/tmp/tutti-disk ;;
   teardown)
     for d in "$ROOT"/*; do
       [ -d "$d" ] || continue
       dev=$(findmnt -no SOURCE "$d" || true)
       umount "$d" 2>/dev/null || true
-      [ -n "$dev" ] && losetup -d "$dev" 2>/dev/null || true
+      case "$dev" in /dev/loop*) losetup -d "$dev" 2>/dev/null || true ;; esac
+    done
+    if dm_works; then
+      dmsetup remove tutti-stripe 2>/dev/null || true
+      for m in $(dmsetup ls 2>/dev/null | awk '/^tutti-/{print $1}'); do dmsetup remove "$m" || true; done
+    fi
+    for l in $(losetup -j /dev/shm/tutti-d0.img -O NAME -n 2>/dev/null; losetup -a | awk -F: '/tutti-d/{print $1}'); do
+      losetup -d "$l" 2>/dev/null || true
     done
     rm -f /dev/shm/tutti-*.img; rmdir "$CG" 2>/dev/null || true ;;
   *) sed -n '2,10p' "$0"; exit 2 ;;

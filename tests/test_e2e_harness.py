@@ -1,0 +1,168 @@
+"""The end-to-end benchmark's workload, report and server command lines (tutti_hicache/benchmarks/e2e.py).
+
+The server run itself needs a GPU (bench/e2e_sglang.py); what is checked here: the prompts are seeded
+and stable across configurations, a sweep point's cached share is what it claims, the report's
+ratios and SLO come out of the records as defined, and every configuration's argv is accepted by
+SGLang's real argument parser (with the plugin's `tutti` choices).
+"""
+
+import argparse
+
+import pytest
+
+from tutti_hicache.benchmarks import e2e
+
+
+@pytest.fixture(scope="module")
+def wl():
+    return e2e.Workload(contexts=(2048, 4096), docs=2, q_tokens=32)
+
+
+def test_documents_share_the_system_prompt_and_are_seeded(wl):
+    a, b = wl.document(2048, 0), wl.document(2048, 1)
+    assert len(a) == len(b) == 2048
+    assert a[:e2e.SYSTEM_TOKENS] == b[:e2e.SYSTEM_TOKENS]
+    assert a[e2e.SYSTEM_TOKENS:] != b[e2e.SYSTEM_TOKENS:]
+    again = e2e.Workload(contexts=(2048, 4096), docs=2, q_tokens=32)
+    assert [r.ids for r in again.warm()] == [r.ids for r in wl.warm()]
+    assert e2e.Workload(contexts=(2048,), docs=1, seed=1).document(2048, 0) != a
+
+
+def test_warm_and_first(wl):
+    warm = wl.warm()
+    assert [r.id for r in warm] == ["warm/2048/0", "warm/2048/1", "warm/4096/0", "warm/4096/1"]
+    for r in warm:
+        assert len(r.ids) == r.context + 32 and r.cached == r.context
+    first = wl.first()
+    assert first.context == 4096 and first.ids[:4096] == wl.document(4096, 0)
+    assert first.ids[4096:] != warm[2].ids[4096:]  # a new question on a warmed document
+
+
+@pytest.mark.parametrize("h", [0.5, 0.9, 0.95, 0.99])
+def test_sweep_point_keeps_a_page_aligned_share_of_a_warmed_document(wl, h):
+    pts = {r.id: r for r in wl.sweep([0.5, 0.9, 0.95, 0.99])}
+    r = pts[f"sweep/4096/{h:g}"]
+    assert r.cached % e2e.PAGE == 0 and r.cached <= h * 4096 < r.cached + e2e.PAGE
+    assert len(r.ids) == 4096 + 32
+    doc = wl.document(4096, [0.5, 0.9, 0.95, 0.99].index(h) % 2)
+    assert r.ids[: r.cached] == doc[: r.cached]
+    assert r.ids[r.cached: r.cached + e2e.PAGE] != doc[r.cached: r.cached + e2e.PAGE]
+
+
+def test_sweep_requests_interleave_contexts_and_add_a_compute_only_twin(wl):
+    reqs = e2e.sweep_requests(wl, [0.5, 0.9])
+    assert [r.id for r in reqs] == ["sweep/2048/0.5", "sweep/2048/0.5/l1", "sweep/4096/0.5", "sweep/4096/0.5/l1",
+                                    "sweep/2048/0.9", "sweep/2048/0.9/l1", "sweep/4096/0.9", "sweep/4096/0.9/l1"]
+    point, twin = reqs[2], reqs[3]
+    assert twin.ids[: point.cached] == point.ids[: point.cached]
+    assert len(twin.ids) == len(point.ids) and twin.ids[point.cached:] != point.ids[point.cached:]
+
+
+def test_rates_and_capacity_are_seeded_reuses_of_warmed_documents(wl):
+    docs = {tuple(wl.document(c, d)) for c in wl.contexts for d in range(wl.docs)}
+    reqs = wl.rates(2.0, 10)
+    assert len(reqs) == 10 and len({r.id for r in reqs}) == 10
+    assert all(tuple(r.ids[: r.context]) in docs for r in reqs)
+    assert [r.ids for r in wl.rates(2.0, 10)] == [r.ids for r in reqs]
+    warm = wl.capacity_warm(5, 2048)
+    reuse = wl.capacity_reuse(5, 2048, 5)
+    assert sorted(tuple(r.ids[:2048]) for r in reuse) == sorted(tuple(r.ids[:2048]) for r in warm)
+    assert not {tuple(r.ids[:2048]) for r in warm} & docs  # its own documents
+
+
+def _rec(rid, ttft, out=(1, 2), cached=0, itl=(0.01,), prompt=100, details=None):
+    return {"id": rid, "ttft_s": ttft, "itl_s": list(itl), "cached_tokens": cached, "output_ids": list(out),
+            "prompt_tokens": prompt, "details": details}
+
+
+def test_summarize_counts_failures_and_tiers():
+    s = e2e.summarize([_rec("a", 0.1, details={"device": 0, "host": 64, "storage": 0}),
+                       _rec("b", 0.3, details={"device": 64, "host": 0}),
+                       {"id": "c", "ttft_s": None, "error": "x"}], seconds=2.0)
+    assert s["requests"] == 3 and s["failed"] == 1
+    assert s["ttft_mean_ms"] == pytest.approx(200) and s["ttft_p50_ms"] == pytest.approx(200)
+    assert s["itl_mean_ms"] == pytest.approx(10) and s["throughput_rps"] == pytest.approx(1.0)
+    assert s["cached_by_tier_mean"] == {"device": 32, "host": 32, "storage": 0}
+
+
+def _runs():
+    bpt = e2e.bytes_per_token(8)
+    mk = lambda cfg, sweep, rates, **kw: {"config": cfg, "medium": "m", "raw_read_GBps": 10.0, **kw,
+                                          "phases": {"sweep": sweep, **{f"rate{r:g}": [] for r in rates}},
+                                          "summaries": {f"rate{r:g}": {"ttft_mean_ms": t, "failed": 0}
+                                                        for r, t in rates.items()}}
+    cached = 4096
+    runs = [
+        mk("recompute", [_rec("sweep/4096/0.9", 1.0), _rec("sweep/4096/0.9/l1", 1.0, out=(7, 7))],
+           {0.5: 900.0, 1: 1500.0}),
+        mk("dram", [_rec("sweep/4096/0.9", 0.2)], {0.5: 300.0, 1: 400.0}),
+        mk("tutti-linker", [dict(_rec("sweep/4096/0.9", 0.25), cached=cached),
+                            _rec("sweep/4096/0.9/l1", 0.1, out=(7, 8))], {0.5: 200.0, 1: 250.0, 2: 1200.0}),
+    ]
+    for r in runs[2]["phases"]["sweep"]:
+        r["cached"] = cached
+    return runs, bpt, cached
+
+
+def test_sweep_rows_ratios():
+    runs, bpt, cached = _runs()
+    rows = [r for r in e2e.sweep_rows(runs, bpt) if r["config"] == "tutti-linker"]
+    assert len(rows) == 1
+    row = rows[0]
+    io_ms = cached * bpt / 10e9 * 1e3
+    assert row["io_floor_ms"] == pytest.approx(io_ms)
+    assert row["compute_ms"] == pytest.approx(100)
+    assert row["vs_bound"] == pytest.approx(0.25 / max(0.1, io_ms / 1e3))
+    assert row["vs_dram"] == pytest.approx(1.25) and row["vs_recompute"] == pytest.approx(0.25)
+
+
+def test_slo_and_outputs_and_report():
+    runs, bpt, _ = _runs()
+    slo = {r["config"]: r["max_rate_within_slo"] for r in e2e.slo_rows(runs, 1000.0)}
+    assert slo == {"recompute": 0.5, "dram": 1.0, "tutti-linker": 1.0}
+    eq = e2e.outputs_vs(runs)
+    assert eq["tutti-linker@m"]["sweep"] == (1, 2, ["sweep/4096/0.9/l1"])
+    assert eq["dram@m"]["sweep"] == (1, 1, [])
+    text = e2e.report_markdown(runs, bpt)
+    for part in ("Hit-fraction sweep", "max rate in SLO", "Capacity phase", "Per configuration"):
+        assert part in text
+    assert "| m | tutti-linker | 4096 | 0.9 | 250 |" in text
+
+
+def test_capacity_rows_hit_rate():
+    runs = [{"config": "dram", "medium": "m", "phases": {"capacity": [
+        _rec("cap/1", 0.5, cached=0, prompt=1000), _rec("cap/2", 0.1, cached=960, prompt=1000)]}}]
+    row = e2e.capacity_rows(runs)[0]
+    assert row["token_hit_rate"] == pytest.approx(0.48) and row["requests_with_hit"] == 0.5
+
+
+def test_output_ids_cumulative_or_incremental():
+    assert e2e.output_ids([[5], [5, 6], [5, 6, 7]]) == [5, 6, 7]
+    assert e2e.output_ids([[5], [6], [7]]) == [5, 6, 7]
+
+
+@pytest.mark.sglang
+def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
+    from tutti_hicache._sglang_harness import ensure_sglang
+    ensure_sglang()
+    from sglang.srt.server_args import ServerArgs
+
+    from tutti_hicache import plugin
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    plugin._add_choices(None, parser)
+    args = argparse.Namespace(model=str(tmp_path), max_total_tokens=150000, dram_gb=14, host_gb=6,
+                              one_dir=str(tmp_path / "one"), tutti_dirs=f"{tmp_path}/a,{tmp_path}/b",
+                              capacity_gb=60, out_dir=str(tmp_path))
+    for config in e2e.CONFIGS:
+        argv, env = e2e.server_cmd(args, config, 30000)
+        assert argv[1:3] == ["-m", "sglang.launch_server"]
+        ns = parser.parse_args(argv[3:])
+        assert ns.max_total_tokens == 150000 and ns.page_size == e2e.PAGE
+        hier = config not in ("recompute", "tutti-linker", "tutti-linker-dynamic")
+        assert ns.enable_hierarchical_cache == hier
+        assert ns.enable_unified_cache_external_linker == config.startswith("tutti-linker")
+        if config == "file":
+            assert env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] == str(tmp_path / "one" / "file")
+    with pytest.raises(ValueError):
+        e2e.server_cmd(args, "lmcache", 30000)
