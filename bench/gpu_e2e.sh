@@ -8,6 +8,8 @@ set -u; cd "$(dirname "$0")/.."
 . bench/gpu_setup.sh > "$OUT/log.txt" 2>&1 || { cat "$OUT/log.txt"; exit 1; }
 exec 3>&1 >> "$OUT/log.txt" 2>&1  # fd 3: the caller's stdout, for the summary at the end
 CONFIGS=${1:?configs}; BUDGET=${2:?seconds}; shift 2
+echo "stripe tools: $(for t in dmsetup mdadm mkfs.btrfs lvm; do command -v $t || echo "no-$t"; done | xargs)" \
+  "modules: $(ls /sys/module | grep -E '^(dm_mod|md_mod|raid0|btrfs)$' | xargs)"
 eval "$(bench/media.sh striped 8 8)"
 echo "media: DIRS=$DIRS ONE=$ONE TOOL=$TOOL"; df -h /dev/shm | tail -1
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader

@@ -185,3 +185,27 @@ def test_random_restores_under_a_stream_of_offloads_are_byte_exact(tmp_path, eng
         done.append(lw.pop_completed())
     assert done and all(done)
     lw.close()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_stats_file_counts_loads_and_offloads(tmp_path, device):
+    """tutti_stats_file for the linker: exact pages and bytes of one offload and two loads, beside
+    the store's counters, and the warm-up at attach left the pool's page 0 as it was."""
+    import json
+    path = tmp_path / "stats-{pid}.json"
+    lw, k, v = make_lw(tmp_path, device=device, tutti_stats_file=str(path))
+    page0 = [t[:PAGE].clone() for t in k + v]
+    keys = [f"s{i:063d}" for i in range(20)]
+    rows = torch.arange(PAGE, PAGE * 21, device=device)
+    offload_all(lw, keys, rows)
+    assert restore(lw, keys, rows) and restore(lw, keys[:5], rows[: 5 * PAGE], rid="r2")
+    lw.close()
+    import os
+    s = json.loads((tmp_path / f"stats-{os.getpid()}.json").read_text())
+    per_page = GEOM.num_layers * 2 * 4096
+    lk = s["linker"]
+    assert (lk["loads"], lk["load_pages"], lk["load_bytes"]) == (2, 25, 25 * per_page)
+    assert (lk["offloads"], lk["offload_pages"], lk["load_failures"]) == (1, 20, 0)
+    assert lk["first_load_seconds"] is not None and lk["load_seconds"] >= lk["first_load_seconds"] > 0
+    assert s["pages"] == 20 and s["write_pages"] == 20
+    assert all(torch.equal(t[:PAGE], w) for t, w in zip(k + v, page0))
