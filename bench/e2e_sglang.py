@@ -237,7 +237,8 @@ def clear_storage(args, config: str) -> None:
 def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float) -> dict:
     port = 30000 + e2e.CONFIGS.index(config)
     clear_storage(args, config)
-    run = {"config": config, "medium": args.medium, **raw, "phases": {}, "summaries": {}, "start_s": [],
+    run = {"config": config, "medium": args.medium, **raw, "layers": args.layers, "one_dir": args.one_dir_note,
+           "phases": {}, "summaries": {}, "start_s": [],
            "host_pool_gb": args.dram_gb if config == "dram" else (args.host_gb if config in
                                                                   ("file", "nixl", "tutti-host") else 0)}
     log = os.path.join(args.out_dir, f"server-{config}.log")
@@ -325,6 +326,7 @@ def main():
     ap.add_argument("--medium", required=True, help="name of the medium, for the report")
     ap.add_argument("--tutti-dirs", required=True, help="comma-separated: tutti stripes over them")
     ap.add_argument("--one-dir", required=True, help="one directory on the same devices, for file / nixl")
+    ap.add_argument("--one-dir-note", default="", help="what --one-dir is, for the report")
     ap.add_argument("--nixl-dirs", default="", help="comma-separated, for nixl (default: --one-dir)")
     ap.add_argument("--configs", default="recompute,tutti-linker")
     ap.add_argument("--contexts", default="16384,32768,65536")

@@ -13,10 +13,11 @@ echo "stripe tools: $(for t in dmsetup mdadm mkfs.btrfs lvm; do command -v $t ||
 eval "$(bench/media.sh striped 8 8)"
 echo "media: DIRS=$DIRS ONE=$ONE TOOL=$TOOL"; df -h /dev/shm | tail -1
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-NIXL=""; [ "$TOOL" = none ] && NIXL="--nixl-dirs $DIRS"  # no stripe: nixl takes the 8 directories
+NIXL=""; NOTE="dm-stripe over the 8 devices"
+[ "$TOOL" = none ] && NIXL="--nixl-dirs $DIRS" NOTE="one device of the same kind (no device-mapper)"
 timeout -s INT $((BUDGET + 30)) python3 bench/e2e_sglang.py --write-model --model /tmp/llama8 --layers 8 \
   --medium array-8 --tutti-dirs "$DIRS" --one-dir "$ONE" --configs "$CONFIGS" --deadline-s "$BUDGET" \
-  --out-dir /tmp/e2e-logs --json "$OUT/e2e-${TAG:-run}.json" $NIXL "$@"
+  --out-dir /tmp/e2e-logs --json "$OUT/e2e-${TAG:-run}.json" --one-dir-note "$NOTE" $NIXL "$@"
 echo "e2e rc=$? after ${SECONDS}s"
 tar -C /tmp -czf "$OUT/logs.tar.gz" e2e-logs
 bench/media.sh teardown

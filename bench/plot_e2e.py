@@ -1,13 +1,14 @@
-"""Table (markdown) and PNG of the end-to-end server runs (e2e_sglang.py JSON files).
+"""Tables (markdown, printed) and PNG plots of end-to-end server runs (bench/e2e_sglang.py JSON files).
 
-For each medium and configuration: cold-phase TTFT (after a server restart and a page-cache drop,
-so prefix hits can only come from the storage tier), the same prompts as L1 hits in the first
-server (reference), cached tokens per request, restore bandwidth vs the medium's raw O_DIRECT
-read, and whether the greedy outputs equal the L1-hit run's.
-
-    python bench/plot_e2e.py OUT.png run.json [run.json ...]   # prints the markdown table
+    python bench/plot_e2e.py OUTDIR run.json [run.json ...]
+      OUTDIR/e2e_sweep.png     TTFT vs hit fraction per context, one line per configuration
+      OUTDIR/e2e_rates.png     mean TTFT vs request rate, with the 1 s SLO line
+      OUTDIR/e2e_capacity.png  capacity phase: mean TTFT and hit rate per configuration
+Several files are merged (one call of the GPU machine each); a configuration measured twice keeps
+the last run. The tables are tutti_hicache.benchmarks.e2e.report_markdown's.
 """
 import json
+import os
 import sys
 
 import matplotlib
@@ -15,57 +16,77 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from tutti_hicache.benchmarks import e2e  # noqa: E402
+
 
 def load(paths):
-    out = []
+    runs = {}
     for p in paths:
         with open(p) as f:
-            out += [r for r in json.load(f) if "cold" in r]
-    return out
+            for r in json.load(f):
+                if "phases" in r:
+                    runs[(r["config"], r.get("medium"))] = r
+    return list(runs.values())
 
 
-def fmt(x, spec):
-    return "-" if x is None else format(x, spec)
-
-
-def table(runs) -> str:
-    lines = ["| medium | config | cold TTFT mean / p50 / p99 ms | L1-hit TTFT ms | cached tokens / request "
-             "| restore GB/s (raw) | outputs = L1 run | server start s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in runs:
-        c = r["cold"]
-        restore = r.get("restore_GBps")
-        raw = r.get("raw_read_GBps")
-        bw = f"{restore:.2f} ({raw:.2f})" if restore else f"- ({raw:.2f})"
-        eq = r.get("outputs_equal_count")
-        eq = "-" if eq is None else f"{eq}/{len(r['cold_outputs'])}"
-        starts = "/".join(f"{r[k]:.0f}" for k in ("warm_start_s", "cold_start_s") if k in r)
-        lines.append(f"| {r['medium']} | {r['config']} | {c['ttft_mean_ms']:.0f} / {c['ttft_p50_ms']:.0f} / "
-                     f"{c['ttft_p99_ms']:.0f} | {fmt(r.get('l1_ref', {}).get('ttft_mean_ms'), '.0f')} | "
-                     f"{c['cached_tokens_mean']:.0f} | {bw} | {eq} | {starts} |")
-    return "\n".join(lines)
-
-
-def main(out, *paths):
-    runs = load(paths)
-    print(table(runs))
-    media = sorted({r["medium"] for r in runs})
-    fig, axes = plt.subplots(1, len(media), figsize=(5.5 * len(media), 4.2), squeeze=False)
-    for ax, m in zip(axes[0], media):
-        sel = [r for r in runs if r["medium"] == m]
-        names = [r["config"] for r in sel]
-        mean = [r["cold"]["ttft_mean_ms"] for r in sel]
-        p99 = [r["cold"]["ttft_p99_ms"] for r in sel]
-        x = range(len(sel))
-        ax.bar([i - 0.2 for i in x], mean, 0.4, label="mean")
-        ax.bar([i + 0.2 for i in x], p99, 0.4, label="p99")
-        ax.set_xticks(list(x), names)
-        ax.set_ylabel("TTFT after restart + page-cache drop (ms)")
-        ax.set_title(f"medium {m}")
-        ax.legend()
-    fig.suptitle("SGLang 0.5.17 server on H200, 8-layer Llama-3-8B-width model, 16K-token prefixes (plugin smoke: 8K)")
+def plot_sweep(rows, out):
+    ctxs = sorted({r["context"] for r in rows})
+    fig, axes = plt.subplots(1, len(ctxs), figsize=(5 * len(ctxs), 4), squeeze=False)
+    for ax, c in zip(axes[0], ctxs):
+        for cfg in sorted({r["config"] for r in rows}):
+            pts = sorted((r["h"], r["ttft_ms"]) for r in rows if r["context"] == c and r["config"] == cfg)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=cfg)
+        ax.set_title(f"{c // 1024}K-token prompts")
+        ax.set_xlabel("cached share of the prompt (h)")
+        ax.set_ylabel("TTFT ms")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
+
+
+def plot_rates(slo, out, slo_ms=1000.0):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for row in slo:
+        rates = sorted(row["rates"])
+        ax.plot(rates, [row["rates"][r].get("ttft_mean_ms") for r in rates], marker="o", label=row["config"])
+    ax.axhline(slo_ms, color="k", ls="--", lw=1, label="SLO")
+    ax.set_xlabel("requests / s")
+    ax.set_ylabel("mean TTFT ms")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def plot_capacity(rows, out):
+    fig, ax = plt.subplots(figsize=(5, 4))
+    names = [r["config"] for r in rows]
+    ax.bar(names, [r["ttft_mean_ms"] for r in rows])
+    for i, r in enumerate(rows):
+        ax.text(i, r["ttft_mean_ms"], f"hit {r['token_hit_rate']:.0%}", ha="center", va="bottom")
+    ax.set_ylabel("mean TTFT ms")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main(outdir, *paths):
+    runs = load(paths)
+    layers = max((r.get("layers", 8) for r in runs), default=8)
+    bpt = e2e.bytes_per_token(layers)
+    print(e2e.report_markdown(runs, bpt))
+    os.makedirs(outdir, exist_ok=True)
+    rows = e2e.sweep_rows(runs, bpt)
+    if rows:
+        plot_sweep(rows, os.path.join(outdir, "e2e_sweep.png"))
+    slo = e2e.slo_rows(runs)
+    if slo:
+        plot_rates(slo, os.path.join(outdir, "e2e_rates.png"))
+    cap = e2e.capacity_rows(runs)
+    if cap:
+        plot_capacity(cap, os.path.join(outdir, "e2e_capacity.png"))
 
 
 if __name__ == "__main__":

@@ -189,3 +189,33 @@ def test_start_cancel_and_idle_finish(sg, tmp_path):
     assert not a.linker.load("y", [PoolTransfer(name=PoolName.KV, keys=["f" * 64], device_indices=dst[:4])])
     a.close()
     assert not any(t.is_alive() for t in a.linker.kv._threads)
+
+
+def test_linker_hits_are_reported_as_storage(sg, tmp_path):
+    """The plugin's load_back hook: SGLang files an external-linker hit under `host`; a TuttiLinker
+    hit came from the SSD, so cached_tokens_details and the storage-hit metrics say `storage`."""
+    from sglang.srt.managers.schedule_batch import split_cached_prefix_by_tier
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    from tutti_hicache.plugin import _linker_hits_are_storage
+    toks = list(range(200, 216))  # 4 pages
+    a = Rig([tmp_path])
+    a.insert(toks, a.fill(len(toks), seed=3))
+    a.commit_offloads(1)
+    a.cache.reset()
+    req = SimpleNamespace(rid="r", kv=None, swa_branching_seqlen=None, last_node=None, extra_key=None,
+                          session=None, swa_host_hit_length=0, mamba_host_hit_length=0,
+                          host_hit_is_storage=False)
+    m = a.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", toks + [1, 2])), req=req))
+    req.last_node = m.last_device_node
+    result = a.cache.linker.load_back(req)
+    assert _linker_hits_are_storage(result, a.cache.linker, req) is result
+    assert result[0] == len(toks) and req.host_hit_is_storage
+    assert split_cached_prefix_by_tier(prefix_len=len(toks), host_hit_len=m.host_hit_length, storage_hit_len=0,
+                                       host_hit_is_storage=req.host_hit_is_storage) == (0, 0, len(toks))
+    a.linker.cancel_queued_load("r")
+    miss = SimpleNamespace(host_hit_is_storage=False)
+    _linker_hits_are_storage((0, None), a.cache.linker, miss)
+    assert miss.host_hit_is_storage is False
+    a.close()

@@ -12,7 +12,10 @@ that SGLang applies right after:
     (``batch_get_v1``/``batch_set_v1``) are selected, as SGLang does for its own zero-copy
     backends;
   * the linker factory (0.5.23): backend ``tutti`` builds ``TuttiLinker`` with the given
-    ``--unified-cache-external-linker-config`` as its extra config.
+    ``--unified-cache-external-linker-config`` as its extra config;
+  * the linker's load-back (0.5.23): prefix tokens that TuttiLinker restores from the SSD are
+    reported as ``storage`` in ``cached_tokens_details`` and SGLang's storage-hit metrics (SGLang
+    files every external-linker hit under ``host``, a tier the linker path does not have).
 
 On an SGLang version outside the supported range, or whose hook targets are missing,
 ``register()`` raises with a message naming the version: SGLang logs the failure at plugin
@@ -32,6 +35,7 @@ NAME = "tutti"
 _FACTORY = "sglang.srt.mem_cache.storage.backend_factory.StorageBackendFactory"
 _CONTROLLER = "sglang.srt.managers.cache_controller.HiCacheController"
 _LINKER_FACTORY = "sglang.srt.mem_cache.unified_cache.linker_factory"
+_LINKER = "sglang.srt.mem_cache.unified_cache.unified_cache_linker"
 
 
 def _version_tuple(text: str) -> tuple:
@@ -96,6 +100,14 @@ def _create_linker(orig, server_args, params, *, backend, config, components,
                 forward_stream=forward_stream, **kwargs)
 
 
+def _linker_hits_are_storage(result, self, req, *args, **kwargs):
+    """AFTER UnifiedCacheLinkerWrapper.load_back: a TuttiLinker hit came from the SSD."""
+    loaded = result[0] if isinstance(result, tuple) and result else 0
+    if loaded and type(getattr(self, "cache_linker", None)).__name__ == "TuttiLinker":
+        req.host_hit_is_storage = True
+    return result
+
+
 def hooks(version: str) -> list[tuple[str, object, str]]:
     """(target, hook, type) triples for this SGLang version."""
     out = [
@@ -106,6 +118,7 @@ def hooks(version: str) -> list[tuple[str, object, str]]:
     ]
     if _version_tuple(version) >= (0, 5, 23):
         out.append((f"{_LINKER_FACTORY}.create_unified_cache_linker", _create_linker, "AROUND"))
+        out.append((f"{_LINKER}.UnifiedCacheLinkerWrapper.load_back", _linker_hits_are_storage, "AFTER"))
     return out
 
 
