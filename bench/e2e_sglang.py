@@ -8,12 +8,12 @@ Configurations (one or two server starts each, one after another):
   tutti-host            HiCache + TuttiStorage (plugin name `tutti`), striped over the array's directories
   tutti-linker          TuttiLinker (--unified-cache-external-linker-backend tutti): layer-wise SSD -> GPU
   tutti-linker-dynamic  the same through `dynamic` and the module path (no plugin)
-Phases (workload: tutti_hicache/benchmarks/e2e.py): `warm` (each document first seen; for the capacity
-configurations also the capacity documents), then for storage configurations a **restart and a page-cache
-drop**; `first` (the first request after the start), `sweep` (hit fractions: per point the prompt restored
-from the tier, then one sharing its prefix with new tokens while the prefix sits in device memory: the
-compute-only time), `rate<R>` (requests at R/s, concurrent, after a flush), `capacity` (a working set ~3x
-the DRAM tier, reused in random order). Storage configurations flush device and host caches
+Phases (workload: tutti_hicache/benchmarks/e2e.py): `warm` (each document first seen), then for storage
+configurations a **restart and a page-cache drop**; `first` (the first request after the start), `sweep`
+(hit fractions: per point the prompt restored from the tier, then one sharing its prefix with new tokens
+while the prefix sits in device memory: the compute-only time), `rate<R>` (requests at R/s, concurrent,
+after a flush), and last `capwarm` + `capacity` (a working set ~3x the DRAM tier, written, then reused in
+random order; last because it evicts the DRAM tier's documents). Storage configurations flush device and host caches
 (/flush_cache keeps the storage tier) before every sweep point so hits come from the SSD; `dram` cannot
 flush (its host pool would go) and relies on its documents being evicted from the bounded device pool
 (every configuration has the same --max-total-tokens) by the interleaved sweep order; SGLang's
@@ -258,9 +258,6 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float) 
         run["start_s"].append(srv.wait_ready(args.start_timeout))
         if config != "recompute":
             phase("warm", run_sequential(srv, wl.warm(), args.max_new))
-            if capacity:
-                phase("capwarm", run_sequential(srv, wl.capacity_warm(cap_docs, args.capacity_context),
-                                                args.max_new))
         if config in e2e.PERSISTENT:
             run["settle_s"] = settle(args, config)
             srv.stop()
@@ -278,7 +275,9 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float) 
                 srv.flush()
             recs, secs = run_rate(srv, wl.rates(rate, args.rate_requests), rate, args.max_new)
             phase(f"rate{rate:g}", recs, secs)
-        if capacity and time.time() < deadline - 20:
+        if capacity and time.time() < deadline - 60:
+            # last: its working set (3x the DRAM tier) would evict dram's documents before the sweep
+            phase("capwarm", run_sequential(srv, wl.capacity_warm(cap_docs, args.capacity_context), args.max_new))
             phase("capacity", run_sequential(
                 srv, wl.capacity_reuse(cap_docs, args.capacity_context, args.capacity_requests), args.max_new))
         run["metrics"] = scrape_metrics(srv.url)

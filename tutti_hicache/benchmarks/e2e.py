@@ -170,7 +170,7 @@ def outputs_vs(runs: list, ref: str = "recompute") -> dict:
             continue
         per = {}
         for phase, recs in run.get("phases", {}).items():
-            pairs = [(r["id"], r.get("output_ids"), refs.get(r["id"].removesuffix("/l1")))
+            pairs = [(r["id"], r.get("output_ids"), refs.get(r["id"]))
                      for r in recs]
             pairs = [p for p in pairs if p[2] is not None and p[1] is not None]
             bad = [i for i, got, want in pairs if got != want]
