@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU machine (SGLang 0.5.17 payload carried in .sgl, liburing in .deps): the end-to-end server
+# GPU machine (SGLang 0.5.17 payload carried in .sgl): the end-to-end server
 # comparison, one medium per call (keep each invocation under ~10 minutes of GPU time; a server start takes ~1).
 #   bash bench/gpu_e2e.sh ram  tutti,file,none  [extra e2e_sglang.py args]
 #   bash bench/gpu_e2e.sh disk tutti,file,tutti-plugin

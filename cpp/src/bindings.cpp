@@ -201,6 +201,11 @@ PYBIND11_MODULE(_engine, m) {
   m.def("make_engine", &make_engine, py::arg("kind"), py::arg("queue_depth") = 1024,
         py::arg("vectored") = true, py::arg("threads") = 8, py::arg("max_op_bytes") = 1 << 30);
   m.def("uring_compiled", &tutti::uring_compiled);
+  // The vendored liburing release compiled in ("2.3"), None in a POSIX-only build.
+  if (const char* v = tutti::uring_vendored_version())
+    m.attr("URING_VENDORED_VERSION") = v;
+  else
+    m.attr("URING_VENDORED_VERSION") = py::none();
   m.def("checksum_groups", &checksum_groups, py::arg("addr"), py::arg("nbytes"),
         py::arg("group_start"), py::arg("threads") = 1);
   m.def("checksum", [](py::buffer b) {

@@ -8,6 +8,9 @@
 
 #ifdef TUTTI_HAVE_URING
 #include <liburing.h>
+#ifndef TUTTI_LIBURING_VENDORED_VERSION  // defined by the compat.h that CMake generates
+#error "not the vendored liburing.h (cpp/third_party/liburing): check the include path"
+#endif
 
 #include <unistd.h>
 
@@ -430,6 +433,7 @@ std::unique_ptr<Engine> make_uring_engine(const EngineOptions& opt) {
   return std::make_unique<UringEngine>(opt);
 }
 bool uring_compiled() { return true; }
+const char* uring_vendored_version() { return TUTTI_LIBURING_VENDORED_VERSION; }
 
 }  // namespace tutti
 
@@ -440,6 +444,7 @@ std::unique_ptr<Engine> make_uring_engine(const EngineOptions&) {
   TUTTI_SYS_FAIL(ENOSYS, "tutti was built without liburing", "");
 }
 bool uring_compiled() { return false; }
+const char* uring_vendored_version() { return nullptr; }
 }  // namespace tutti
 
 #endif

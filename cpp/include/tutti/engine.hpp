@@ -277,5 +277,6 @@ struct EngineOptions {
 std::unique_ptr<Engine> make_uring_engine(const EngineOptions& opt);  // throws SysError
 std::unique_ptr<Engine> make_posix_engine(const EngineOptions& opt);
 bool uring_compiled();
+const char* uring_vendored_version();  // liburing release built in, or nullptr without io_uring
 
 }  // namespace tutti
