@@ -33,8 +33,7 @@ def extension() -> ModuleType:
         except ImportError as e:
             raise ImportError(
                 "tutti_hicache._engine (the C++ I/O engine) is not built; install the package "
-                "with `pip install .` (needs a C++17 compiler, cmake, and libxxhash-dev; "
-                f"liburing-dev for the io_uring engine): {e}") from e
+                f"with `pip install .` (needs a C++17 compiler and cmake): {e}") from e
         _ext = _engine
     return _ext
 
