@@ -213,6 +213,16 @@ def test_auto_falls_back_to_posix_when_uring_is_refused(monkeypatch):
         eng.open_engine("uring")
 
 
+def test_fallback_reason_tells_a_posix_only_build_from_a_kernel_refusal():
+    from tutti_hicache.engine import _fallback_reason
+
+    nosys = OSError(errno.ENOSYS, "no io_uring")
+    assert "built without io_uring" in _fallback_reason(nosys, compiled=False)
+    assert "kernel refused" in _fallback_reason(nosys, compiled=True)
+    assert "built" not in _fallback_reason(nosys, compiled=True)
+    assert "seccomp" in _fallback_reason(OSError(errno.EPERM, "blocked"), compiled=True)
+
+
 def _stream_file(engine, tmp_path, n, sz, seed):
     f = engine.open_file(make_file(tmp_path, n * sz, "s.bin"), True, True)
     src, a = buf_of(n * sz, seed=seed)

@@ -50,21 +50,27 @@ def open_engine(kind: str = "auto", queue_depth: int = 1024, vectored: bool = Tr
         except OSError as e:
             if kind == "uring":
                 raise
-            _log_fallback(e)
+            _log_fallback(e, ext.uring_compiled())
     return ext.make_engine("posix", queue_depth, vectored, threads)
 
 
-def _log_fallback(err: OSError) -> None:
+def _fallback_reason(err: OSError, compiled: bool) -> str:
+    """Why `auto` fell back: a build without io_uring, or the kernel refusing it."""
+    if not compiled:
+        return "tutti was built without io_uring (a TUTTI_ALLOW_POSIX_ONLY=1 build)"
+    return {
+        errno.ENOSYS: "the kernel refused io_uring: it has none (ENOSYS)",
+        errno.EPERM: "the kernel refused io_uring: blocked (EPERM, e.g. a container seccomp profile)",
+        errno.EACCES: "the kernel refused io_uring: disabled (EACCES, e.g. kernel.io_uring_disabled)",
+    }.get(err.errno, f"io_uring setup failed: {err}")
+
+
+def _log_fallback(err: OSError, compiled: bool) -> None:
     global _fallback_logged
     if _fallback_logged:
         return
     _fallback_logged = True
-    reason = {
-        errno.ENOSYS: "io_uring is not available (kernel without it, or tutti built without liburing)",
-        errno.EPERM: "io_uring is blocked (e.g. a container seccomp profile)",
-        errno.EACCES: "io_uring is blocked (e.g. kernel.io_uring_disabled)",
-    }.get(err.errno, f"io_uring setup failed: {err}")
-    logger.warning("tutti: using the POSIX thread-pool engine: %s", reason)
+    logger.warning("tutti: using the POSIX thread-pool engine: %s", _fallback_reason(err, compiled))
 
 
 def probe_o_direct(directory: str) -> bool:
