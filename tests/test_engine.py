@@ -116,7 +116,7 @@ def test_registered_buffers_and_large_batches(engine, tmp_path):
     assert a.min() > 0
     if engine.name == "uring":
         assert after["enter_calls"] - before["enter_calls"] <= 2 + n / 64
-    engine.unregister_buffers()
+    engine.register_buffers([])
 
 
 def test_reads_and_writes_from_two_threads(engine, tmp_path):
@@ -171,7 +171,7 @@ def test_read_batches_from_several_threads_land_exactly(engine, tmp_path):
     for t in ts:
         t.join()
     assert not errors and (a == b).all()
-    engine.unregister_buffers()
+    engine.register_buffers([])
 
 
 def test_closed_engine_refuses(tmp_path):
@@ -187,7 +187,10 @@ def test_checksums_and_memcpy():
     addr = np.array([b.address, b.address + 4096, b.address + 8192], dtype=np.uint64)
     lens = np.array([4096, 4096, 4096])
     g = E.checksum_groups(addr, lens, np.array([0, 1, 3]))
-    assert g[0] == E.checksum(a[:4096]) and g[1] == E.checksum(a[4096:])
+    def whole(addr, nbytes):  # one piece: the XXH3-64 of contiguous bytes
+        return E.checksum_groups(np.array([addr], dtype=np.uint64), np.array([nbytes]), np.array([0, 1]))[0]
+
+    assert g[0] == whole(b.address, 4096) and g[1] == whole(b.address + 4096, 8192)
     d, da = buf_of(3 * 4096)
     E.memcpy_batch(d.address + np.array([8192, 0, 4096], dtype=np.uint64), addr, lens)
     assert (da[8192:] == a[:4096]).all() and (da[:4096] == a[4096:8192]).all()
@@ -255,7 +258,7 @@ def test_read_stream_chunks_land_in_order_with_checksums(engine, tmp_path):
             assert (b[i * sz:(i + 1) * sz] == a[order[i] * sz:(order[i] + 1) * sz]).all()
     st.join()
     assert (np.concatenate(got_sums) == want).all()
-    engine.unregister_buffers()
+    engine.register_buffers([])
 
 
 def test_read_stream_submits_nothing_before_allow_and_cancel_ends_it(engine, tmp_path):

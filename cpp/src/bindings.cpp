@@ -171,10 +171,7 @@ PYBIND11_MODULE(_engine, m) {
       .def_property_readonly("name", &Engine::name)
       .def("open_file", &Engine::open_file, py::arg("path"), py::arg("writable"),
            py::arg("direct") = true, py::call_guard<py::gil_scoped_release>())
-      .def("close_file", &Engine::close_file, py::call_guard<py::gil_scoped_release>())
       .def("register_buffers", &Engine::register_buffers, py::arg("regions"),
-           py::call_guard<py::gil_scoped_release>())
-      .def("unregister_buffers", &Engine::unregister_buffers,
            py::call_guard<py::gil_scoped_release>())
       .def("read", [](Engine& e, const I64& f, const I64& o, const I64& n, const U64& a) {
             return submit(e, tutti::Op::kRead, f, o, n, a);
@@ -208,10 +205,6 @@ PYBIND11_MODULE(_engine, m) {
     m.attr("URING_VENDORED_VERSION") = py::none();
   m.def("checksum_groups", &checksum_groups, py::arg("addr"), py::arg("nbytes"),
         py::arg("group_start"), py::arg("threads") = 1);
-  m.def("checksum", [](py::buffer b) {
-    py::buffer_info info = b.request();
-    return tutti::checksum(info.ptr, static_cast<size_t>(info.size * info.itemsize));
-  });
   m.def("memcpy_batch", &memcpy_batch, py::arg("dst"), py::arg("src"), py::arg("nbytes"),
         py::arg("threads") = 1);
 

@@ -78,8 +78,6 @@ void checksum_groups(const uint64_t* addr, const int64_t* len, const int64_t* gr
   });
 }
 
-uint64_t checksum(const void* data, size_t n) { return XXH3_64bits(data, n); }
-
 TaskPool::TaskPool(unsigned threads) {
   for (unsigned i = 0; i < std::max(1u, threads); ++i) threads_.emplace_back([this] { loop(); });
 }

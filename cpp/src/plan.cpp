@@ -165,7 +165,7 @@ int FileTable::open(const std::string& path, bool writable, bool direct) {
 void FileTable::close(int index) {
   std::unique_lock lock(mu_);
   TUTTI_EXPECT(index >= 0 && static_cast<size_t>(index) < fds_.size() && fds_[index] >= 0,
-               "close_file: no open file at index " + std::to_string(index));
+               "no open file at index " + std::to_string(index));
   ::close(fds_[index]);
   fds_[index] = -1;
   paths_[index].clear();
@@ -197,8 +197,6 @@ void FileTable::close_all() {
 int Engine::open_file(const std::string& path, bool writable, bool direct) {
   return files.open(path, writable, direct);
 }
-
-void Engine::close_file(int index) { files.close(index); }
 
 TaskPool* Engine::task_pool() {
   std::lock_guard lock(task_mu_);

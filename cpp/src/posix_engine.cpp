@@ -106,7 +106,6 @@ class PosixEngine : public Engine {
   std::string name() const override { return "posix"; }
 
   int register_buffers(const std::vector<std::pair<uint64_t, uint64_t>>&) override { return 0; }
-  void unregister_buffers() override {}
 
   void submit(Op op, const Batch& b, int32_t* results) override {
     std::shared_lock life(life_mu_);

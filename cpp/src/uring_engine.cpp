@@ -275,15 +275,6 @@ class UringEngine : public Engine {
     return idx;
   }
 
-  void close_file(int index) override {
-    auto life = live();
-    for (auto& r : rings_) {
-      std::lock_guard lock(r->mu);
-      r->set_file(index, -1);
-    }
-    files.close(index);
-  }
-
   int register_buffers(const std::vector<std::pair<uint64_t, uint64_t>>& regions) override {
     auto life = live();
     std::vector<iovec> iovs;
@@ -316,10 +307,6 @@ class UringEngine : public Engine {
     buffers_ = std::move(map);
     nbufs_ = static_cast<unsigned>(iovs.size());
     return static_cast<int>(nbufs_);
-  }
-
-  void unregister_buffers() override {
-    if (!closed_) register_buffers({});
   }
 
   void submit(Op op, const Batch& b, int32_t* results) override {

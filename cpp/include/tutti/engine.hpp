@@ -172,11 +172,10 @@ class Engine {
   virtual std::string name() const = 0;
   // Open a file (O_DIRECT when direct) and return its index for batches.
   virtual int open_file(const std::string& path, bool writable, bool direct);
-  virtual void close_file(int index);
-  // Register [addr, addr+len) regions for fixed I/O; returns how many were registered
-  // (0 when the engine does not use registered buffers).
+  // Register [addr, addr+len) regions for fixed I/O, replacing those registered before (none
+  // unregisters them); returns how many were registered (0 when the engine does not use
+  // registered buffers).
   virtual int register_buffers(const std::vector<std::pair<uint64_t, uint64_t>>& regions) = 0;
-  virtual void unregister_buffers() = 0;
   // Run one batch to completion. results has b.n entries.
   virtual void submit(Op op, const Batch& b, int32_t* results) = 0;
   virtual void close() = 0;
