@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <deque>
 
 namespace tutti {
@@ -24,6 +26,22 @@ constexpr unsigned kMaxFiles = 4096;
 constexpr unsigned kMaxBuffers = 16384;
 constexpr uint64_t kMaxBufferBytes = 1ull << 30;  // kernel limit per registered buffer
 constexpr unsigned kReadRings = 2;  // read batches that may be in flight at once
+
+// One line on stderr the first time a kind of registration update fails in this process:
+// what failed, the errno, and what follows from it.
+void log_once(std::atomic<bool>& logged, const std::string& what, int err, const std::string& then) {
+  if (logged.exchange(true)) return;
+  std::fprintf(stderr, "tutti: %s failed: %s (errno %d); %s\n", what.c_str(), std::strerror(err),
+               err, then.c_str());
+}
+std::atomic<bool> files_update_logged{false};
+std::atomic<bool> buffers_update_logged{false};
+
+// errno of a registration update that returned r for `want` entries (0 when all were updated).
+int update_errno(int r, unsigned want) {
+  if (r == static_cast<int>(want)) return 0;
+  return r < 0 ? -r : EIO;  // a partial update: the kernel stopped at an entry it refused
+}
 
 class Ring {
  public:
@@ -38,26 +56,43 @@ class Ring {
     if (r < 0) TUTTI_SYS_FAIL(-r, "io_uring_queue_init", "");
     files_ok_ = io_uring_register_files_sparse(&ring_, kMaxFiles) == 0;
     bufs_ok_ = io_uring_register_buffers_sparse(&ring_, kMaxBuffers) == 0;
+    if (files_ok_) file_err_.assign(kMaxFiles, 0);
   }
   ~Ring() { io_uring_queue_exit(&ring_); }
 
   std::mutex mu;
   bool files_registered() const { return files_ok_; }
 
+  // Point registered file `index` at fd. When the kernel refuses, operations on that file end
+  // with its -errno (instead of reaching an empty or stale slot), and stderr says so once.
   void set_file(int index, int fd) {
     if (!files_ok_ || index >= static_cast<int>(kMaxFiles)) return;
-    io_uring_register_files_update(&ring_, index, &fd, 1);
+    const int err = update_errno(io_uring_register_files_update(&ring_, index, &fd, 1), 1);
+    file_err_[index] = -err;
+    if (err)
+      log_once(files_update_logged,
+               "io_uring_register_files_update of file " + std::to_string(index), err,
+               "its requests fail with -" + std::to_string(err));
   }
 
-  // Replace registered buffers [0, n) with iovs; false when the kernel refuses.
+  // Replace registered buffers [0, n) with iovs, clearing the old_n first; false when the kernel
+  // refuses any of it (then the engine uses no registered buffers), and stderr says so once.
   bool set_buffers(const std::vector<iovec>& iovs, unsigned old_n) {
     if (!bufs_ok_) return false;
     std::vector<iovec> clear(old_n, iovec{nullptr, 0});
     std::vector<__u64> tags(std::max<size_t>(iovs.size(), old_n), 0);
-    if (old_n) io_uring_register_buffers_update_tag(&ring_, 0, clear.data(), tags.data(), old_n);
-    if (iovs.empty()) return true;
-    int r = io_uring_register_buffers_update_tag(&ring_, 0, iovs.data(), tags.data(), iovs.size());
-    return r >= 0;
+    const unsigned n = static_cast<unsigned>(iovs.size());
+    int err = 0;
+    if (old_n)
+      err = update_errno(
+          io_uring_register_buffers_update_tag(&ring_, 0, clear.data(), tags.data(), old_n), old_n);
+    if (!err && n)
+      err = update_errno(
+          io_uring_register_buffers_update_tag(&ring_, 0, iovs.data(), tags.data(), n), n);
+    if (err)
+      log_once(buffers_update_logged, "io_uring_register_buffers_update", err,
+               "I/O goes on without registered buffers");
+    return err == 0;
   }
 
   void run(Op op, Plan& plan, const Batch& b, const FileTable& files, int32_t* results,
@@ -77,6 +112,11 @@ class Ring {
     bool wake_armed = false;
   };
   void prep(io_uring_sqe* sqe, Op op, const Plan& plan, const IoOp& o, int fd, bool fixed_file);
+  // 0 when an operation on `file` (its fd, when files are not registered) may go out, else -errno.
+  int file_error(int64_t file, int fd) const {
+    if (!files_ok_) return fd < 0 ? -EBADF : 0;
+    return file < static_cast<int64_t>(kMaxFiles) ? file_err_[file] : -EBADF;
+  }
   // Queue requeued ops, then new ones below `limit`, while the ring has room; end(idx, err)
   // finishes an op that cannot be submitted.
   template <class End>
@@ -91,6 +131,7 @@ class Ring {
   unsigned depth_;
   bool files_ok_ = false;
   bool bufs_ok_ = false;
+  std::vector<int> file_err_;  // per registered file: 0, or -errno of its failed update
 };
 
 void Ring::prep(io_uring_sqe* sqe, Op op, const Plan& plan, const IoOp& o, int fd,
@@ -129,8 +170,8 @@ void Ring::fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& fil
     }
     IoOp& o = plan.ops[idx];
     int fd = files_ok_ ? static_cast<int>(o.file) : files.fd(static_cast<int>(o.file));
-    if (!files_ok_ && fd < 0) {
-      end(idx, -EBADF);
+    if (const int err = file_error(o.file, fd)) {
+      end(idx, err);
       continue;
     }
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
@@ -298,7 +339,7 @@ class UringEngine : public Engine {
     if (!ok) {  // kernel refused (e.g. memlock limit): fall back to unregistered I/O
       for (auto& r : rings_) {
         std::lock_guard rl(r->mu);
-        r->set_buffers({}, static_cast<unsigned>(iovs.size()));
+        r->set_buffers({}, std::max(nbufs_, static_cast<unsigned>(iovs.size())));
       }
       buffers_ = BufferMap{};
       nbufs_ = 0;
