@@ -3,7 +3,7 @@
 // kReadRings read rings (so a reader can put the next read batch in flight while
 // another reader's batch drains), many SQEs per io_uring_enter, short transfers
 // and -EAGAIN re-queued here so callers only ever see whole requests.
-#include "tutti/engine.hpp"
+#include "tutti/detail/engine_base.hpp"
 #include "tutti/error.hpp"
 
 #ifdef TUTTI_HAVE_URING
@@ -19,7 +19,10 @@
 #include <cstring>
 #include <deque>
 
-namespace tutti {
+#include "tutti/detail/plan.hpp"
+#include "tutti/detail/stream.hpp"
+
+namespace tutti::detail {
 namespace {
 
 constexpr unsigned kMaxFiles = 4096;
@@ -95,13 +98,11 @@ class Ring {
     return err == 0;
   }
 
-  void run(Op op, Plan& plan, const Batch& b, const FileTable& files, int32_t* results,
-           Counters& c);
-  // The ops of a read stream, chunk after chunk (op_chunk[i]: chunk of op i; chunk_end[c]:
-  // ops of chunks <= c), each chunk's ops submitted once the stream allows the chunk.
-  void run_stream(Plan& plan, const std::vector<uint32_t>& op_chunk,
-                  const std::vector<size_t>& chunk_end, ReadStream& s, const FileTable& files,
-                  Counters& c);
+  void run(Op op, Plan& plan, const Batch& b, Completion* on_done, const FileTable& files,
+           int32_t* results, AtomicCounters& c);
+  // The ops of a read stream, chunk after chunk, each chunk's ops submitted once the stream
+  // allows the chunk.
+  void run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicCounters& c);
 
  private:
   static constexpr uint64_t kWake = UINT64_MAX;  // user_data of a read on a stream's eventfd
@@ -120,12 +121,12 @@ class Ring {
   // Queue requeued ops, then new ones below `limit`, while the ring has room; end(idx, err)
   // finishes an op that cannot be submitted.
   template <class End>
-  void fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& files, Counters& c,
-            End&& end);
-  void enter(unsigned want, Counters& c);
+  void fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& files,
+            AtomicCounters& c, End&& end);
+  void enter(unsigned want, AtomicCounters& c);
   // Drain available completions: whole ops end(idx, 0 | -errno), partial ones are requeued.
   template <class End>
-  void reap(Plan& plan, Flight& f, Counters& c, End&& end);
+  void reap(Plan& plan, Flight& f, AtomicCounters& c, End&& end);
 
   io_uring ring_{};
   unsigned depth_;
@@ -158,8 +159,8 @@ void Ring::prep(io_uring_sqe* sqe, Op op, const Plan& plan, const IoOp& o, int f
 }
 
 template <class End>
-void Ring::fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& files, Counters& c,
-                End&& end) {
+void Ring::fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& files,
+                AtomicCounters& c, End&& end) {
   while (f.inflight < depth_ && (f.next < limit || !f.requeue.empty())) {
     uint32_t idx;
     if (!f.requeue.empty()) {
@@ -186,7 +187,7 @@ void Ring::fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& fil
   }
 }
 
-void Ring::enter(unsigned want, Counters& c) {
+void Ring::enter(unsigned want, AtomicCounters& c) {
   int r = io_uring_submit_and_wait(&ring_, std::max(1u, want));
   c.enter_calls++;
   if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)
@@ -194,7 +195,7 @@ void Ring::enter(unsigned want, Counters& c) {
 }
 
 template <class End>
-void Ring::reap(Plan& plan, Flight& f, Counters& c, End&& end) {
+void Ring::reap(Plan& plan, Flight& f, AtomicCounters& c, End&& end) {
   io_uring_cqe* cqe;
   unsigned head, seen = 0;
   io_uring_for_each_cqe(&ring_, head, cqe) {
@@ -225,10 +226,10 @@ void Ring::reap(Plan& plan, Flight& f, Counters& c, End&& end) {
   io_uring_cq_advance(&ring_, seen);
 }
 
-void Ring::run(Op op, Plan& plan, const Batch& b, const FileTable& files, int32_t* results,
-               Counters& c) {
+void Ring::run(Op op, Plan& plan, const Batch& b, Completion* on_done, const FileTable& files,
+               int32_t* results, AtomicCounters& c) {
   Flight f;
-  auto end = [&](uint32_t idx, int err) { finish_op(plan, plan.ops[idx], b, err, results, c); };
+  auto end = [&](uint32_t idx, int err) { finish_op(plan.ops[idx], b, on_done, err, results, c); };
   const size_t nops = plan.ops.size();
   const unsigned low_water = depth_ / 8;
   while (f.next < nops || !f.requeue.empty() || f.inflight) {
@@ -241,14 +242,15 @@ void Ring::run(Op op, Plan& plan, const Batch& b, const FileTable& files, int32_
   }
 }
 
-void Ring::run_stream(Plan& plan, const std::vector<uint32_t>& op_chunk,
-                      const std::vector<size_t>& chunk_end, ReadStream& s,
-                      const FileTable& files, Counters& c) {
+void Ring::run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicCounters& c) {
+  Plan& plan = sp.plan;
+  const std::vector<size_t>& chunk_end = sp.chunk_end;
   const Batch& b = s.batch();
   int32_t* results = s.results_data();
+  Completion* on_done = s.on_done();
   auto end = [&](uint32_t idx, int err) {
-    finish_op(plan, plan.ops[idx], b, err, results, c);
-    s.op_finished(op_chunk[idx]);
+    finish_op(plan.ops[idx], b, on_done, err, results, c);
+    s.op_finished(sp.op_chunk[idx]);
   };
   Flight f;
   const unsigned high_water = depth_ - std::max(1u, depth_ / 4);  // the queue never runs low
@@ -293,28 +295,14 @@ void Ring::run_stream(Plan& plan, const std::vector<uint32_t>& op_chunk,
   }
 }
 
-class UringEngine : public Engine {
+class UringEngine final : public EngineBase {
  public:
-  explicit UringEngine(const EngineOptions& opt) : opt_(opt) {
+  explicit UringEngine(const EngineOptions& opt) : EngineBase(opt) {
     for (auto& r : rings_) r = std::make_unique<Ring>(opt.queue_depth);
   }
   ~UringEngine() override { close(); }
 
   std::string name() const override { return "uring"; }
-
-  int open_file(const std::string& path, bool writable, bool direct) override {
-    auto life = live();
-    int idx = files.open(path, writable, direct);
-    if (static_cast<unsigned>(idx) >= kMaxFiles) {
-      files.close(idx);
-      TUTTI_SYS_FAIL(EMFILE, "uring engine: more than 4096 open files", path);
-    }
-    for (auto& r : rings_) {
-      std::lock_guard lock(r->mu);
-      r->set_file(idx, files.fd(idx));
-    }
-    return idx;
-  }
 
   int register_buffers(const std::vector<std::pair<uint64_t, uint64_t>>& regions) override {
     auto life = live();
@@ -329,7 +317,7 @@ class UringEngine : public Engine {
     }
     TUTTI_EXPECT(iovs.size() <= kMaxBuffers, "register_buffers: too many regions");
     std::sort(map.regions.begin(), map.regions.end(),
-              [](auto& a, auto& b) { return a.start < b.start; });
+              [](auto& x, auto& y) { return x.start < y.start; });
     bool ok = true;
     for (auto& r : rings_) {
       std::lock_guard lock(r->mu);
@@ -350,62 +338,39 @@ class UringEngine : public Engine {
     return static_cast<int>(nbufs_);
   }
 
-  void submit(Op op, const Batch& b, int32_t* results) override {
-    auto life = live();
-    c_add(b);
-    Ring& ring = op == Op::kWrite ? write_ring() : read_ring();
-    std::lock_guard lock(ring.mu, std::adopt_lock);  // locked by the picker
-    BufferMap buffers;
-    Plan plan = build_plan(b, policy(buffers), files.size(), results);
-    ring.run(op, plan, b, files, results, counters);
-  }
-
-  void run_stream(ReadStream& s) override {
+  void run_stream(Stream& s) override {
     auto life = live();
     Ring& ring = read_ring();
     std::lock_guard lock(ring.mu, std::adopt_lock);  // the stream's for its whole life
     BufferMap buffers;
-    const PlanPolicy pol = policy(buffers);
-    // One plan per chunk (an op never spans two chunks), joined into one.
-    const Batch& all = s.batch();
-    counters.batches++;
-    counters.requests += all.n;
-    Plan plan;
-    std::vector<uint32_t> op_chunk;
-    std::vector<size_t> chunk_end(s.nchunks());
-    for (size_t c = 0; c < s.nchunks(); ++c) {
-      const int64_t b0 = s.chunk_begin(c), n = s.chunk_end(c) - b0;
-      Batch b{all.file + b0, all.offset + b0, all.nbytes + b0, all.addr + b0,
-              static_cast<size_t>(n), nullptr};
-      int32_t* res = s.results_data() + b0;
-      Plan p = build_plan(b, pol, files.size(), res);
-      if (all.groups)  // requests refused by planning, or empty: their groups learn it now
-        for (int64_t i = 0; i < n; ++i)
-          if (res[i] != 0 || all.nbytes[b0 + i] == 0) all.groups->done(all, b0 + i, res[i] == 0);
-      const uint32_t iov0 = static_cast<uint32_t>(plan.iovs.size());
-      for (IoOp o : p.ops) {
-        o.iov_begin += iov0;
-        o.req_begin += static_cast<uint32_t>(b0);
-        o.req_end += static_cast<uint32_t>(b0);
-        plan.ops.push_back(o);
-        op_chunk.push_back(static_cast<uint32_t>(c));
-      }
-      plan.iovs.insert(plan.iovs.end(), p.iovs.begin(), p.iovs.end());
-      chunk_end[c] = plan.ops.size();
-      s.planned(c, p.ops.size());
-    }
-    ring.run_stream(plan, op_chunk, chunk_end, s, files, counters);
-  }
-
-  // Waits for running batches, then releases rings and files. Idempotent.
-  void close() override {
-    std::unique_lock life(life_mu_);  // waits for running batches
-    if (closed_.exchange(true)) return;
-    for (auto& r : rings_) r.reset();
-    files.close_all();
+    StreamPlan sp = build_stream_plan(s.batch(), s.chunk_starts(), policy(buffers), files_.size(),
+                                      s.on_done(), s.results_data());
+    for (size_t c = 0; c < s.nchunks(); ++c) s.planned(c, sp.chunk_ops[c]);
+    ring.run_stream(sp, s, files_, stats_);
   }
 
  private:
+  void file_opened(int index, const std::string& path) override {
+    if (static_cast<unsigned>(index) >= kMaxFiles)
+      TUTTI_SYS_FAIL(EMFILE, "uring engine: more than 4096 open files", path);
+    for (auto& r : rings_) {
+      std::lock_guard lock(r->mu);
+      r->set_file(index, files_.fd(index));
+    }
+  }
+
+  void run_batch(Op op, const Batch& b, Completion* on_done, int32_t* results) override {
+    Ring& ring = op == Op::kWrite ? write_ring() : read_ring();
+    std::lock_guard lock(ring.mu, std::adopt_lock);  // locked by the picker
+    BufferMap buffers;
+    Plan plan = build_plan(b, policy(buffers), files_.size(), on_done, results);
+    ring.run(op, plan, b, on_done, files_, results, stats_);
+  }
+
+  void release() override {
+    for (auto& r : rings_) r.reset();
+  }
+
   // The coalescing policy over a snapshot of the registered buffers (kept in `buffers`).
   PlanPolicy policy(BufferMap& buffers) {
     {
@@ -433,21 +398,6 @@ class UringEngine : public Engine {
     return r;
   }
 
-  // Shared hold on the engine's life: close() waits for every holder.
-  std::shared_lock<std::shared_mutex> live() {
-    std::shared_lock<std::shared_mutex> lock(life_mu_);
-    TUTTI_EXPECT(!closed_, "engine is closed");
-    return lock;
-  }
-
-  void c_add(const Batch& b) {
-    counters.batches++;
-    counters.requests += b.n;
-  }
-
-  EngineOptions opt_;
-  std::shared_mutex life_mu_;
-  std::atomic<bool> closed_{false};
   std::unique_ptr<Ring> rings_[1 + kReadRings];  // [0] writes, the rest reads
   std::atomic<unsigned> next_read_{0};
   std::mutex map_mu_;
@@ -460,19 +410,24 @@ class UringEngine : public Engine {
 std::unique_ptr<Engine> make_uring_engine(const EngineOptions& opt) {
   return std::make_unique<UringEngine>(opt);
 }
-bool uring_compiled() { return true; }
-const char* uring_vendored_version() { return TUTTI_LIBURING_VENDORED_VERSION; }
 
+}  // namespace tutti::detail
+
+namespace tutti {
+bool uring_compiled() noexcept { return true; }
+const char* uring_vendored_version() noexcept { return TUTTI_LIBURING_VENDORED_VERSION; }
 }  // namespace tutti
 
 #else  // !TUTTI_HAVE_URING
 
 namespace tutti {
+namespace detail {
 std::unique_ptr<Engine> make_uring_engine(const EngineOptions&) {
-  TUTTI_SYS_FAIL(ENOSYS, "tutti was built without liburing", "");
+  TUTTI_SYS_FAIL(ENOSYS, "tutti was built without io_uring (TUTTI_ALLOW_POSIX_ONLY)", "");
 }
-bool uring_compiled() { return false; }
-const char* uring_vendored_version() { return nullptr; }
+}  // namespace detail
+bool uring_compiled() noexcept { return false; }
+const char* uring_vendored_version() noexcept { return nullptr; }
 }  // namespace tutti
 
 #endif
