@@ -48,10 +48,10 @@ def test_roundtrip_scatter_gather(engine, store_dirs):
     f = engine.open_file(make_file(store_dirs[0], n * sz), True, True)
     src, a = buf_of(n * sz, seed=1)
     perm = np.random.default_rng(2).permutation(n)  # memory order differs from file order
-    w = engine.write(np.full(n, f), np.arange(n) * sz, np.full(n, sz), src.address + perm * sz)
+    w = engine.submit("write", np.full(n, f), np.arange(n) * sz, np.full(n, sz), src.address + perm * sz)
     assert (w == sz).all()
     dst, b = buf_of(n * sz)
-    r = engine.read(np.full(n, f), np.arange(n) * sz, np.full(n, sz), dst.address + np.arange(n) * sz)
+    r = engine.submit("read", np.full(n, f), np.arange(n) * sz, np.full(n, sz), dst.address + np.arange(n) * sz)
     assert (r == sz).all()
     assert (b.reshape(n, sz) == a.reshape(n, sz)[perm]).all()
     c = engine.counters()
@@ -63,7 +63,7 @@ def test_file_contiguous_requests_coalesce(engine, tmp_path):
     f = engine.open_file(make_file(tmp_path, n * sz), True, True)
     b, _ = buf_of(n * sz, seed=3)
     before = engine.counters()
-    r = engine.read(np.full(n, f), np.arange(n) * sz, np.full(n, sz), b.address + np.arange(n)[::-1] * sz)
+    r = engine.submit("read", np.full(n, f), np.arange(n) * sz, np.full(n, sz), b.address + np.arange(n)[::-1] * sz)
     assert (r == sz).all()
     after = engine.counters()
     subs = after["submissions"] - before["submissions"]
@@ -76,7 +76,7 @@ def test_file_contiguous_requests_coalesce(engine, tmp_path):
 def test_bad_requests_are_per_request_errors(engine, tmp_path):
     f = engine.open_file(make_file(tmp_path, 1 << 16), True, True)
     b, _ = buf_of(1 << 16)
-    r = engine.read(np.array([f, 1000, f, f, f]), np.array([0, 0, -4096, 1 << 16, 4096]),
+    r = engine.submit("read", np.array([f, 1000, f, f, f]), np.array([0, 0, -4096, 1 << 16, 4096]),
                     np.array([4096, 4096, 4096, 4096, 4096]),
                     np.array([b.address] * 5, dtype=np.uint64))
     assert r[0] == 4096 and r[4] == 4096
@@ -89,7 +89,7 @@ def test_misaligned_o_direct_is_a_clean_result(engine, tmp_path):
     6.x relaxed it); either way the request completes whole or fails with -EINVAL."""
     f = engine.open_file(make_file(tmp_path, 1 << 16), True, True)
     b, _ = buf_of(1 << 16)
-    r = engine.read(np.array([f]), np.array([0]), np.array([4096]), np.array([b.address + 1], dtype=np.uint64))
+    r = engine.submit("read", np.array([f]), np.array([0]), np.array([4096]), np.array([b.address + 1], dtype=np.uint64))
     assert r[0] in (4096, -errno.EINVAL)
 
 
@@ -98,7 +98,7 @@ def test_errors_are_oserror_with_file(engine):
         engine.open_file("/nonexistent/tutti", False, True)
     assert ei.value.filename == "/nonexistent/tutti" and ei.value.errno == errno.ENOENT
     with pytest.raises(ValueError, match="same length"):
-        engine.read(np.array([0]), np.array([0, 1]), np.array([1]), np.array([1], dtype=np.uint64))
+        engine.submit("read", np.array([0]), np.array([0, 1]), np.array([1]), np.array([1], dtype=np.uint64))
 
 
 def test_registered_buffers_and_large_batches(engine, tmp_path):
@@ -108,10 +108,10 @@ def test_registered_buffers_and_large_batches(engine, tmp_path):
     b, a = buf_of(n * sz, seed=4)
     engine.register_buffers([(b.address, b.nbytes)])
     offs = np.arange(n) * 2 * sz  # gaps: nothing coalesces
-    assert (engine.write(np.full(n, f), offs, np.full(n, sz), b.address + np.arange(n) * sz) == sz).all()
+    assert (engine.submit("write", np.full(n, f), offs, np.full(n, sz), b.address + np.arange(n) * sz) == sz).all()
     a[:] = 0
     before = engine.counters()
-    assert (engine.read(np.full(n, f), offs, np.full(n, sz), b.address + np.arange(n) * sz) == sz).all()
+    assert (engine.submit("read", np.full(n, f), offs, np.full(n, sz), b.address + np.arange(n) * sz) == sz).all()
     after = engine.counters()
     assert a.min() > 0
     if engine.name == "uring":
@@ -124,7 +124,7 @@ def test_reads_and_writes_from_two_threads(engine, tmp_path):
     fr = engine.open_file(make_file(tmp_path, n * sz, "r.bin"), True, True)
     fw = engine.open_file(make_file(tmp_path, n * sz, "w.bin"), True, True)
     src, a = buf_of(n * sz, seed=5)
-    assert (engine.write(np.full(n, fr), np.arange(n) * sz, np.full(n, sz), src.address + np.arange(n) * sz) == sz).all()
+    assert (engine.submit("write", np.full(n, fr), np.arange(n) * sz, np.full(n, sz), src.address + np.arange(n) * sz) == sz).all()
     errors = []
 
     def loop(op, f, buf):
@@ -134,8 +134,8 @@ def test_reads_and_writes_from_two_threads(engine, tmp_path):
                 errors.append(r)
 
     dst, b = buf_of(n * sz)
-    ts = [threading.Thread(target=loop, args=(engine.read, fr, dst)),
-          threading.Thread(target=loop, args=(engine.write, fw, src))]
+    ts = [threading.Thread(target=loop, args=(lambda *a: engine.submit("read", *a), fr, dst)),
+          threading.Thread(target=loop, args=(lambda *a: engine.submit("write", *a), fw, src))]
     for t in ts:
         t.start()
     for t in ts:
@@ -150,7 +150,7 @@ def test_read_batches_from_several_threads_land_exactly(engine, tmp_path):
     f = engine.open_file(make_file(tmp_path, readers * n * sz), True, True)
     src, a = buf_of(readers * n * sz, seed=6)
     offs = np.arange(readers * n) * sz
-    assert (engine.write(np.full(readers * n, f), offs, np.full(readers * n, sz),
+    assert (engine.submit("write", np.full(readers * n, f), offs, np.full(readers * n, sz),
                          src.address + offs.astype(np.uint64)) == sz).all()
     dst, b = buf_of(readers * n * sz)
     engine.register_buffers([(dst.address, dst.nbytes)])
@@ -160,7 +160,7 @@ def test_read_batches_from_several_threads_land_exactly(engine, tmp_path):
         rng = np.random.default_rng(r)
         for _ in range(30):
             perm = rng.permutation(n) + r * n  # this reader's pages, shuffled
-            got = engine.read(np.full(n, f), perm * sz, np.full(n, sz),
+            got = engine.submit("read", np.full(n, f), perm * sz, np.full(n, sz),
                               dst.address + (perm * sz).astype(np.uint64))
             if not (got == sz).all():
                 errors.append(got)
@@ -174,12 +174,35 @@ def test_read_batches_from_several_threads_land_exactly(engine, tmp_path):
     engine.register_buffers([])
 
 
+def test_verified_read_checksums_each_group(engine, tmp_path):
+    """submit with group_starts: each group's sum equals checksum_groups over the bytes read; a
+    group with a failed request gets 0; groups are for reads only."""
+    n, sz = 12, 4096
+    f = engine.open_file(make_file(tmp_path, n * sz), True, True)
+    src, a = buf_of(n * sz, seed=11)
+    offs = np.arange(n) * sz
+    assert (engine.submit("write", np.full(n, f), offs, np.full(n, sz), src.address + offs.astype(np.uint64)) == sz).all()
+    dst, b = buf_of(n * sz)
+    files = np.full(n, f)
+    files[7] = 999  # no such file: its group fails
+    groups = np.array([0, 3, 6, 9, 12])
+    addrs = dst.address + offs.astype(np.uint64)
+    res, sums = engine.submit("read", files, offs, np.full(n, sz), addrs, groups)
+    assert res[7] == -errno.EBADF and (np.delete(res, 7) == sz).all()
+    want = E.checksum_groups(src.address + offs.astype(np.uint64), np.full(n, sz), groups)
+    assert list(sums[[0, 1, 3]]) == list(want[[0, 1, 3]]) and sums[2] == 0
+    with pytest.raises(ValueError, match="reads only"):
+        engine.submit("write", np.full(n, f), offs, np.full(n, sz), addrs, groups)
+    with pytest.raises(ValueError, match="'read' or 'write'"):
+        engine.submit("append", np.full(n, f), offs, np.full(n, sz), addrs)
+
+
 def test_closed_engine_refuses(tmp_path):
     e = open_engine("posix")
     e.close()
     e.close()  # idempotent
     with pytest.raises(ValueError, match="closed"):
-        e.read(np.array([0]), np.array([0]), np.array([4096]), np.array([4096], dtype=np.uint64))
+        e.submit("read", np.array([0]), np.array([0]), np.array([4096]), np.array([4096], dtype=np.uint64))
 
 
 def test_checksums_and_memcpy():
@@ -230,7 +253,7 @@ def _stream_file(engine, tmp_path, n, sz, seed):
     f = engine.open_file(make_file(tmp_path, n * sz, "s.bin"), True, True)
     src, a = buf_of(n * sz, seed=seed)
     offs = np.arange(n) * sz
-    assert (engine.write(np.full(n, f), offs, np.full(n, sz), src.address + offs.astype(np.uint64)) == sz).all()
+    assert (engine.submit("write", np.full(n, f), offs, np.full(n, sz), src.address + offs.astype(np.uint64)) == sz).all()
     return f, a
 
 

@@ -2,14 +2,16 @@
 
 At a glance:
     extension() -> module          the compiled ``tutti_hicache._engine`` (clear ImportError if absent)
-    open_engine(cfg) -> Engine      io_uring, or the POSIX thread pool; `auto` logs why it fell back
+    open_engine(kind, ...) -> Engine io_uring, or the POSIX thread pool; `auto` logs why it fell back
     probe_o_direct(dir) -> bool     whether files in `dir` accept O_DIRECT
 
 An Engine moves batches of requests given as arrays (file index, file offset, nbytes,
-address): ``engine.read(...)`` / ``engine.write(...)`` return one int32 per request (nbytes
-or -errno), with the GIL released for the whole batch. Reads and writes have separate
-submission paths (two rings / two worker pools), so one thread's write batch never waits
-behind another thread's read batch in the engine.
+address): ``engine.submit("read" | "write", files, offsets, nbytes, addrs)`` returns one int32
+per request (nbytes or -errno), with the GIL released for the whole batch; with
+``group_starts`` (a read) it returns ``(results, sums)``, each group's XXH3-64 computed as its
+last request lands (0 when one failed). ``engine.read_stream(...)`` keeps the chunks of a
+many-chunk read back to back. Reads and writes have separate submission paths (two rings / two
+worker pools), so one thread's write batch never waits behind another thread's read batch.
 """
 
 from __future__ import annotations

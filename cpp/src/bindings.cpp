@@ -22,33 +22,34 @@ size_t same_length(std::initializer_list<py::ssize_t> sizes) {
   return static_cast<size_t>(n);
 }
 
-py::array_t<int32_t> submit(Engine& e, tutti::Op op, const I64& file, const I64& offset,
-                            const I64& nbytes, const U64& addr) {
-  size_t n = same_length({file.size(), offset.size(), nbytes.size(), addr.size()});
-  py::array_t<int32_t> results(static_cast<py::ssize_t>(n));
-  tutti::Batch b{file.data(), offset.data(), nbytes.data(), addr.data(), n};
-  int32_t* out = results.mutable_data();
-  {
-    py::gil_scoped_release release;
-    e.submit(op, b, out, nullptr);
-  }
-  return results;
+tutti::Op op_of(const std::string& op) {
+  if (op == "read") return tutti::Op::kRead;
+  if (op == "write") return tutti::Op::kWrite;
+  throw tutti::Error("op must be 'read' or 'write', got '" + op + "'", __FILE__, __LINE__);
 }
 
-// Read, and checksum each group of requests as soon as its last request lands.
-py::tuple read_verify(Engine& e, const I64& file, const I64& offset, const I64& nbytes,
-                      const U64& addr, const I64& group_start) {
-  size_t n = same_length({file.size(), offset.size(), nbytes.size(), addr.size()});
-  TUTTI_EXPECT(group_start.size() >= 1, "group_start needs at least one entry");
-  size_t ngroups = static_cast<size_t>(group_start.size() - 1);
+// submit(op, files, offsets, nbytes, addrs, group_starts=None) -> results, or (results, sums)
+// when group_starts is given (a verified read: see tutti::Groups).
+py::object submit(Engine& e, const std::string& op, const I64& file, const I64& offset,
+                  const I64& nbytes, const U64& addr, const py::object& group_starts) {
+  const tutti::Op o = op_of(op);
+  const size_t n = same_length({file.size(), offset.size(), nbytes.size(), addr.size()});
   py::array_t<int32_t> results(static_cast<py::ssize_t>(n));
-  py::array_t<uint64_t> sums(static_cast<py::ssize_t>(ngroups));
+  const tutti::Batch b{file.data(), offset.data(), nbytes.data(), addr.data(), n};
   int32_t* out = results.mutable_data();
+  if (group_starts.is_none()) {
+    py::gil_scoped_release release;
+    e.submit(o, b, out, nullptr);
+    return std::move(results);
+  }
+  const auto starts = group_starts.cast<I64>();
+  TUTTI_EXPECT(starts.size() >= 1, "group_starts needs at least one entry");
+  const size_t ngroups = static_cast<size_t>(starts.size() - 1);
+  py::array_t<uint64_t> sums(static_cast<py::ssize_t>(ngroups));
+  const tutti::Groups groups{starts.data(), ngroups, sums.mutable_data()};
   {
     py::gil_scoped_release release;
-    tutti::Batch b{file.data(), offset.data(), nbytes.data(), addr.data(), n};
-    tutti::Groups groups{group_start.data(), ngroups, sums.mutable_data()};
-    e.submit(tutti::Op::kRead, b, out, &groups);
+    e.submit(o, b, out, &groups);
   }
   return py::make_tuple(results, sums);
 }
@@ -58,10 +59,11 @@ std::vector<int64_t> vec(const I64& a) { return {a.data(), a.data() + a.size()};
 // A many-chunk read kept back to back at the device (see ReadStream in engine.hpp).
 std::unique_ptr<tutti::ReadStream> read_stream(Engine& e, const I64& file, const I64& offset,
                                                const I64& nbytes, const U64& addr,
-                                               const I64& chunk_start, py::object group_start) {
+                                               const I64& chunk_start,
+                                               const py::object& group_starts) {
   same_length({file.size(), offset.size(), nbytes.size(), addr.size()});
   tutti::StreamSpec spec;
-  if (!group_start.is_none()) spec.group_start = vec(group_start.cast<I64>());
+  if (!group_starts.is_none()) spec.group_start = vec(group_starts.cast<I64>());
   spec.addr.assign(addr.data(), addr.data() + addr.size());
   spec.file = vec(file);
   spec.offset = vec(offset);
@@ -155,16 +157,10 @@ PYBIND11_MODULE(_engine, m) {
            py::arg("direct") = true, py::call_guard<py::gil_scoped_release>())
       .def("register_buffers", &Engine::register_buffers, py::arg("regions"),
            py::call_guard<py::gil_scoped_release>())
-      .def("read", [](Engine& e, const I64& f, const I64& o, const I64& n, const U64& a) {
-            return submit(e, tutti::Op::kRead, f, o, n, a);
-          }, py::arg("file"), py::arg("offset"), py::arg("nbytes"), py::arg("addr"))
-      .def("write", [](Engine& e, const I64& f, const I64& o, const I64& n, const U64& a) {
-            return submit(e, tutti::Op::kWrite, f, o, n, a);
-          }, py::arg("file"), py::arg("offset"), py::arg("nbytes"), py::arg("addr"))
-      .def("read_verify", &read_verify, py::arg("file"), py::arg("offset"), py::arg("nbytes"),
-           py::arg("addr"), py::arg("group_start"))
-      .def("read_stream", &read_stream, py::arg("file"), py::arg("offset"), py::arg("nbytes"),
-           py::arg("addr"), py::arg("chunk_start"), py::arg("group_start") = py::none(),
+      .def("submit", &submit, py::arg("op"), py::arg("files"), py::arg("offsets"),
+           py::arg("nbytes"), py::arg("addrs"), py::arg("group_starts") = py::none())
+      .def("read_stream", &read_stream, py::arg("files"), py::arg("offsets"), py::arg("nbytes"),
+           py::arg("addrs"), py::arg("chunk_starts"), py::arg("group_starts") = py::none(),
            py::keep_alive<0, 1>())
       .def("counters", &counters)
       .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>());

@@ -38,7 +38,7 @@ void check_groups(const int64_t* start, size_t ngroups, size_t nreq) {
   for (size_t g = 0; g < ngroups; ++g)
     TUTTI_EXPECT(start[g] >= 0 && start[g] <= start[g + 1] &&
                      static_cast<size_t>(start[g + 1]) <= nreq,
-                 "group_start must be non-decreasing and within the batch");
+                 "group starts must be non-decreasing and within the batch");
 }
 
 GroupChecksums::GroupChecksums(const uint64_t* addr, const int64_t* nbytes, const int64_t* start,
