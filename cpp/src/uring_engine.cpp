@@ -139,17 +139,18 @@ void Ring::prep(io_uring_sqe* sqe, Op op, const Plan& plan, const IoOp& o, int f
                 bool fixed_file) {
   const off_t off = o.offset + o.done;
   const iovec& v = plan.iovs[o.iov_begin];
+  const unsigned len = static_cast<unsigned>(v.iov_len);  // an op is at most 1 GiB
   const bool single = o.iov_count == 1;
   if (single && o.buf_index >= 0) {
     if (op == Op::kRead)
-      io_uring_prep_read_fixed(sqe, fd, v.iov_base, v.iov_len, off, o.buf_index);
+      io_uring_prep_read_fixed(sqe, fd, v.iov_base, len, off, o.buf_index);
     else
-      io_uring_prep_write_fixed(sqe, fd, v.iov_base, v.iov_len, off, o.buf_index);
+      io_uring_prep_write_fixed(sqe, fd, v.iov_base, len, off, o.buf_index);
   } else if (single) {
     if (op == Op::kRead)
-      io_uring_prep_read(sqe, fd, v.iov_base, v.iov_len, off);
+      io_uring_prep_read(sqe, fd, v.iov_base, len, off);
     else
-      io_uring_prep_write(sqe, fd, v.iov_base, v.iov_len, off);
+      io_uring_prep_write(sqe, fd, v.iov_base, len, off);
   } else if (op == Op::kRead) {
     io_uring_prep_readv(sqe, fd, &plan.iovs[o.iov_begin], o.iov_count, off);
   } else {
