@@ -1,6 +1,5 @@
 # Source on the GPU machine from the repository root. Carried in the device run (ignored folders):
 #   .sgl/site.tar.xz   the SGLang site-packages overlay (0.5.23 by default; a 0.5.17 one also works)
-#   .deps/             liburing's static library and headers, xxhash.h (include/, lib/)
 #   .nixl/nixl.tar.xz  optional: NIXL's trimmed wheels, for SGLang's `nixl` backend
 # Unpacks them into /tmp/site (first on PYTHONPATH), builds and installs tutti_hicache for the
 # machine's Python, and sets what SGLang 0.5.23 needs on torch 2.11 (see the overlay's notes).
@@ -18,7 +17,7 @@ done
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
 export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}
 if ! (cd /tmp && python3 -c "import tutti_hicache._engine") 2>/dev/null; then
-  TUTTI_DEPS_DIR=$PWD/.deps python3 -m pip install -q --no-build-isolation --no-deps . \
+  python3 -m pip install -q --no-build-isolation --no-deps . \
     > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; return 1 2>/dev/null || exit 1; }
 fi
 # The checkout shadows the installed package when run from here: give it the built extension

@@ -42,8 +42,9 @@ OVERRIDES="sentencepiece>=0.2.3"
 # Older SGLang (seen: 0.5.17) also imports server_args from memory_pool, hence its parsers' packages.
 OLD_SGLANG_DEPS=(xgrammar einops)
 
+# The extension itself needs only g++ and cmake: liburing and xxhash are vendored (cpp/third_party).
 install_apt_packages() {
-  local want=(liburing-dev libxxhash-dev libssl-dev g++ pkg-config) missing=()
+  local want=(libssl-dev g++ pkg-config) missing=()
   command -v cmake >/dev/null || want+=(cmake)
   local py=$1
   "$py" -c 'import ensurepip, venv' 2>/dev/null || want+=(python3-venv)
@@ -120,6 +121,9 @@ main() {
   if [[ -f $REPO/pyproject.toml ]]; then
     # Editable: tests run from the repository root, whose tutti_hicache/ would otherwise shadow an
     # installed copy and its compiled extension.
+    # The build requirements in the venv too: tests/test_build.py configures a clean build with them.
+    log "build requirements: scikit-build-core pybind11"
+    vpip -c "$constraints" "scikit-build-core>=0.10" "pybind11>=2.12"
     log "project: -e $REPO[test]"
     vpip -c "$constraints" -e "$REPO[test]"
   else

@@ -48,10 +48,10 @@ def test_roundtrip_scatter_gather(engine, store_dirs):
     f = engine.open_file(make_file(store_dirs[0], n * sz), True, True)
     src, a = buf_of(n * sz, seed=1)
     perm = np.random.default_rng(2).permutation(n)  # memory order differs from file order
-    w = engine.write(np.full(n, f), np.arange(n) * sz, np.full(n, sz), src.address + perm * sz)
+    w = engine.submit("write", np.full(n, f), np.arange(n) * sz, np.full(n, sz), src.address + perm * sz)
     assert (w == sz).all()
     dst, b = buf_of(n * sz)
-    r = engine.read(np.full(n, f), np.arange(n) * sz, np.full(n, sz), dst.address + np.arange(n) * sz)
+    r = engine.submit("read", np.full(n, f), np.arange(n) * sz, np.full(n, sz), dst.address + np.arange(n) * sz)
     assert (r == sz).all()
     assert (b.reshape(n, sz) == a.reshape(n, sz)[perm]).all()
     c = engine.counters()
@@ -63,7 +63,7 @@ def test_file_contiguous_requests_coalesce(engine, tmp_path):
     f = engine.open_file(make_file(tmp_path, n * sz), True, True)
     b, _ = buf_of(n * sz, seed=3)
     before = engine.counters()
-    r = engine.read(np.full(n, f), np.arange(n) * sz, np.full(n, sz), b.address + np.arange(n)[::-1] * sz)
+    r = engine.submit("read", np.full(n, f), np.arange(n) * sz, np.full(n, sz), b.address + np.arange(n)[::-1] * sz)
     assert (r == sz).all()
     after = engine.counters()
     subs = after["submissions"] - before["submissions"]
@@ -76,7 +76,7 @@ def test_file_contiguous_requests_coalesce(engine, tmp_path):
 def test_bad_requests_are_per_request_errors(engine, tmp_path):
     f = engine.open_file(make_file(tmp_path, 1 << 16), True, True)
     b, _ = buf_of(1 << 16)
-    r = engine.read(np.array([f, 1000, f, f, f]), np.array([0, 0, -4096, 1 << 16, 4096]),
+    r = engine.submit("read", np.array([f, 1000, f, f, f]), np.array([0, 0, -4096, 1 << 16, 4096]),
                     np.array([4096, 4096, 4096, 4096, 4096]),
                     np.array([b.address] * 5, dtype=np.uint64))
     assert r[0] == 4096 and r[4] == 4096
@@ -89,7 +89,7 @@ def test_misaligned_o_direct_is_a_clean_result(engine, tmp_path):
     6.x relaxed it); either way the request completes whole or fails with -EINVAL."""
     f = engine.open_file(make_file(tmp_path, 1 << 16), True, True)
     b, _ = buf_of(1 << 16)
-    r = engine.read(np.array([f]), np.array([0]), np.array([4096]), np.array([b.address + 1], dtype=np.uint64))
+    r = engine.submit("read", np.array([f]), np.array([0]), np.array([4096]), np.array([b.address + 1], dtype=np.uint64))
     assert r[0] in (4096, -errno.EINVAL)
 
 
@@ -98,7 +98,7 @@ def test_errors_are_oserror_with_file(engine):
         engine.open_file("/nonexistent/tutti", False, True)
     assert ei.value.filename == "/nonexistent/tutti" and ei.value.errno == errno.ENOENT
     with pytest.raises(ValueError, match="same length"):
-        engine.read(np.array([0]), np.array([0, 1]), np.array([1]), np.array([1], dtype=np.uint64))
+        engine.submit("read", np.array([0]), np.array([0, 1]), np.array([1]), np.array([1], dtype=np.uint64))
 
 
 def test_registered_buffers_and_large_batches(engine, tmp_path):
@@ -108,15 +108,15 @@ def test_registered_buffers_and_large_batches(engine, tmp_path):
     b, a = buf_of(n * sz, seed=4)
     engine.register_buffers([(b.address, b.nbytes)])
     offs = np.arange(n) * 2 * sz  # gaps: nothing coalesces
-    assert (engine.write(np.full(n, f), offs, np.full(n, sz), b.address + np.arange(n) * sz) == sz).all()
+    assert (engine.submit("write", np.full(n, f), offs, np.full(n, sz), b.address + np.arange(n) * sz) == sz).all()
     a[:] = 0
     before = engine.counters()
-    assert (engine.read(np.full(n, f), offs, np.full(n, sz), b.address + np.arange(n) * sz) == sz).all()
+    assert (engine.submit("read", np.full(n, f), offs, np.full(n, sz), b.address + np.arange(n) * sz) == sz).all()
     after = engine.counters()
     assert a.min() > 0
     if engine.name == "uring":
         assert after["enter_calls"] - before["enter_calls"] <= 2 + n / 64
-    engine.unregister_buffers()
+    engine.register_buffers([])
 
 
 def test_reads_and_writes_from_two_threads(engine, tmp_path):
@@ -124,7 +124,7 @@ def test_reads_and_writes_from_two_threads(engine, tmp_path):
     fr = engine.open_file(make_file(tmp_path, n * sz, "r.bin"), True, True)
     fw = engine.open_file(make_file(tmp_path, n * sz, "w.bin"), True, True)
     src, a = buf_of(n * sz, seed=5)
-    assert (engine.write(np.full(n, fr), np.arange(n) * sz, np.full(n, sz), src.address + np.arange(n) * sz) == sz).all()
+    assert (engine.submit("write", np.full(n, fr), np.arange(n) * sz, np.full(n, sz), src.address + np.arange(n) * sz) == sz).all()
     errors = []
 
     def loop(op, f, buf):
@@ -134,8 +134,8 @@ def test_reads_and_writes_from_two_threads(engine, tmp_path):
                 errors.append(r)
 
     dst, b = buf_of(n * sz)
-    ts = [threading.Thread(target=loop, args=(engine.read, fr, dst)),
-          threading.Thread(target=loop, args=(engine.write, fw, src))]
+    ts = [threading.Thread(target=loop, args=(lambda *a: engine.submit("read", *a), fr, dst)),
+          threading.Thread(target=loop, args=(lambda *a: engine.submit("write", *a), fw, src))]
     for t in ts:
         t.start()
     for t in ts:
@@ -150,7 +150,7 @@ def test_read_batches_from_several_threads_land_exactly(engine, tmp_path):
     f = engine.open_file(make_file(tmp_path, readers * n * sz), True, True)
     src, a = buf_of(readers * n * sz, seed=6)
     offs = np.arange(readers * n) * sz
-    assert (engine.write(np.full(readers * n, f), offs, np.full(readers * n, sz),
+    assert (engine.submit("write", np.full(readers * n, f), offs, np.full(readers * n, sz),
                          src.address + offs.astype(np.uint64)) == sz).all()
     dst, b = buf_of(readers * n * sz)
     engine.register_buffers([(dst.address, dst.nbytes)])
@@ -160,7 +160,7 @@ def test_read_batches_from_several_threads_land_exactly(engine, tmp_path):
         rng = np.random.default_rng(r)
         for _ in range(30):
             perm = rng.permutation(n) + r * n  # this reader's pages, shuffled
-            got = engine.read(np.full(n, f), perm * sz, np.full(n, sz),
+            got = engine.submit("read", np.full(n, f), perm * sz, np.full(n, sz),
                               dst.address + (perm * sz).astype(np.uint64))
             if not (got == sz).all():
                 errors.append(got)
@@ -171,7 +171,30 @@ def test_read_batches_from_several_threads_land_exactly(engine, tmp_path):
     for t in ts:
         t.join()
     assert not errors and (a == b).all()
-    engine.unregister_buffers()
+    engine.register_buffers([])
+
+
+def test_verified_read_checksums_each_group(engine, tmp_path):
+    """submit with group_starts: each group's sum equals checksum_groups over the bytes read; a
+    group with a failed request gets 0; groups are for reads only."""
+    n, sz = 12, 4096
+    f = engine.open_file(make_file(tmp_path, n * sz), True, True)
+    src, a = buf_of(n * sz, seed=11)
+    offs = np.arange(n) * sz
+    assert (engine.submit("write", np.full(n, f), offs, np.full(n, sz), src.address + offs.astype(np.uint64)) == sz).all()
+    dst, b = buf_of(n * sz)
+    files = np.full(n, f)
+    files[7] = 999  # no such file: its group fails
+    groups = np.array([0, 3, 6, 9, 12])
+    addrs = dst.address + offs.astype(np.uint64)
+    res, sums = engine.submit("read", files, offs, np.full(n, sz), addrs, groups)
+    assert res[7] == -errno.EBADF and (np.delete(res, 7) == sz).all()
+    want = E.checksum_groups(src.address + offs.astype(np.uint64), np.full(n, sz), groups)
+    assert list(sums[[0, 1, 3]]) == list(want[[0, 1, 3]]) and sums[2] == 0
+    with pytest.raises(ValueError, match="reads only"):
+        engine.submit("write", np.full(n, f), offs, np.full(n, sz), addrs, groups)
+    with pytest.raises(ValueError, match="'read' or 'write'"):
+        engine.submit("append", np.full(n, f), offs, np.full(n, sz), addrs)
 
 
 def test_closed_engine_refuses(tmp_path):
@@ -179,7 +202,7 @@ def test_closed_engine_refuses(tmp_path):
     e.close()
     e.close()  # idempotent
     with pytest.raises(ValueError, match="closed"):
-        e.read(np.array([0]), np.array([0]), np.array([4096]), np.array([4096], dtype=np.uint64))
+        e.submit("read", np.array([0]), np.array([0]), np.array([4096]), np.array([4096], dtype=np.uint64))
 
 
 def test_checksums_and_memcpy():
@@ -187,7 +210,10 @@ def test_checksums_and_memcpy():
     addr = np.array([b.address, b.address + 4096, b.address + 8192], dtype=np.uint64)
     lens = np.array([4096, 4096, 4096])
     g = E.checksum_groups(addr, lens, np.array([0, 1, 3]))
-    assert g[0] == E.checksum(a[:4096]) and g[1] == E.checksum(a[4096:])
+    def whole(addr, nbytes):  # one piece: the XXH3-64 of contiguous bytes
+        return E.checksum_groups(np.array([addr], dtype=np.uint64), np.array([nbytes]), np.array([0, 1]))[0]
+
+    assert g[0] == whole(b.address, 4096) and g[1] == whole(b.address + 4096, 8192)
     d, da = buf_of(3 * 4096)
     E.memcpy_batch(d.address + np.array([8192, 0, 4096], dtype=np.uint64), addr, lens)
     assert (da[8192:] == a[:4096]).all() and (da[:4096] == a[4096:8192]).all()
@@ -213,11 +239,21 @@ def test_auto_falls_back_to_posix_when_uring_is_refused(monkeypatch):
         eng.open_engine("uring")
 
 
+def test_fallback_reason_tells_a_posix_only_build_from_a_kernel_refusal():
+    from tutti_hicache.engine import _fallback_reason
+
+    nosys = OSError(errno.ENOSYS, "no io_uring")
+    assert "built without io_uring" in _fallback_reason(nosys, compiled=False)
+    assert "kernel refused" in _fallback_reason(nosys, compiled=True)
+    assert "built" not in _fallback_reason(nosys, compiled=True)
+    assert "seccomp" in _fallback_reason(OSError(errno.EPERM, "blocked"), compiled=True)
+
+
 def _stream_file(engine, tmp_path, n, sz, seed):
     f = engine.open_file(make_file(tmp_path, n * sz, "s.bin"), True, True)
     src, a = buf_of(n * sz, seed=seed)
     offs = np.arange(n) * sz
-    assert (engine.write(np.full(n, f), offs, np.full(n, sz), src.address + offs.astype(np.uint64)) == sz).all()
+    assert (engine.submit("write", np.full(n, f), offs, np.full(n, sz), src.address + offs.astype(np.uint64)) == sz).all()
     return f, a
 
 
@@ -245,7 +281,7 @@ def test_read_stream_chunks_land_in_order_with_checksums(engine, tmp_path):
             assert (b[i * sz:(i + 1) * sz] == a[order[i] * sz:(order[i] + 1) * sz]).all()
     st.join()
     assert (np.concatenate(got_sums) == want).all()
-    engine.unregister_buffers()
+    engine.register_buffers([])
 
 
 def test_read_stream_submits_nothing_before_allow_and_cancel_ends_it(engine, tmp_path):

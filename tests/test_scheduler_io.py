@@ -23,21 +23,21 @@ def make_store(dirs, **extra):
 
 
 class Recorder:
-    """Wraps the engine: logs (kind, devices, start, end) of every read/write call."""
+    """Wraps the engine: logs (kind, devices, start, end) of every submit call."""
 
     def __init__(self, store):
         self.store, self.log, self.lock = store, [], threading.Lock()
         self.real_engine = store.engine
-        self.real = {n: getattr(self.real_engine, n) for n in ("read", "write", "read_verify")}
+        self.real_submit = self.real_engine.submit
         store.engine = self
 
     def __getattr__(self, name):  # counters(), close(), ... go to the real engine
         return getattr(self.real_engine, name)
 
-    def _call(self, kind, name, file, *args):
+    def _call(self, kind, op, file, *args):
         devs = {self._dir(int(f)) for f in np.unique(file)}
         t0 = time.monotonic()
-        out = self.real[name](file, *args)
+        out = self.real_submit(op, file, *args)
         with self.lock:
             self.log.append((kind, devs, t0, time.monotonic()))
         return out
@@ -46,14 +46,8 @@ class Recorder:
         table = self.store._file_table
         return int(np.argwhere(table == f)[0][0])
 
-    def read(self, file, *a):
-        return self._call("r", "read", file, *a)
-
-    def read_verify(self, file, *a):
-        return self._call("r", "read_verify", file, *a)
-
-    def write(self, file, *a):
-        return self._call("w", "write", file, *a)
+    def submit(self, op, file, *a):
+        return self._call("r" if op == "read" else "w", op, file, *a)
 
 
 def pages(n, seed):

@@ -2,14 +2,16 @@
 
 At a glance:
     extension() -> module          the compiled ``tutti_hicache._engine`` (clear ImportError if absent)
-    open_engine(cfg) -> Engine      io_uring, or the POSIX thread pool; `auto` logs why it fell back
+    open_engine(kind, ...) -> Engine io_uring, or the POSIX thread pool; `auto` logs why it fell back
     probe_o_direct(dir) -> bool     whether files in `dir` accept O_DIRECT
 
 An Engine moves batches of requests given as arrays (file index, file offset, nbytes,
-address): ``engine.read(...)`` / ``engine.write(...)`` return one int32 per request (nbytes
-or -errno), with the GIL released for the whole batch. Reads and writes have separate
-submission paths (two rings / two worker pools), so one thread's write batch never waits
-behind another thread's read batch in the engine.
+address): ``engine.submit("read" | "write", files, offsets, nbytes, addrs)`` returns one int32
+per request (nbytes or -errno), with the GIL released for the whole batch; with
+``group_starts`` (a read) it returns ``(results, sums)``, each group's XXH3-64 computed as its
+last request lands (0 when one failed). ``engine.read_stream(...)`` keeps the chunks of a
+many-chunk read back to back. Reads and writes have separate submission paths (two rings / two
+worker pools), so one thread's write batch never waits behind another thread's read batch.
 """
 
 from __future__ import annotations
@@ -33,8 +35,7 @@ def extension() -> ModuleType:
         except ImportError as e:
             raise ImportError(
                 "tutti_hicache._engine (the C++ I/O engine) is not built; install the package "
-                "with `pip install .` (needs a C++17 compiler, cmake, and libxxhash-dev; "
-                f"liburing-dev for the io_uring engine): {e}") from e
+                f"with `pip install .` (needs a C++17 compiler and cmake): {e}") from e
         _ext = _engine
     return _ext
 
@@ -51,21 +52,27 @@ def open_engine(kind: str = "auto", queue_depth: int = 1024, vectored: bool = Tr
         except OSError as e:
             if kind == "uring":
                 raise
-            _log_fallback(e)
+            _log_fallback(e, ext.uring_compiled())
     return ext.make_engine("posix", queue_depth, vectored, threads)
 
 
-def _log_fallback(err: OSError) -> None:
+def _fallback_reason(err: OSError, compiled: bool) -> str:
+    """Why `auto` fell back: a build without io_uring, or the kernel refusing it."""
+    if not compiled:
+        return "tutti was built without io_uring (a TUTTI_ALLOW_POSIX_ONLY=1 build)"
+    return {
+        errno.ENOSYS: "the kernel refused io_uring: it has none (ENOSYS)",
+        errno.EPERM: "the kernel refused io_uring: blocked (EPERM, e.g. a container seccomp profile)",
+        errno.EACCES: "the kernel refused io_uring: disabled (EACCES, e.g. kernel.io_uring_disabled)",
+    }.get(err.errno, f"io_uring setup failed: {err}")
+
+
+def _log_fallback(err: OSError, compiled: bool) -> None:
     global _fallback_logged
     if _fallback_logged:
         return
     _fallback_logged = True
-    reason = {
-        errno.ENOSYS: "io_uring is not available (kernel without it, or tutti built without liburing)",
-        errno.EPERM: "io_uring is blocked (e.g. a container seccomp profile)",
-        errno.EACCES: "io_uring is blocked (e.g. kernel.io_uring_disabled)",
-    }.get(err.errno, f"io_uring setup failed: {err}")
-    logger.warning("tutti: using the POSIX thread-pool engine: %s", reason)
+    logger.warning("tutti: using the POSIX thread-pool engine: %s", _fallback_reason(err, compiled))
 
 
 def probe_o_direct(directory: str) -> bool:

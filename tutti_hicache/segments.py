@@ -281,7 +281,7 @@ class SegmentFiles:
         its own rewrites must not bring an evicted key back over the slot being rewritten."""
         files, offsets = self._slot_files(slots)
         addr = buf.address + np.arange(len(slots), dtype=np.uint64) * HEADER_NBYTES
-        res = self.engine.read(files, offsets, np.full(len(slots), HEADER_NBYTES, np.int64), addr)
+        res = self.engine.submit("read", files, offsets, np.full(len(slots), HEADER_NBYTES, np.int64), addr)
         raw[res != HEADER_NBYTES] = 0
         p = header.parse(raw, self.fingerprint, slots, int(self.layout.object_nbytes.sum()),
                          self.layout.geometry.units)

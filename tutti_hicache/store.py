@@ -208,17 +208,17 @@ class ObjectStore(SegmentFiles):
                     np.tile(lay.object_nbytes, n), addrs.ravel())
             with self.gate.reading(self._devices(slots)):
                 if checksum:
-                    res, units = self.engine.read_verify(*args, self._unit_starts(n))
+                    res, units = self.engine.submit("read", *args, self._unit_starts(n))
                     sums = self._page_sums(units)
                 else:
-                    res, sums = self.engine.read(*args), None
+                    res, sums = self.engine.submit("read", *args), None
             self._count_errors(res, "read")
             return (res.reshape(n, m) == lay.object_nbytes[None, :]).all(axis=1), sums
         with self._io_lock["r"]:
             stage = self._stage("r", n)
             base = stage.address + np.arange(n, dtype=np.uint64) * lay.payload_nbytes
             with self.gate.reading(self._devices(slots)):
-                res = self.engine.read(files, offsets + HEADER_NBYTES,
+                res = self.engine.submit("read", files, offsets + HEADER_NBYTES,
                                        np.full(n, lay.payload_nbytes, np.int64), base)
             good = res == lay.payload_nbytes
             self._count_errors(res, "read")
@@ -466,7 +466,7 @@ class ObjectStore(SegmentFiles):
         good = np.ones(len(res), dtype=bool)
         dirty = np.flatnonzero([r.dirty for r in res])
         if len(dirty):
-            out = self.engine.write(files[dirty], offsets[dirty],
+            out = self.engine.submit("write", files[dirty], offsets[dirty],
                                     np.full(len(dirty), HEADER_NBYTES, np.int64),
                                     np.full(len(dirty), self._zero.address, np.uint64))
             good[dirty] = out == HEADER_NBYTES
@@ -477,7 +477,7 @@ class ObjectStore(SegmentFiles):
         lay = self.layout
         n, m = addrs.shape
         if aligned:
-            res = self.engine.write(np.repeat(files, m),
+            res = self.engine.submit("write", np.repeat(files, m),
                                     (offsets[:, None] + lay.object_offsets[None, :]).ravel(),
                                     np.tile(lay.object_nbytes, n), addrs.ravel())
             self._count_errors(res, "write")
@@ -488,7 +488,7 @@ class ObjectStore(SegmentFiles):
             dst = base[:, None] + (lay.object_offsets - HEADER_NBYTES).astype(np.uint64)[None, :]
             extension().memcpy_batch(dst.ravel(), addrs.ravel(), np.tile(lay.object_nbytes, n),
                                      self.cfg.threads)
-            res = self.engine.write(files, offsets + HEADER_NBYTES,
+            res = self.engine.submit("write", files, offsets + HEADER_NBYTES,
                                     np.full(n, lay.payload_nbytes, np.int64), base)
             self._count_errors(res, "write")
             return res == lay.payload_nbytes
@@ -503,7 +503,7 @@ class ObjectStore(SegmentFiles):
         header.pack(raw, [header.encode_key(res[i].key) for i in sel], slots[sel], seqs[sel],
                     sums[sel], units[sel], self.fingerprint, int(self.layout.object_nbytes.sum()),
                     time.time_ns())
-        w = self.engine.write(files[sel], offsets[sel], np.full(len(sel), HEADER_NBYTES, np.int64),
+        w = self.engine.submit("write", files[sel], offsets[sel], np.full(len(sel), HEADER_NBYTES, np.int64),
                               buf.address + np.arange(len(sel), dtype=np.uint64) * HEADER_NBYTES)
         self._count_errors(w, "write")
         out[sel] = w == HEADER_NBYTES
@@ -536,7 +536,7 @@ class ObjectStore(SegmentFiles):
         if own:
             slots = np.array([s for _, s in own], dtype=np.int64)
             files, offsets = self._slot_files(slots)
-            self.engine.write(files, offsets, np.full(len(own), HEADER_NBYTES, np.int64),
+            self.engine.submit("write", files, offsets, np.full(len(own), HEADER_NBYTES, np.int64),
                               np.full(len(own), self._zero.address, np.uint64))
         return len(own)
 
@@ -568,7 +568,7 @@ class ObjectStore(SegmentFiles):
             if own:
                 slots = np.array(own, dtype=np.int64)
                 files, offsets = self._slot_files(slots)
-                self.engine.write(files, offsets, np.full(len(own), HEADER_NBYTES, np.int64),
+                self.engine.submit("write", files, offsets, np.full(len(own), HEADER_NBYTES, np.int64),
                                   np.full(len(own), self._zero.address, np.uint64))
         return {"checked": checked, "bad": len(bad), "bad_keys": [k for k, _ in bad][:20],
                 "bad_headers": len(bad_headers)}

@@ -22,43 +22,34 @@ size_t same_length(std::initializer_list<py::ssize_t> sizes) {
   return static_cast<size_t>(n);
 }
 
-py::array_t<int32_t> submit(Engine& e, tutti::Op op, const I64& file, const I64& offset,
-                            const I64& nbytes, const U64& addr) {
-  size_t n = same_length({file.size(), offset.size(), nbytes.size(), addr.size()});
-  py::array_t<int32_t> results(static_cast<py::ssize_t>(n));
-  tutti::Batch b{file.data(), offset.data(), nbytes.data(), addr.data(), n, nullptr};
-  int32_t* out = results.mutable_data();
-  {
-    py::gil_scoped_release release;
-    e.submit(op, b, out);
-  }
-  return results;
+tutti::Op op_of(const std::string& op) {
+  if (op == "read") return tutti::Op::kRead;
+  if (op == "write") return tutti::Op::kWrite;
+  throw tutti::Error("op must be 'read' or 'write', got '" + op + "'", __FILE__, __LINE__);
 }
 
-// Read, and checksum each group of requests as soon as its last request lands.
-py::tuple read_verify(Engine& e, const I64& file, const I64& offset, const I64& nbytes,
-                      const U64& addr, const I64& group_start) {
-  size_t n = same_length({file.size(), offset.size(), nbytes.size(), addr.size()});
-  TUTTI_EXPECT(group_start.size() >= 1, "group_start needs at least one entry");
-  size_t ngroups = static_cast<size_t>(group_start.size() - 1);
-  const int64_t* gs = group_start.data();
-  for (size_t g = 0; g < ngroups; ++g)
-    TUTTI_EXPECT(gs[g] >= 0 && gs[g] <= gs[g + 1] && static_cast<size_t>(gs[g + 1]) <= n,
-                 "group_start must be non-decreasing and within the batch");
+// submit(op, files, offsets, nbytes, addrs, group_starts=None) -> results, or (results, sums)
+// when group_starts is given (a verified read: see tutti::Groups).
+py::object submit(Engine& e, const std::string& op, const I64& file, const I64& offset,
+                  const I64& nbytes, const U64& addr, const py::object& group_starts) {
+  const tutti::Op o = op_of(op);
+  const size_t n = same_length({file.size(), offset.size(), nbytes.size(), addr.size()});
   py::array_t<int32_t> results(static_cast<py::ssize_t>(n));
-  py::array_t<uint64_t> sums(static_cast<py::ssize_t>(ngroups));
+  const tutti::Batch b{file.data(), offset.data(), nbytes.data(), addr.data(), n};
   int32_t* out = results.mutable_data();
+  if (group_starts.is_none()) {
+    py::gil_scoped_release release;
+    e.submit(o, b, out, nullptr);
+    return std::move(results);
+  }
+  const auto starts = group_starts.cast<I64>();
+  TUTTI_EXPECT(starts.size() >= 1, "group_starts needs at least one entry");
+  const size_t ngroups = static_cast<size_t>(starts.size() - 1);
+  py::array_t<uint64_t> sums(static_cast<py::ssize_t>(ngroups));
+  const tutti::Groups groups{starts.data(), ngroups, sums.mutable_data()};
   {
     py::gil_scoped_release release;
-    tutti::GroupChecksums groups(gs, ngroups, n, sums.mutable_data(), e.task_pool());
-    tutti::Batch b{file.data(), offset.data(), nbytes.data(), addr.data(), n, &groups};
-    try {
-      e.submit(tutti::Op::kRead, b, out);
-    } catch (...) {
-      groups.wait();
-      throw;
-    }
-    groups.wait();
+    e.submit(o, b, out, &groups);
   }
   return py::make_tuple(results, sums);
 }
@@ -68,62 +59,55 @@ std::vector<int64_t> vec(const I64& a) { return {a.data(), a.data() + a.size()};
 // A many-chunk read kept back to back at the device (see ReadStream in engine.hpp).
 std::unique_ptr<tutti::ReadStream> read_stream(Engine& e, const I64& file, const I64& offset,
                                                const I64& nbytes, const U64& addr,
-                                               const I64& chunk_start, py::object group_start) {
+                                               const I64& chunk_start,
+                                               const py::object& group_starts) {
   same_length({file.size(), offset.size(), nbytes.size(), addr.size()});
-  std::vector<int64_t> groups;
-  if (!group_start.is_none()) groups = vec(group_start.cast<I64>());
-  std::vector<uint64_t> a(addr.data(), addr.data() + addr.size());
-  auto f = vec(file), o = vec(offset), n = vec(nbytes), c = vec(chunk_start);
+  tutti::StreamSpec spec;
+  if (!group_starts.is_none()) spec.group_start = vec(group_starts.cast<I64>());
+  spec.addr.assign(addr.data(), addr.data() + addr.size());
+  spec.file = vec(file);
+  spec.offset = vec(offset);
+  spec.nbytes = vec(nbytes);
+  spec.chunk_start = vec(chunk_start);
   py::gil_scoped_release release;
-  return std::make_unique<tutti::ReadStream>(e, std::move(f), std::move(o), std::move(n),
-                                             std::move(a), std::move(c), std::move(groups));
+  return e.read_stream(std::move(spec));
 }
 
 // wait(c): chunk c final -> (its results, the checksums of its groups), copies.
 py::tuple stream_wait(tutti::ReadStream& s, size_t c) {
+  tutti::ChunkResults r;
   {
     py::gil_scoped_release release;
-    s.wait(c);
+    r = s.wait(c);
   }
-  const int64_t b0 = s.chunk_begin(c), b1 = s.chunk_end(c);
-  auto [g0, g1] = s.chunk_groups(c);
-  py::array_t<int32_t> res(static_cast<py::ssize_t>(b1 - b0));
-  std::copy(s.results() + b0, s.results() + b1, res.mutable_data());
-  py::array_t<uint64_t> sums(static_cast<py::ssize_t>(g1 - g0));
-  std::copy(s.sums() + g0, s.sums() + g1, sums.mutable_data());
+  py::array_t<int32_t> res(static_cast<py::ssize_t>(r.n_requests));
+  std::copy(r.results, r.results + r.n_requests, res.mutable_data());
+  py::array_t<uint64_t> sums(static_cast<py::ssize_t>(r.n_groups));
+  std::copy(r.sums, r.sums + r.n_groups, sums.mutable_data());
   return py::make_tuple(res, sums);
 }
 
 py::dict counters(const Engine& e) {
-  const auto& c = e.counters;
+  const tutti::Counters c = e.counters();
   py::dict d;
-  d["batches"] = c.batches.load();
-  d["requests"] = c.requests.load();
-  d["bytes"] = c.bytes.load();
-  d["submissions"] = c.submissions.load();
-  d["enter_calls"] = c.enter_calls.load();
-  d["requeues"] = c.requeues.load();
-  d["errors"] = c.errors.load();
+  d["batches"] = c.batches;
+  d["requests"] = c.requests;
+  d["bytes"] = c.bytes;
+  d["submissions"] = c.submissions;
+  d["enter_calls"] = c.enter_calls;
+  d["requeues"] = c.requeues;
+  d["errors"] = c.errors;
   return d;
 }
 
 std::unique_ptr<Engine> make_engine(const std::string& kind, unsigned queue_depth, bool vectored,
                                     unsigned threads, int64_t max_op_bytes) {
-  TUTTI_EXPECT(max_op_bytes >= 4096 && max_op_bytes <= (1 << 30),
-               "max_op_bytes must be within [4 KiB, 1 GiB]");
   tutti::EngineOptions opt;
-  opt.max_op_bytes = max_op_bytes;
-  auto engine_with = [&](std::unique_ptr<Engine> e) {
-    e->task_threads = threads;
-    return e;
-  };
   opt.queue_depth = queue_depth;
   opt.vectored = vectored;
   opt.threads = threads;
-  if (kind == "uring") return engine_with(tutti::make_uring_engine(opt));
-  if (kind == "posix") return engine_with(tutti::make_posix_engine(opt));
-  throw tutti::Error("unknown engine kind '" + kind + "' (expected uring or posix)", __FILE__,
-                     __LINE__);
+  opt.max_op_bytes = max_op_bytes;
+  return tutti::make_engine(kind, opt);
 }
 
 py::array_t<uint64_t> checksum_groups(const U64& addr, const I64& len, const I64& group_start,
@@ -171,21 +155,12 @@ PYBIND11_MODULE(_engine, m) {
       .def_property_readonly("name", &Engine::name)
       .def("open_file", &Engine::open_file, py::arg("path"), py::arg("writable"),
            py::arg("direct") = true, py::call_guard<py::gil_scoped_release>())
-      .def("close_file", &Engine::close_file, py::call_guard<py::gil_scoped_release>())
       .def("register_buffers", &Engine::register_buffers, py::arg("regions"),
            py::call_guard<py::gil_scoped_release>())
-      .def("unregister_buffers", &Engine::unregister_buffers,
-           py::call_guard<py::gil_scoped_release>())
-      .def("read", [](Engine& e, const I64& f, const I64& o, const I64& n, const U64& a) {
-            return submit(e, tutti::Op::kRead, f, o, n, a);
-          }, py::arg("file"), py::arg("offset"), py::arg("nbytes"), py::arg("addr"))
-      .def("write", [](Engine& e, const I64& f, const I64& o, const I64& n, const U64& a) {
-            return submit(e, tutti::Op::kWrite, f, o, n, a);
-          }, py::arg("file"), py::arg("offset"), py::arg("nbytes"), py::arg("addr"))
-      .def("read_verify", &read_verify, py::arg("file"), py::arg("offset"), py::arg("nbytes"),
-           py::arg("addr"), py::arg("group_start"))
-      .def("read_stream", &read_stream, py::arg("file"), py::arg("offset"), py::arg("nbytes"),
-           py::arg("addr"), py::arg("chunk_start"), py::arg("group_start") = py::none(),
+      .def("submit", &submit, py::arg("op"), py::arg("files"), py::arg("offsets"),
+           py::arg("nbytes"), py::arg("addrs"), py::arg("group_starts") = py::none())
+      .def("read_stream", &read_stream, py::arg("files"), py::arg("offsets"), py::arg("nbytes"),
+           py::arg("addrs"), py::arg("chunk_starts"), py::arg("group_starts") = py::none(),
            py::keep_alive<0, 1>())
       .def("counters", &counters)
       .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>());
@@ -201,12 +176,13 @@ PYBIND11_MODULE(_engine, m) {
   m.def("make_engine", &make_engine, py::arg("kind"), py::arg("queue_depth") = 1024,
         py::arg("vectored") = true, py::arg("threads") = 8, py::arg("max_op_bytes") = 1 << 30);
   m.def("uring_compiled", &tutti::uring_compiled);
+  // The vendored liburing release compiled in ("2.3"), None in a POSIX-only build.
+  if (const char* v = tutti::uring_vendored_version())
+    m.attr("URING_VENDORED_VERSION") = v;
+  else
+    m.attr("URING_VENDORED_VERSION") = py::none();
   m.def("checksum_groups", &checksum_groups, py::arg("addr"), py::arg("nbytes"),
         py::arg("group_start"), py::arg("threads") = 1);
-  m.def("checksum", [](py::buffer b) {
-    py::buffer_info info = b.request();
-    return tutti::checksum(info.ptr, static_cast<size_t>(info.size * info.itemsize));
-  });
   m.def("memcpy_batch", &memcpy_batch, py::arg("dst"), py::arg("src"), py::arg("nbytes"),
         py::arg("threads") = 1);
 

@@ -4,14 +4,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <thread>
+#include <vector>
 
-#include "tutti/engine.hpp"
+#include "tutti/detail/engine_base.hpp"
+#include "tutti/detail/plan.hpp"
 #include "tutti/error.hpp"
 
-namespace tutti {
+namespace tutti::detail {
 namespace {
 
 // A fixed set of workers that run fn(0..count-1) together with the caller.
@@ -75,7 +79,7 @@ class Pool {
 };
 
 // Run one op to completion; returns 0 or -errno.
-int run_op(Op op, Plan& plan, IoOp& o, int fd, Counters& c) {
+int run_op(Op op, Plan& plan, IoOp& o, int fd, AtomicCounters& c) {
   if (fd < 0) return -EBADF;
   while (o.done < o.nbytes) {
     const iovec* iov = &plan.iovs[o.iov_begin];
@@ -98,51 +102,40 @@ int run_op(Op op, Plan& plan, IoOp& o, int fd, Counters& c) {
   return 0;
 }
 
-class PosixEngine : public Engine {
+class PosixEngine final : public EngineBase {
  public:
-  explicit PosixEngine(const EngineOptions& opt) : opt_(opt) {}
+  explicit PosixEngine(const EngineOptions& opt) : EngineBase(opt) {}
   ~PosixEngine() override { close(); }
 
   std::string name() const override { return "posix"; }
 
   int register_buffers(const std::vector<std::pair<uint64_t, uint64_t>>&) override { return 0; }
-  void unregister_buffers() override {}
 
-  void submit(Op op, const Batch& b, int32_t* results) override {
-    std::shared_lock life(life_mu_);
-    TUTTI_EXPECT(!closed_, "engine is closed");
-    counters.batches++;
-    counters.requests += b.n;
+ private:
+  void run_batch(Op op, const Batch& b, Completion* on_done, int32_t* results) override {
     PlanPolicy pol;
     pol.vectored = opt_.vectored;
     pol.max_op_bytes = opt_.max_op_bytes;
-    Plan plan = build_plan(b, pol, files.size(), results);
+    Plan plan = build_plan(b, pol, files_.size(), on_done, results);
     Dir& d = dirs_[static_cast<int>(op)];
     std::lock_guard lock(d.mu);
     if (!d.pool) d.pool = std::make_unique<Pool>(std::max(1u, opt_.threads) - 1);
     std::function<void(size_t)> fn = [&](size_t i) {
       IoOp& o = plan.ops[i];
-      int err = run_op(op, plan, o, files.fd(static_cast<int>(o.file)), counters);
-      finish_op(plan, o, b, err, results, counters);
+      int err = run_op(op, plan, o, files_.fd(static_cast<int>(o.file)), stats_);
+      finish_op(o, b, on_done, err, results, stats_);
     };
     d.pool->run(fn, plan.ops.size());
   }
 
-  void close() override {
-    std::unique_lock life(life_mu_);
-    if (closed_.exchange(true)) return;
+  void release() override {
     for (auto& d : dirs_) d.pool.reset();
-    files.close_all();
   }
 
- private:
   struct Dir {
     std::mutex mu;
     std::unique_ptr<Pool> pool;
   };
-  EngineOptions opt_;
-  std::shared_mutex life_mu_;
-  std::atomic<bool> closed_{false};
   Dir dirs_[2];
 };
 
@@ -152,4 +145,4 @@ std::unique_ptr<Engine> make_posix_engine(const EngineOptions& opt) {
   return std::make_unique<PosixEngine>(opt);
 }
 
-}  // namespace tutti
+}  // namespace tutti::detail

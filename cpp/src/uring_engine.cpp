@@ -3,24 +3,48 @@
 // kReadRings read rings (so a reader can put the next read batch in flight while
 // another reader's batch drains), many SQEs per io_uring_enter, short transfers
 // and -EAGAIN re-queued here so callers only ever see whole requests.
-#include "tutti/engine.hpp"
+#include "tutti/detail/engine_base.hpp"
 #include "tutti/error.hpp"
 
 #ifdef TUTTI_HAVE_URING
 #include <liburing.h>
+#ifndef TUTTI_LIBURING_VENDORED_VERSION  // defined by the compat.h that CMake generates
+#error "not the vendored liburing.h (cpp/third_party/liburing): check the include path"
+#endif
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <deque>
 
-namespace tutti {
+#include "tutti/detail/plan.hpp"
+#include "tutti/detail/stream.hpp"
+
+namespace tutti::detail {
 namespace {
 
 constexpr unsigned kMaxFiles = 4096;
 constexpr unsigned kMaxBuffers = 16384;
 constexpr uint64_t kMaxBufferBytes = 1ull << 30;  // kernel limit per registered buffer
 constexpr unsigned kReadRings = 2;  // read batches that may be in flight at once
+
+// One line on stderr the first time a kind of registration update fails in this process:
+// what failed, the errno, and what follows from it.
+void log_once(std::atomic<bool>& logged, const std::string& what, int err, const std::string& then) {
+  if (logged.exchange(true)) return;
+  std::fprintf(stderr, "tutti: %s failed: %s (errno %d); %s\n", what.c_str(), std::strerror(err),
+               err, then.c_str());
+}
+std::atomic<bool> files_update_logged{false};
+std::atomic<bool> buffers_update_logged{false};
+
+// errno of a registration update that returned r for `want` entries (0 when all were updated).
+int update_errno(int r, unsigned want) {
+  if (r == static_cast<int>(want)) return 0;
+  return r < 0 ? -r : EIO;  // a partial update: the kernel stopped at an entry it refused
+}
 
 class Ring {
  public:
@@ -35,35 +59,50 @@ class Ring {
     if (r < 0) TUTTI_SYS_FAIL(-r, "io_uring_queue_init", "");
     files_ok_ = io_uring_register_files_sparse(&ring_, kMaxFiles) == 0;
     bufs_ok_ = io_uring_register_buffers_sparse(&ring_, kMaxBuffers) == 0;
+    if (files_ok_) file_err_.assign(kMaxFiles, 0);
   }
   ~Ring() { io_uring_queue_exit(&ring_); }
 
   std::mutex mu;
   bool files_registered() const { return files_ok_; }
 
+  // Point registered file `index` at fd. When the kernel refuses, operations on that file end
+  // with its -errno (instead of reaching an empty or stale slot), and stderr says so once.
   void set_file(int index, int fd) {
     if (!files_ok_ || index >= static_cast<int>(kMaxFiles)) return;
-    io_uring_register_files_update(&ring_, index, &fd, 1);
+    const int err = update_errno(io_uring_register_files_update(&ring_, index, &fd, 1), 1);
+    file_err_[index] = -err;
+    if (err)
+      log_once(files_update_logged,
+               "io_uring_register_files_update of file " + std::to_string(index), err,
+               "its requests fail with -" + std::to_string(err));
   }
 
-  // Replace registered buffers [0, n) with iovs; false when the kernel refuses.
+  // Replace registered buffers [0, n) with iovs, clearing the old_n first; false when the kernel
+  // refuses any of it (then the engine uses no registered buffers), and stderr says so once.
   bool set_buffers(const std::vector<iovec>& iovs, unsigned old_n) {
     if (!bufs_ok_) return false;
     std::vector<iovec> clear(old_n, iovec{nullptr, 0});
     std::vector<__u64> tags(std::max<size_t>(iovs.size(), old_n), 0);
-    if (old_n) io_uring_register_buffers_update_tag(&ring_, 0, clear.data(), tags.data(), old_n);
-    if (iovs.empty()) return true;
-    int r = io_uring_register_buffers_update_tag(&ring_, 0, iovs.data(), tags.data(), iovs.size());
-    return r >= 0;
+    const unsigned n = static_cast<unsigned>(iovs.size());
+    int err = 0;
+    if (old_n)
+      err = update_errno(
+          io_uring_register_buffers_update_tag(&ring_, 0, clear.data(), tags.data(), old_n), old_n);
+    if (!err && n)
+      err = update_errno(
+          io_uring_register_buffers_update_tag(&ring_, 0, iovs.data(), tags.data(), n), n);
+    if (err)
+      log_once(buffers_update_logged, "io_uring_register_buffers_update", err,
+               "I/O goes on without registered buffers");
+    return err == 0;
   }
 
-  void run(Op op, Plan& plan, const Batch& b, const FileTable& files, int32_t* results,
-           Counters& c);
-  // The ops of a read stream, chunk after chunk (op_chunk[i]: chunk of op i; chunk_end[c]:
-  // ops of chunks <= c), each chunk's ops submitted once the stream allows the chunk.
-  void run_stream(Plan& plan, const std::vector<uint32_t>& op_chunk,
-                  const std::vector<size_t>& chunk_end, ReadStream& s, const FileTable& files,
-                  Counters& c);
+  void run(Op op, Plan& plan, const Batch& b, Completion* on_done, const FileTable& files,
+           int32_t* results, AtomicCounters& c);
+  // The ops of a read stream, chunk after chunk, each chunk's ops submitted once the stream
+  // allows the chunk.
+  void run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicCounters& c);
 
  private:
   static constexpr uint64_t kWake = UINT64_MAX;  // user_data of a read on a stream's eventfd
@@ -74,37 +113,44 @@ class Ring {
     bool wake_armed = false;
   };
   void prep(io_uring_sqe* sqe, Op op, const Plan& plan, const IoOp& o, int fd, bool fixed_file);
+  // 0 when an operation on `file` (its fd, when files are not registered) may go out, else -errno.
+  int file_error(int64_t file, int fd) const {
+    if (!files_ok_) return fd < 0 ? -EBADF : 0;
+    return file < static_cast<int64_t>(kMaxFiles) ? file_err_[file] : -EBADF;
+  }
   // Queue requeued ops, then new ones below `limit`, while the ring has room; end(idx, err)
   // finishes an op that cannot be submitted.
   template <class End>
-  void fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& files, Counters& c,
-            End&& end);
-  void enter(unsigned want, Counters& c);
+  void fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& files,
+            AtomicCounters& c, End&& end);
+  void enter(unsigned want, AtomicCounters& c);
   // Drain available completions: whole ops end(idx, 0 | -errno), partial ones are requeued.
   template <class End>
-  void reap(Plan& plan, Flight& f, Counters& c, End&& end);
+  void reap(Plan& plan, Flight& f, AtomicCounters& c, End&& end);
 
   io_uring ring_{};
   unsigned depth_;
   bool files_ok_ = false;
   bool bufs_ok_ = false;
+  std::vector<int> file_err_;  // per registered file: 0, or -errno of its failed update
 };
 
 void Ring::prep(io_uring_sqe* sqe, Op op, const Plan& plan, const IoOp& o, int fd,
                 bool fixed_file) {
   const off_t off = o.offset + o.done;
   const iovec& v = plan.iovs[o.iov_begin];
+  const unsigned len = static_cast<unsigned>(v.iov_len);  // an op is at most 1 GiB
   const bool single = o.iov_count == 1;
   if (single && o.buf_index >= 0) {
     if (op == Op::kRead)
-      io_uring_prep_read_fixed(sqe, fd, v.iov_base, v.iov_len, off, o.buf_index);
+      io_uring_prep_read_fixed(sqe, fd, v.iov_base, len, off, o.buf_index);
     else
-      io_uring_prep_write_fixed(sqe, fd, v.iov_base, v.iov_len, off, o.buf_index);
+      io_uring_prep_write_fixed(sqe, fd, v.iov_base, len, off, o.buf_index);
   } else if (single) {
     if (op == Op::kRead)
-      io_uring_prep_read(sqe, fd, v.iov_base, v.iov_len, off);
+      io_uring_prep_read(sqe, fd, v.iov_base, len, off);
     else
-      io_uring_prep_write(sqe, fd, v.iov_base, v.iov_len, off);
+      io_uring_prep_write(sqe, fd, v.iov_base, len, off);
   } else if (op == Op::kRead) {
     io_uring_prep_readv(sqe, fd, &plan.iovs[o.iov_begin], o.iov_count, off);
   } else {
@@ -114,8 +160,8 @@ void Ring::prep(io_uring_sqe* sqe, Op op, const Plan& plan, const IoOp& o, int f
 }
 
 template <class End>
-void Ring::fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& files, Counters& c,
-                End&& end) {
+void Ring::fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& files,
+                AtomicCounters& c, End&& end) {
   while (f.inflight < depth_ && (f.next < limit || !f.requeue.empty())) {
     uint32_t idx;
     if (!f.requeue.empty()) {
@@ -126,8 +172,8 @@ void Ring::fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& fil
     }
     IoOp& o = plan.ops[idx];
     int fd = files_ok_ ? static_cast<int>(o.file) : files.fd(static_cast<int>(o.file));
-    if (!files_ok_ && fd < 0) {
-      end(idx, -EBADF);
+    if (const int err = file_error(o.file, fd)) {
+      end(idx, err);
       continue;
     }
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
@@ -142,7 +188,7 @@ void Ring::fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& fil
   }
 }
 
-void Ring::enter(unsigned want, Counters& c) {
+void Ring::enter(unsigned want, AtomicCounters& c) {
   int r = io_uring_submit_and_wait(&ring_, std::max(1u, want));
   c.enter_calls++;
   if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)
@@ -150,7 +196,7 @@ void Ring::enter(unsigned want, Counters& c) {
 }
 
 template <class End>
-void Ring::reap(Plan& plan, Flight& f, Counters& c, End&& end) {
+void Ring::reap(Plan& plan, Flight& f, AtomicCounters& c, End&& end) {
   io_uring_cqe* cqe;
   unsigned head, seen = 0;
   io_uring_for_each_cqe(&ring_, head, cqe) {
@@ -181,10 +227,10 @@ void Ring::reap(Plan& plan, Flight& f, Counters& c, End&& end) {
   io_uring_cq_advance(&ring_, seen);
 }
 
-void Ring::run(Op op, Plan& plan, const Batch& b, const FileTable& files, int32_t* results,
-               Counters& c) {
+void Ring::run(Op op, Plan& plan, const Batch& b, Completion* on_done, const FileTable& files,
+               int32_t* results, AtomicCounters& c) {
   Flight f;
-  auto end = [&](uint32_t idx, int err) { finish_op(plan, plan.ops[idx], b, err, results, c); };
+  auto end = [&](uint32_t idx, int err) { finish_op(plan.ops[idx], b, on_done, err, results, c); };
   const size_t nops = plan.ops.size();
   const unsigned low_water = depth_ / 8;
   while (f.next < nops || !f.requeue.empty() || f.inflight) {
@@ -197,14 +243,15 @@ void Ring::run(Op op, Plan& plan, const Batch& b, const FileTable& files, int32_
   }
 }
 
-void Ring::run_stream(Plan& plan, const std::vector<uint32_t>& op_chunk,
-                      const std::vector<size_t>& chunk_end, ReadStream& s,
-                      const FileTable& files, Counters& c) {
+void Ring::run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicCounters& c) {
+  Plan& plan = sp.plan;
+  const std::vector<size_t>& chunk_end = sp.chunk_end;
   const Batch& b = s.batch();
   int32_t* results = s.results_data();
+  Completion* on_done = s.on_done();
   auto end = [&](uint32_t idx, int err) {
-    finish_op(plan, plan.ops[idx], b, err, results, c);
-    s.op_finished(op_chunk[idx]);
+    finish_op(plan.ops[idx], b, on_done, err, results, c);
+    s.op_finished(sp.op_chunk[idx]);
   };
   Flight f;
   const unsigned high_water = depth_ - std::max(1u, depth_ / 4);  // the queue never runs low
@@ -249,37 +296,14 @@ void Ring::run_stream(Plan& plan, const std::vector<uint32_t>& op_chunk,
   }
 }
 
-class UringEngine : public Engine {
+class UringEngine final : public EngineBase {
  public:
-  explicit UringEngine(const EngineOptions& opt) : opt_(opt) {
+  explicit UringEngine(const EngineOptions& opt) : EngineBase(opt) {
     for (auto& r : rings_) r = std::make_unique<Ring>(opt.queue_depth);
   }
   ~UringEngine() override { close(); }
 
   std::string name() const override { return "uring"; }
-
-  int open_file(const std::string& path, bool writable, bool direct) override {
-    auto life = live();
-    int idx = files.open(path, writable, direct);
-    if (static_cast<unsigned>(idx) >= kMaxFiles) {
-      files.close(idx);
-      TUTTI_SYS_FAIL(EMFILE, "uring engine: more than 4096 open files", path);
-    }
-    for (auto& r : rings_) {
-      std::lock_guard lock(r->mu);
-      r->set_file(idx, files.fd(idx));
-    }
-    return idx;
-  }
-
-  void close_file(int index) override {
-    auto life = live();
-    for (auto& r : rings_) {
-      std::lock_guard lock(r->mu);
-      r->set_file(index, -1);
-    }
-    files.close(index);
-  }
 
   int register_buffers(const std::vector<std::pair<uint64_t, uint64_t>>& regions) override {
     auto life = live();
@@ -294,7 +318,7 @@ class UringEngine : public Engine {
     }
     TUTTI_EXPECT(iovs.size() <= kMaxBuffers, "register_buffers: too many regions");
     std::sort(map.regions.begin(), map.regions.end(),
-              [](auto& a, auto& b) { return a.start < b.start; });
+              [](auto& x, auto& y) { return x.start < y.start; });
     bool ok = true;
     for (auto& r : rings_) {
       std::lock_guard lock(r->mu);
@@ -304,7 +328,7 @@ class UringEngine : public Engine {
     if (!ok) {  // kernel refused (e.g. memlock limit): fall back to unregistered I/O
       for (auto& r : rings_) {
         std::lock_guard rl(r->mu);
-        r->set_buffers({}, static_cast<unsigned>(iovs.size()));
+        r->set_buffers({}, std::max(nbufs_, static_cast<unsigned>(iovs.size())));
       }
       buffers_ = BufferMap{};
       nbufs_ = 0;
@@ -315,66 +339,39 @@ class UringEngine : public Engine {
     return static_cast<int>(nbufs_);
   }
 
-  void unregister_buffers() override {
-    if (!closed_) register_buffers({});
-  }
-
-  void submit(Op op, const Batch& b, int32_t* results) override {
-    auto life = live();
-    c_add(b);
-    Ring& ring = op == Op::kWrite ? write_ring() : read_ring();
-    std::lock_guard lock(ring.mu, std::adopt_lock);  // locked by the picker
-    BufferMap buffers;
-    Plan plan = build_plan(b, policy(buffers), files.size(), results);
-    ring.run(op, plan, b, files, results, counters);
-  }
-
-  void run_stream(ReadStream& s) override {
+  void run_stream(Stream& s) override {
     auto life = live();
     Ring& ring = read_ring();
     std::lock_guard lock(ring.mu, std::adopt_lock);  // the stream's for its whole life
     BufferMap buffers;
-    const PlanPolicy pol = policy(buffers);
-    // One plan per chunk (an op never spans two chunks), joined into one.
-    const Batch& all = s.batch();
-    counters.batches++;
-    counters.requests += all.n;
-    Plan plan;
-    std::vector<uint32_t> op_chunk;
-    std::vector<size_t> chunk_end(s.nchunks());
-    for (size_t c = 0; c < s.nchunks(); ++c) {
-      const int64_t b0 = s.chunk_begin(c), n = s.chunk_end(c) - b0;
-      Batch b{all.file + b0, all.offset + b0, all.nbytes + b0, all.addr + b0,
-              static_cast<size_t>(n), nullptr};
-      int32_t* res = s.results_data() + b0;
-      Plan p = build_plan(b, pol, files.size(), res);
-      if (all.groups)  // requests refused by planning, or empty: their groups learn it now
-        for (int64_t i = 0; i < n; ++i)
-          if (res[i] != 0 || all.nbytes[b0 + i] == 0) all.groups->done(all, b0 + i, res[i] == 0);
-      const uint32_t iov0 = static_cast<uint32_t>(plan.iovs.size());
-      for (IoOp o : p.ops) {
-        o.iov_begin += iov0;
-        o.req_begin += static_cast<uint32_t>(b0);
-        o.req_end += static_cast<uint32_t>(b0);
-        plan.ops.push_back(o);
-        op_chunk.push_back(static_cast<uint32_t>(c));
-      }
-      plan.iovs.insert(plan.iovs.end(), p.iovs.begin(), p.iovs.end());
-      chunk_end[c] = plan.ops.size();
-      s.planned(c, p.ops.size());
-    }
-    ring.run_stream(plan, op_chunk, chunk_end, s, files, counters);
-  }
-
-  // Waits for running batches, then releases rings and files. Idempotent.
-  void close() override {
-    std::unique_lock life(life_mu_);  // waits for running batches
-    if (closed_.exchange(true)) return;
-    for (auto& r : rings_) r.reset();
-    files.close_all();
+    StreamPlan sp = build_stream_plan(s.batch(), s.chunk_starts(), policy(buffers), files_.size(),
+                                      s.on_done(), s.results_data());
+    for (size_t c = 0; c < s.nchunks(); ++c) s.planned(c, sp.chunk_ops[c]);
+    ring.run_stream(sp, s, files_, stats_);
   }
 
  private:
+  void file_opened(int index, const std::string& path) override {
+    if (static_cast<unsigned>(index) >= kMaxFiles)
+      TUTTI_SYS_FAIL(EMFILE, "uring engine: more than 4096 open files", path);
+    for (auto& r : rings_) {
+      std::lock_guard lock(r->mu);
+      r->set_file(index, files_.fd(index));
+    }
+  }
+
+  void run_batch(Op op, const Batch& b, Completion* on_done, int32_t* results) override {
+    Ring& ring = op == Op::kWrite ? write_ring() : read_ring();
+    std::lock_guard lock(ring.mu, std::adopt_lock);  // locked by the picker
+    BufferMap buffers;
+    Plan plan = build_plan(b, policy(buffers), files_.size(), on_done, results);
+    ring.run(op, plan, b, on_done, files_, results, stats_);
+  }
+
+  void release() override {
+    for (auto& r : rings_) r.reset();
+  }
+
   // The coalescing policy over a snapshot of the registered buffers (kept in `buffers`).
   PlanPolicy policy(BufferMap& buffers) {
     {
@@ -402,21 +399,6 @@ class UringEngine : public Engine {
     return r;
   }
 
-  // Shared hold on the engine's life: close() waits for every holder.
-  std::shared_lock<std::shared_mutex> live() {
-    std::shared_lock<std::shared_mutex> lock(life_mu_);
-    TUTTI_EXPECT(!closed_, "engine is closed");
-    return lock;
-  }
-
-  void c_add(const Batch& b) {
-    counters.batches++;
-    counters.requests += b.n;
-  }
-
-  EngineOptions opt_;
-  std::shared_mutex life_mu_;
-  std::atomic<bool> closed_{false};
   std::unique_ptr<Ring> rings_[1 + kReadRings];  // [0] writes, the rest reads
   std::atomic<unsigned> next_read_{0};
   std::mutex map_mu_;
@@ -429,17 +411,24 @@ class UringEngine : public Engine {
 std::unique_ptr<Engine> make_uring_engine(const EngineOptions& opt) {
   return std::make_unique<UringEngine>(opt);
 }
-bool uring_compiled() { return true; }
 
+}  // namespace tutti::detail
+
+namespace tutti {
+bool uring_compiled() noexcept { return true; }
+const char* uring_vendored_version() noexcept { return TUTTI_LIBURING_VENDORED_VERSION; }
 }  // namespace tutti
 
 #else  // !TUTTI_HAVE_URING
 
 namespace tutti {
+namespace detail {
 std::unique_ptr<Engine> make_uring_engine(const EngineOptions&) {
-  TUTTI_SYS_FAIL(ENOSYS, "tutti was built without liburing", "");
+  TUTTI_SYS_FAIL(ENOSYS, "tutti was built without io_uring (TUTTI_ALLOW_POSIX_ONLY)", "");
 }
-bool uring_compiled() { return false; }
+}  // namespace detail
+bool uring_compiled() noexcept { return false; }
+const char* uring_vendored_version() noexcept { return nullptr; }
 }  // namespace tutti
 
 #endif

@@ -1,4 +1,4 @@
-// XXH3-64 over a list of pieces, compiled with AVX2 (see CMakeLists.txt); memory.cpp picks it at
+// XXH3-64 over a list of pieces, compiled with AVX2 (see CMakeLists.txt); checksums.cpp picks it at
 // run time when the CPU has AVX2. The hash value is the same as the SSE2 build's.
 #include <cstdint>
 
@@ -6,7 +6,7 @@
 #define XXH_VECTOR XXH_AVX2
 #include <xxhash.h>
 
-namespace tutti {
+namespace tutti::detail {
 
 uint64_t xxh3_pieces_avx2(const uint64_t* addr, const int64_t* len, int64_t begin, int64_t end) {
   XXH3_state_t st;
@@ -16,4 +16,4 @@ uint64_t xxh3_pieces_avx2(const uint64_t* addr, const int64_t* len, int64_t begi
   return XXH3_64bits_digest(&st);
 }
 
-}  // namespace tutti
+}  // namespace tutti::detail

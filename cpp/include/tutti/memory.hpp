@@ -9,7 +9,6 @@ namespace tutti {
 // out[g] = XXH3-64 over the pieces group_start[g] .. group_start[g+1]-1, in order.
 void checksum_groups(const uint64_t* addr, const int64_t* len, const int64_t* group_start,
                      size_t ngroups, uint64_t* out, unsigned threads);
-uint64_t checksum(const void* data, size_t n);
 
 // memcpy(dst[i], src[i], len[i]) for every i, on up to `threads` threads.
 void memcpy_batch(const uint64_t* dst, const uint64_t* src, const int64_t* len, size_t n,

@@ -1,14 +1,12 @@
-// Batch planning (validation + coalescing) and the file table, shared by both engines.
-#include <fcntl.h>
-#include <unistd.h>
+// Batch planning (validation + coalescing) shared by both engines, and the joined plan of a
+// read stream's chunks.
+#include "tutti/detail/plan.hpp"
+
+#include <cerrno>
 
 #include <algorithm>
-#include <climits>
 
-#include "tutti/engine.hpp"
-#include "tutti/error.hpp"
-
-namespace tutti {
+namespace tutti::detail {
 
 int BufferMap::find(uint64_t addr, uint64_t len) const {
   auto it = std::upper_bound(regions.begin(), regions.end(), addr,
@@ -45,7 +43,8 @@ bool can_join(const Plan& p, const IoOp& op, const Batch& b, size_t prev, size_t
     // A fixed op must stay inside one registered buffer.
     const iovec& last = p.iovs[op.iov_begin + op.iov_count - 1];
     uint64_t start = reinterpret_cast<uint64_t>(last.iov_base);
-    return pol.buffers->find(start, last.iov_len + b.nbytes[i]) == op.buf_index;
+    return pol.buffers->find(start, last.iov_len + static_cast<uint64_t>(b.nbytes[i])) ==
+           op.buf_index;
   }
   return pol.vectored && op.iov_count < pol.max_iov;
 }
@@ -64,7 +63,7 @@ void start_op(Plan& p, const Batch& b, size_t i) {
 
 void join_op(Plan& p, IoOp& op, const Batch& b, size_t prev, size_t i) {
   if (mem_contiguous(b, prev, i)) {
-    p.iovs.back().iov_len += b.nbytes[i];
+    p.iovs.back().iov_len += static_cast<size_t>(b.nbytes[i]);
   } else {
     p.iovs.push_back({reinterpret_cast<void*>(b.addr[i]), static_cast<size_t>(b.nbytes[i])});
     op.iov_count++;
@@ -82,7 +81,8 @@ void assign_buffers(Plan& p, const BufferMap* buffers) {
 
 }  // namespace
 
-Plan build_plan(const Batch& b, const PlanPolicy& pol, size_t nfiles, int32_t* results) {
+Plan build_plan(const Batch& b, const PlanPolicy& pol, size_t nfiles, Completion* on_done,
+                int32_t* results) {
   Plan p;
   p.ops.reserve(b.n);
   p.iovs.reserve(b.n);
@@ -92,7 +92,7 @@ Plan build_plan(const Batch& b, const PlanPolicy& pol, size_t nfiles, int32_t* r
     int err = validate(b, i, nfiles, int64_t{1} << 30);  // a request may exceed the op cap
     results[i] = err;
     if (err || b.nbytes[i] == 0) {
-      if (b.groups) b.groups->done(b, i, err == 0);
+      if (on_done) on_done->done(i, err == 0);
       open = false;
       continue;
     }
@@ -115,95 +115,61 @@ Plan build_plan(const Batch& b, const PlanPolicy& pol, size_t nfiles, int32_t* r
 
 void advance_op(Plan& p, IoOp& op, int64_t res) {
   op.done += res;
-  while (res > 0 && op.iov_count > 0) {
+  if (res <= 0) return;
+  size_t left = static_cast<size_t>(res);
+  while (left > 0 && op.iov_count > 0) {
     iovec& v = p.iovs[op.iov_begin];
-    if (static_cast<size_t>(res) < v.iov_len) {
-      v.iov_base = static_cast<char*>(v.iov_base) + res;
-      v.iov_len -= res;
+    if (left < v.iov_len) {
+      v.iov_base = static_cast<char*>(v.iov_base) + left;
+      v.iov_len -= left;
       return;
     }
-    res -= v.iov_len;
+    left -= v.iov_len;
     op.iov_begin++;
     op.iov_count--;
   }
 }
 
-void finish_op(const Plan& p, const IoOp& op, const Batch& b, int err, int32_t* results,
-               Counters& c) {
-  (void)p;
+void finish_op(const IoOp& op, const Batch& b, Completion* on_done, int err, int32_t* results,
+               AtomicCounters& c) {
   for (uint32_t i = op.req_begin; i < op.req_end; ++i) {
     if (results[i] != 0 || b.nbytes[i] == 0) continue;  // invalid ones keep their error
     results[i] = err ? err : static_cast<int32_t>(b.nbytes[i]);
-    if (b.groups) b.groups->done(b, i, err == 0);
+    if (on_done) on_done->done(i, err == 0);
   }
   if (err) {
     c.errors += op.req_end - op.req_begin;
   } else {
-    c.bytes += op.nbytes;
+    c.bytes += static_cast<uint64_t>(op.nbytes);
   }
 }
 
-FileTable::~FileTable() { close_all(); }
-
-int FileTable::open(const std::string& path, bool writable, bool direct) {
-  int flags = (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | (direct ? O_DIRECT : 0);
-  int fd = ::open(path.c_str(), flags);
-  if (fd < 0) TUTTI_SYS_FAIL(errno, "open " + path, path);
-  std::unique_lock lock(mu_);
-  for (size_t i = 0; i < fds_.size(); ++i) {
-    if (fds_[i] < 0) {
-      fds_[i] = fd;
-      paths_[i] = path;
-      return static_cast<int>(i);
+StreamPlan build_stream_plan(const Batch& all, const std::vector<int64_t>& chunk_start,
+                             const PlanPolicy& pol, size_t nfiles, Completion* on_done,
+                             int32_t* results) {
+  StreamPlan sp;
+  const size_t nchunks = chunk_start.size() - 1;
+  sp.chunk_end.resize(nchunks);
+  sp.chunk_ops.resize(nchunks);
+  for (size_t c = 0; c < nchunks; ++c) {
+    const int64_t b0 = chunk_start[c];
+    const Batch b{all.file + b0, all.offset + b0, all.nbytes + b0, all.addr + b0,
+                  static_cast<size_t>(chunk_start[c + 1] - b0)};
+    ShiftedCompletion hook(on_done, static_cast<size_t>(b0));
+    Plan p = build_plan(b, pol, nfiles, on_done ? &hook : nullptr, results + b0);
+    const uint32_t iov0 = static_cast<uint32_t>(sp.plan.iovs.size());
+    for (IoOp o : p.ops) {
+      o.iov_begin += iov0;
+      o.req_begin += static_cast<uint32_t>(b0);
+      o.req_end += static_cast<uint32_t>(b0);
+      sp.plan.ops.push_back(o);
+      sp.op_chunk.push_back(static_cast<uint32_t>(c));
     }
+    sp.plan.iovs.insert(sp.plan.iovs.end(), p.iovs.begin(), p.iovs.end());
+    sp.chunk_end[c] = sp.plan.ops.size();
+    sp.chunk_ops[c] = p.ops.size();
   }
-  fds_.push_back(fd);
-  paths_.push_back(path);
-  return static_cast<int>(fds_.size() - 1);
+  return sp;
 }
 
-void FileTable::close(int index) {
-  std::unique_lock lock(mu_);
-  TUTTI_EXPECT(index >= 0 && static_cast<size_t>(index) < fds_.size() && fds_[index] >= 0,
-               "close_file: no open file at index " + std::to_string(index));
-  ::close(fds_[index]);
-  fds_[index] = -1;
-  paths_[index].clear();
-}
-
-int FileTable::fd(int index) const {
-  std::shared_lock lock(mu_);
-  return (index >= 0 && static_cast<size_t>(index) < fds_.size()) ? fds_[index] : -1;
-}
-
-size_t FileTable::size() const {
-  std::shared_lock lock(mu_);
-  return fds_.size();
-}
-
-std::string FileTable::path(int index) const {
-  std::shared_lock lock(mu_);
-  return (index >= 0 && static_cast<size_t>(index) < paths_.size()) ? paths_[index] : "";
-}
-
-void FileTable::close_all() {
-  std::unique_lock lock(mu_);
-  for (int& fd : fds_) {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-  }
-}
-
-int Engine::open_file(const std::string& path, bool writable, bool direct) {
-  return files.open(path, writable, direct);
-}
-
-void Engine::close_file(int index) { files.close(index); }
-
-TaskPool* Engine::task_pool() {
-  std::lock_guard lock(task_mu_);
-  if (!tasks_) tasks_ = std::make_unique<TaskPool>(task_threads);
-  return tasks_.get();
-}
-
-}  // namespace tutti
+}  // namespace tutti::detail
