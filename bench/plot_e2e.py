@@ -23,7 +23,8 @@ def load(paths):
     runs = {}
     for p in paths:
         with open(p) as f:
-            for r in json.load(f):
+            data = json.load(f)
+            for r in data.get("runs", []) if isinstance(data, dict) else data:
                 if "phases" in r:
                     runs[(r["config"], r.get("medium"))] = r
     return list(runs.values())
@@ -36,6 +37,10 @@ def plot_sweep(rows, out):
         for cfg in sorted({r["config"] for r in rows}):
             pts = sorted((r["h"], r["ttft_ms"]) for r in rows if r["context"] == c and r["config"] == cfg)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=cfg)
+        floor = sorted((r["h"], r["compute_ms"]) for r in rows if r["context"] == c
+                       and r["config"] == "tutti-linker" and r["compute_ms"])
+        if floor:  # the same prompts with their prefix already in device memory
+            ax.plot([p[0] for p in floor], [p[1] for p in floor], "k--", lw=1, label="compute only")
         ax.set_title(f"{c // 1024}K-token prompts")
         ax.set_xlabel("cached share of the prompt (h)")
         ax.set_ylabel("TTFT ms")

@@ -126,7 +126,8 @@ def test_slo_and_outputs_and_report():
     text = e2e.report_markdown(runs, bpt)
     for part in ("Hit-fraction sweep", "max rate in SLO", "Capacity phase", "Per configuration"):
         assert part in text
-    assert "| m | tutti-linker | 4096 | 0.9 | 250 |" in text
+    assert "| m | 4096 | 0.9 | 1000 | 200 | 250 | 100 |" in text  # recompute, dram, linker, compute only
+    assert "| 4.0 |" in text  # recompute / linker
 
 
 def test_capacity_rows_hit_rate():
