@@ -1,5 +1,5 @@
 """Read/write interference on a medium: reads alone, with a write backlog and the scheduler off
-(free mixing), and with the scheduler on (issue 5).
+(free mixing), and with the scheduler on.
 
 A reader restores batches of pages (ObjectStore.read_pages, verification on) arriving at random
 (exponential gaps) at a rate that keeps the medium about `--read-load` busy when alone; a writer

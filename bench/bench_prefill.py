@@ -1,4 +1,4 @@
-"""Layer-wise prefix restore behind a real forward pass: TTFT and GPU bubble time (issue 4).
+"""Layer-wise prefix restore behind a real forward pass: TTFT and GPU bubble time.
 
 A Llama-3-8B-shaped model (32 layers, hidden 4096, 32 heads / 8 KV heads x 128, MLP 14336,
 bf16, random weights; SDPA attention over the paged KV pool, real MLP GEMMs) prefills one

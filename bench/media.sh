@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark media (DESIGN.md section 6), as root on the GPU machine. Prints the directories to use.
+# Benchmark media, as root on the GPU machine. Prints the directories to use.
 #   bench/media.sh ram [GiB]          ext4 on a loop device (--direct-io=on) backed by /dev/shm
 #   bench/media.sh array K [GiB]      K such loop devices, one directory each (tutti stripes over them)
 #   bench/media.sh nvme RBPS [GiB]    the ram medium throttled by cgroup v2 io.max (read bytes/s);
