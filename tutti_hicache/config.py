@@ -2,7 +2,9 @@
 
 At a glance:
     TuttiConfig.from_sources(extra_config, env=os.environ) -> TuttiConfig
-    SETTINGS: the table of every key (name, type, default, meaning); docs/settings.md mirrors it.
+    TuttiConfig fields: one per setting, declared once with setting(default, doc, ...)
+    SETTINGS: the table of every key (name, type, default, meaning), generated from the fields;
+              settings_markdown() renders it for docs/settings.md.
 
 Each setting ``<name>`` is read from the key ``tutti_<name>`` of SGLang's extra config
 (``--hicache-storage-backend-extra-config`` or the linker's ``linker_extra_config``), else
@@ -35,33 +37,13 @@ class Setting:
     minimum: Optional[float] = None
 
 
-SETTINGS: tuple[Setting, ...] = (
-    Setting("dirs", "dirs", (), "Store directories, one per SSD (JSON list, or a comma/colon separated string in the env var). Required."),
-    Setting("capacity_gb", "float", 64.0, "Byte cap of this identity's store, over all directories together (GB = 2^30 bytes).", minimum=0.0),
-    Setting("engine", "choice", "auto", "I/O engine: auto (io_uring, else POSIX threads, reason logged once), uring, posix.", ("auto", "uring", "posix")),
-    Setting("io_mode", "choice", "vectored", "io_uring coalescing: vectored (one READV per file-contiguous run) or fixed (one READ_FIXED per memory-contiguous run on registered buffers).", ("vectored", "fixed")),
-    Setting("queue_depth", "int", 1024, "io_uring entries per ring = operations in flight per batch.", minimum=8),
-    Setting("threads", "int", 8, "POSIX engine workers per direction, and checksum/copy threads.", minimum=1),
-    Setting("verify", "bool", True, "Verify the XXH3 checksum of every page read (slots published by another process are always verified)."),
-    Setting("revision", "str", "", "Weights revision, part of the identity: a weight update never replays stale KV."),
-    Setting("model", "str", "", "Model identity override (default: SGLang's model_name)."),
-    Setting("segment_gb", "float", 1.0, "Size of one preallocated segment file.", minimum=1.0 / 1024),
-    Setting("durability", "choice", "none", "none: crash-consistent against process kills (payload before header, O_DIRECT); sync: also fdatasync before and after publishing headers (power-loss safe, slower).", ("none", "sync")),
-    Setting("rescan_interval_s", "float", 1.0, "Minimum seconds between re-scans of segments other processes changed (triggered by a miss).", minimum=0.0),
-    Setting("free_space_floor_gb", "float", 0.0, "Refuse to grow segment files when the filesystem would keep less free space than this.", minimum=0.0),
-    Setting("scheduler", "bool", True, "Slack-aware I/O scheduling: reads first, no write on a directory while a read is pending or in flight there, writes in window-sized chunks."),
-    Setting("write_window_ms", "float", 2.0, "Default write window (ms) per chunk when no slack table gives one: a new read waits behind at most one chunk this long.", minimum=0.1),
-    Setting("write_floor_ms", "float", 500.0, "Write floor: after this long without write progress, one chunk goes ahead of new reads.", minimum=1.0),
-    Setting("write_backlog_mb", "int", 4096, "Queued write bytes (MiB) above which new stores are refused at once (batch_set_v1 / offload return False).", minimum=1),
-    Setting("slack_table", "str", "", "Linker: slack table file from `tutti-hicache profile`; without one, writes run only when no read is pending."),
-    Setting("stats_file", "str", "", "Write the backend's counters (hits, misses, bytes, checksum failures, engine calls) as JSON to this file, at most once a second and at close ({pid} is replaced)."),
-    Setting("stage_mb", "int", 256, "Linker: bytes of one pinned staging slot (one layer of up to this many MiB of pages per copy); memory does not grow with sequence length.", minimum=1),
-    Setting("stage_depth", "int", 4, "Linker: pinned staging slots in the read ring: one being copied to the device, the others being read (read_ahead).", minimum=2),
-    Setting("read_ahead", "int", 3, "Linker: staging chunks (layers) admitted to the read stream at once: the next layers' requests wait at the devices behind this layer's, so the queue never drains between layers; 1 reads layer after layer. At most stage_depth - 1 are used.", minimum=1),
-    Setting("io_sms", "int", 8, "Linker: SMs reserved for the I/O kernels through a CUDA green context (Hopper); 0 = an ordinary high-priority stream.", minimum=0),
-    Setting("offload_backlog_pages", "int", 8192, "Linker: pages queued for offload before new offloads are refused (the device pages stay locked until written).", minimum=1),
-)
-_BY_NAME = {s.name: s for s in SETTINGS}
+def setting(default: Any, doc: str, *, kind: Optional[str] = None, choices: tuple = (),
+            minimum: Optional[float] = None):
+    """A TuttiConfig field that is also a row of SETTINGS. kind defaults to "choice" when there
+    are choices, else the field's annotation (str, int, float or bool)."""
+    meta = {"doc": doc, "kind": kind or ("choice" if choices else None), "choices": tuple(choices),
+            "minimum": minimum}
+    return dataclasses.field(default=default, metadata=meta)
 
 
 def _parse_bool(key: str, v: Any) -> bool:
@@ -122,30 +104,77 @@ def _parse(setting: Setting, key: str, v: Any) -> Any:
 
 @dataclass(frozen=True)
 class TuttiConfig:
-    dirs: tuple[str, ...] = ()
-    capacity_gb: float = 64.0
-    engine: str = "auto"
-    io_mode: str = "vectored"
-    queue_depth: int = 1024
-    threads: int = 8
-    verify: bool = True
-    revision: str = ""
-    model: str = ""
-    segment_gb: float = 1.0
-    durability: str = "none"
-    rescan_interval_s: float = 1.0
-    free_space_floor_gb: float = 0.0
-    scheduler: bool = True
-    write_window_ms: float = 2.0
-    write_floor_ms: float = 500.0
-    write_backlog_mb: int = 4096
-    slack_table: str = ""
-    stats_file: str = ""
-    stage_mb: int = 256
-    stage_depth: int = 4
-    read_ahead: int = 3
-    io_sms: int = 8
-    offload_backlog_pages: int = 8192
+    """Every setting, declared once: its field's default, and its metadata (meaning, kind, bounds)
+    from which SETTINGS and the docs/settings.md table are generated."""
+
+    dirs: tuple[str, ...] = setting((),
+        "Store directories, one per SSD (JSON list, or a comma/colon separated string in the env "
+        "var). Required.", kind="dirs")
+    capacity_gb: float = setting(64.0,
+        "Byte cap of this identity's store, over all directories together (GB = 2^30 bytes).",
+        minimum=0.0)
+    engine: str = setting("auto",
+        "I/O engine: auto (io_uring, else POSIX threads, reason logged once), uring, posix.",
+        choices=("auto", "uring", "posix"))
+    io_mode: str = setting("vectored",
+        "io_uring coalescing: vectored (one READV per file-contiguous run) or fixed (one "
+        "READ_FIXED per memory-contiguous run on registered buffers).",
+        choices=("vectored", "fixed"))
+    queue_depth: int = setting(1024,
+        "io_uring entries per ring = operations in flight per batch.", minimum=8)
+    threads: int = setting(8,
+        "POSIX engine workers per direction, and checksum/copy threads.", minimum=1)
+    verify: bool = setting(True,
+        "Verify the XXH3 checksum of every page read (slots published by another process are "
+        "always verified).")
+    revision: str = setting("",
+        "Weights revision, part of the identity: a weight update never replays stale KV.")
+    model: str = setting("", "Model identity override (default: SGLang's model_name).")
+    segment_gb: float = setting(1.0, "Size of one preallocated segment file.", minimum=1.0 / 1024)
+    durability: str = setting("none",
+        "none: crash-consistent against process kills (payload before header, O_DIRECT); sync: "
+        "also fdatasync before and after publishing headers (power-loss safe, slower).",
+        choices=("none", "sync"))
+    rescan_interval_s: float = setting(1.0,
+        "Minimum seconds between re-scans of segments other processes changed (triggered by a "
+        "miss).", minimum=0.0)
+    free_space_floor_gb: float = setting(0.0,
+        "Refuse to grow segment files when the filesystem would keep less free space than this.",
+        minimum=0.0)
+    scheduler: bool = setting(True,
+        "Slack-aware I/O scheduling: reads first, no write on a directory while a read is pending"
+        " or in flight there, writes in window-sized chunks.")
+    write_window_ms: float = setting(2.0,
+        "Default write window (ms) per chunk when no slack table gives one: a new read waits "
+        "behind at most one chunk this long.", minimum=0.1)
+    write_floor_ms: float = setting(500.0,
+        "Write floor: after this long without write progress, one chunk goes ahead of new reads.",
+        minimum=1.0)
+    write_backlog_mb: int = setting(4096,
+        "Queued write bytes (MiB) above which new stores are refused at once (batch_set_v1 / "
+        "offload return False).", minimum=1)
+    slack_table: str = setting("",
+        "Linker: slack table file from `tutti-hicache profile`; without one, writes run only when"
+        " no read is pending.")
+    stats_file: str = setting("",
+        "Write the backend's counters (hits, misses, bytes, checksum failures, engine calls) as "
+        "JSON to this file, at most once a second and at close ({pid} is replaced).")
+    stage_mb: int = setting(256,
+        "Linker: bytes of one pinned staging slot (one layer of up to this many MiB of pages per "
+        "copy); memory does not grow with sequence length.", minimum=1)
+    stage_depth: int = setting(4,
+        "Linker: pinned staging slots in the read ring: one being copied to the device, the "
+        "others being read (read_ahead).", minimum=2)
+    read_ahead: int = setting(3,
+        "Linker: staging chunks (layers) admitted to the read stream at once: the next layers' "
+        "requests wait at the devices behind this layer's, so the queue never drains between "
+        "layers; 1 reads layer after layer. At most stage_depth - 1 are used.", minimum=1)
+    io_sms: int = setting(8,
+        "Linker: SMs reserved for the I/O kernels through a CUDA green context (Hopper); 0 = an "
+        "ordinary high-priority stream.", minimum=0)
+    offload_backlog_pages: int = setting(8192,
+        "Linker: pages queued for offload before new offloads are refused (the device pages stay "
+        "locked until written).", minimum=1)
 
     @property
     def capacity_bytes(self) -> int:
@@ -182,6 +211,21 @@ class TuttiConfig:
             _parse(_BY_NAME[name], PREFIX + name, v)
         return dataclasses.replace(self, **changes)
 
+
+
+def _settings() -> tuple[Setting, ...]:
+    rows = []
+    for f in dataclasses.fields(TuttiConfig):
+        if "doc" not in f.metadata:
+            raise TypeError(f"TuttiConfig.{f.name} is not declared with setting()")
+        m = f.metadata
+        rows.append(Setting(f.name, m["kind"] or str(f.type), f.default, m["doc"], m["choices"],
+                            m["minimum"]))
+    return tuple(rows)
+
+
+SETTINGS: tuple[Setting, ...] = _settings()
+_BY_NAME = {s.name: s for s in SETTINGS}
 
 def check_dirs(cfg: TuttiConfig) -> None:
     """Create missing store directories (0700); check they are writable and accept O_DIRECT."""
