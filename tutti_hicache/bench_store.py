@@ -23,6 +23,9 @@ import numpy as np
 
 from . import _sglang_harness as H
 from .benchmarks.rawio import drop_page_cache, raw_read_GBps, write_raw_file  # noqa: F401
+from .config import TuttiConfig
+
+_DEFAULTS = TuttiConfig()
 
 GEOMETRIES = {
     # name: (kind, layers, kv heads or kv_lora_rank, head_dim or rope dim, page, dtype)
@@ -40,10 +43,10 @@ class BenchSpec:
     geometry: str = "llama3-8b"
     pages: int = 256
     layout: str = "layer_first"
-    engine: str = "auto"
-    io_mode: str = "vectored"
-    queue_depth: int = 1024
-    threads: int = 8
+    engine: str = _DEFAULTS.engine  # the tutti_* settings' defaults
+    io_mode: str = _DEFAULTS.io_mode
+    queue_depth: int = _DEFAULTS.queue_depth
+    threads: int = _DEFAULTS.threads
     with_file: bool = True
     keep: bool = False
     seed: int = 0

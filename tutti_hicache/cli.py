@@ -206,14 +206,17 @@ def cmd_cost(a) -> int:
 
 def _add_bench_args(p, pages: int, geometry: str) -> None:
     from .bench_store import GEOMETRIES
+    from .config import SETTINGS
+    default = {s.name: s for s in SETTINGS}
     p.add_argument("--geometry", default=geometry, choices=sorted(GEOMETRIES))
     p.add_argument("--pages", type=int, default=pages)
     p.add_argument("--layout", default="layer_first",
                    choices=["layer_first", "page_first", "page_first_direct"])
-    p.add_argument("--engine", default="auto", choices=["auto", "uring", "posix"])
-    p.add_argument("--io-mode", default="vectored", choices=["vectored", "fixed"])
-    p.add_argument("--queue-depth", type=int, default=1024)
-    p.add_argument("--threads", type=int, default=8)
+    for name in ("engine", "io_mode"):  # the tutti_* settings' own defaults and choices
+        p.add_argument("--" + name.replace("_", "-"), default=default[name].default,
+                       choices=list(default[name].choices))
+    p.add_argument("--queue-depth", type=int, default=default["queue_depth"].default)
+    p.add_argument("--threads", type=int, default=default["threads"].default)
     p.add_argument("--no-file", action="store_true", help="skip SGLang's file backend")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pin", action="store_true", help="pinned host pool (needs CUDA), as in a GPU server")

@@ -2,7 +2,9 @@
 
 At a glance:
     extension() -> module          the compiled ``tutti_hicache._engine`` (clear ImportError if absent)
-    open_engine(kind, ...) -> Engine io_uring, or the POSIX thread pool; `auto` logs why it fell back
+    open_engine(kind, queue_depth, vectored, threads) -> Engine
+                                    io_uring, or the POSIX thread pool; `auto` logs why it fell back
+    engine_for(cfg) -> Engine       the same from a TuttiConfig (tutti_engine, _io_mode, ...)
     probe_o_direct(dir) -> bool     whether files in `dir` accept O_DIRECT
 
 An Engine moves batches of requests given as arrays (file index, file offset, nbytes,
@@ -22,6 +24,8 @@ import os
 import tempfile
 from types import ModuleType
 
+from .config import TuttiConfig
+
 logger = logging.getLogger("tutti_hicache.engine")
 _ext: ModuleType | None = None
 _fallback_logged = False
@@ -40,9 +44,13 @@ def extension() -> ModuleType:
     return _ext
 
 
-def open_engine(kind: str = "auto", queue_depth: int = 1024, vectored: bool = True,
-                threads: int = 8):
-    """Create an engine. kind: auto | uring | posix. `uring` raises OSError if unavailable."""
+_DEFAULTS = TuttiConfig()
+
+
+def open_engine(kind: str = _DEFAULTS.engine, queue_depth: int = _DEFAULTS.queue_depth,
+                vectored: bool = _DEFAULTS.io_mode == "vectored", threads: int = _DEFAULTS.threads):
+    """Create an engine. kind: auto | uring | posix. `uring` raises OSError if unavailable.
+    Defaults are TuttiConfig's (tutti_engine, tutti_queue_depth, tutti_io_mode, tutti_threads)."""
     ext = extension()
     if kind not in ("auto", "uring", "posix"):
         raise ValueError(f"tutti_engine: expected auto, uring or posix, got {kind!r}")
@@ -54,6 +62,11 @@ def open_engine(kind: str = "auto", queue_depth: int = 1024, vectored: bool = Tr
                 raise
             _log_fallback(e, ext.uring_compiled())
     return ext.make_engine("posix", queue_depth, vectored, threads)
+
+
+def engine_for(cfg: TuttiConfig):
+    """The engine a store with this configuration uses."""
+    return open_engine(cfg.engine, cfg.queue_depth, cfg.io_mode == "vectored", cfg.threads)
 
 
 def _fallback_reason(err: OSError, compiled: bool) -> str:

@@ -34,7 +34,7 @@ import numpy as np
 
 from . import header
 from .config import TuttiConfig, check_dirs
-from .engine import extension, open_engine
+from .engine import engine_for, extension
 from .index import SlotIndex
 from .layout import HEADER_NBYTES, PageGeometry, Placement, SlotLayout
 from .scheduler import Gate, Policy
@@ -133,8 +133,7 @@ class ObjectStore(SegmentFiles):
             raise ValueError(f"tutti_capacity_gb: {cfg.capacity_gb} GB holds no slot of "
                              f"{self.layout.slot_nbytes} bytes")
         self.n_rows = self.placement.segments_for(self.capacity_slots)
-        self.engine = engine or open_engine(cfg.engine, cfg.queue_depth,
-                                            cfg.io_mode == "vectored", cfg.threads)
+        self.engine = engine or engine_for(cfg)
         self.index = SlotIndex()
         self._lock = threading.RLock()
         self._io_lock = {"r": threading.Lock(), "w": threading.Lock()}
