@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tutti_hicache.layout import HEADER_NBYTES, PageGeometry, Placement, SlotLayout
+from tutti_hicache.layout import HEADER_NBYTES, PageGeometry, Placement, SlotLayout, strided
 
 
 def llama8b(order="canonical"):
@@ -57,3 +57,25 @@ def test_placement_stripes_round_robin():
     assert off.tolist() == [0, 0, 0, 1000, 1000, 1000, 0, 0]
     assert p.segment_slots(1, 1).tolist() == [7, 10]
     assert p.segments_for(6) == 1 and p.segments_for(7) == 2
+
+
+def test_strided_addresses():
+    assert strided(4096, 3, 512).tolist() == [4096, 4608, 5120]
+    assert strided(4096, 3, 512).dtype == np.uint64
+    base = np.array([0, 1 << 40], dtype=np.uint64)
+    assert strided(base, 2, 8).tolist() == [[0, 8], [1 << 40, (1 << 40) + 8]]
+    assert strided(7, 0, 8).shape == (0,)
+
+
+def test_staged_objects_skip_the_header():
+    lay = SlotLayout(PageGeometry("mha", 2, 16, 100, 100))  # 1600 B objects, 4 KiB padded
+    addrs = lay.staged_objects(np.array([1 << 20, 2 << 20], dtype=np.uint64))
+    want = (lay.object_offsets - HEADER_NBYTES).tolist()
+    assert addrs.tolist() == [[(1 << 20) + o for o in want], [(2 << 20) + o for o in want]]
+
+
+def test_devices_of_slots():
+    p = Placement(3, 8192, 1 << 20)
+    assert p.devices([0, 3, 6]) == frozenset({0})
+    assert p.devices(np.array([1, 2, 4])) == frozenset({1, 2})
+    assert p.devices([]) == frozenset()

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .layout import HEADER_NBYTES
+from .layout import HEADER_NBYTES, strided
 
 MAGIC = b"TUTTISLT"
 VERSION = 1
@@ -67,9 +67,8 @@ def encode_key(key) -> bytes | None:
 def _header_checksums(raw: np.ndarray) -> np.ndarray:
     from .engine import extension
     n = raw.shape[0]
-    base = raw.ctypes.data
-    addr = base + np.arange(n, dtype=np.uint64) * HEADER_NBYTES
-    return extension().checksum_groups(addr, np.full(n, _CHECKED, np.int64),
+    return extension().checksum_groups(strided(raw.ctypes.data, n, HEADER_NBYTES),
+                                       np.full(n, _CHECKED, np.int64),
                                        np.arange(n + 1, dtype=np.int64))
 
 

@@ -37,7 +37,7 @@ import torch
 
 from .config import TuttiConfig
 from .engine import extension
-from .layout import PageGeometry
+from .layout import PageGeometry, strided
 from .profiler import SlackTable
 from .statsfile import StatsFile
 from .store import ObjectStore
@@ -321,8 +321,7 @@ class LayerwiseKV:
                       for layer in range(self.num_layers) for c0 in range(0, n, self.stage_pages)]
             depth = len(self.stage.bufs)
             slots = [(self.stage.next + i) % depth for i in range(len(chunks))]  # take() order
-            dsts = [self.stage.bufs[k].address +
-                    np.arange(rows.stop - rows.start, dtype=np.uint64) * np.uint64(per_page)
+            dsts = [strided(self.stage.bufs[k].address, rows.stop - rows.start, per_page)
                     for (_, rows), k in zip(chunks, slots)]
             stream = self.store.stream_layers(plan, chunks, dsts)
             admitted = 0
@@ -471,8 +470,7 @@ class LayerwiseKV:
         else:
             tk.gather_pages_ref(host, self.k_bufs, None if self.mla else self.v_bufs, page_ids,
                                 self.page_size, self.obj_stride)
-        addrs = (self.out.bufs[k].address + np.arange(n * m, dtype=np.uint64) * np.uint64(self.obj_stride)
-                 ).reshape(n, m)
+        addrs = strided(self.out.bufs[k].address, n * m, self.obj_stride).reshape(n, m)
         # the store's scheduler keeps these writes off directories a load batch is reading
         exact = self.obj_stride == int(self.store.layout.object_nbytes[0])  # 4 KiB multiples
         return bool(self.store.write_pages(keys, addrs, exact).all())

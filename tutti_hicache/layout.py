@@ -5,8 +5,13 @@ At a glance:
         .object_nbytes        bytes of each object of a page, in on-disk order
     SlotLayout(geometry)      4 KiB header + objects, each padded to 4 KiB
         .slot_nbytes, .object_offsets (from the slot start), .payload_offset
+        .staged_objects(slot_addrs) -> [n, objects] addresses of each object in slot payloads
+                              staged back to back (payload = the slot minus its header)
     Placement(n_dirs, slot_nbytes, segment_nbytes)
         .locate(slots) -> (dir, segment, file_offset) arrays   (vectorized)
+        .devices(slots) -> frozenset of directory indices the slots live in
+    strided(base, n, stride) -> uint64 [..., n]   base + i * stride: the addresses of n equal
+                              pieces laid out back to back (base an int or an array of them)
 
 On-disk object order ("canonical"): K and V of layer 0, then layer 1, ... for MHA; one
 object per layer for MLA. Layer l of many pages is then one contiguous run per page.
@@ -31,6 +36,14 @@ KINDS = ("mha", "mla")
 
 def align_up(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
+
+
+def strided(base, n: int, stride: int) -> np.ndarray:
+    """uint64 addresses base + i * stride for i < n; an array `base` gives shape base.shape + (n,)."""
+    steps = np.arange(n, dtype=np.uint64) * np.uint64(stride)
+    if isinstance(base, np.ndarray):
+        return base.astype(np.uint64)[..., None] + steps
+    return np.uint64(base) + steps
 
 
 @dataclass(frozen=True)
@@ -122,6 +135,12 @@ class SlotLayout:
         """Bytes from the payload start to the slot end (objects plus their padding)."""
         return self.slot_nbytes - HEADER_NBYTES
 
+    def staged_objects(self, slot_addrs: np.ndarray) -> np.ndarray:
+        """[n, objects] addresses of each object in n slot payloads staged at slot_addrs (the
+        payload starts at the header's end, so object o sits at object_offsets[o] - HEADER_NBYTES)."""
+        within = (self.object_offsets - HEADER_NBYTES).astype(np.uint64)
+        return np.asarray(slot_addrs, dtype=np.uint64)[:, None] + within[None, :]
+
     @property
     def padded(self) -> bool:
         """True when some object is not a whole number of 4 KiB blocks."""
@@ -154,6 +173,10 @@ class Placement:
         local = s // self.n_dirs
         sps = self.slots_per_segment
         return s % self.n_dirs, local // sps, (local % sps) * self.slot_nbytes
+
+    def devices(self, slots) -> frozenset:
+        """The directories (indices) that hold these slots."""
+        return frozenset(np.unique(np.asarray(slots, dtype=np.int64) % self.n_dirs).tolist())
 
     def segment_slots(self, dir_index: int, segment: int) -> np.ndarray:
         """Slot numbers stored in one segment file, in file order."""

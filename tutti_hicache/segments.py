@@ -26,7 +26,7 @@ import numpy as np
 
 from . import header
 from .engine import extension
-from .layout import HEADER_NBYTES
+from .layout import HEADER_NBYTES, strided
 
 logger = logging.getLogger("tutti_hicache.store")
 _SCAN_CHUNK = 16384  # headers per engine batch during scans (64 MiB of buffer)
@@ -280,8 +280,8 @@ class SegmentFiles:
         left alone, whatever was read: its index is their truth, and a header read before one of
         its own rewrites must not bring an evicted key back over the slot being rewritten."""
         files, offsets = self._slot_files(slots)
-        addr = buf.address + np.arange(len(slots), dtype=np.uint64) * HEADER_NBYTES
-        res = self.engine.submit("read", files, offsets, np.full(len(slots), HEADER_NBYTES, np.int64), addr)
+        res = self.engine.submit("read", files, offsets, np.full(len(slots), HEADER_NBYTES, np.int64),
+                                 strided(buf.address, len(slots), HEADER_NBYTES))
         raw[res != HEADER_NBYTES] = 0
         p = header.parse(raw, self.fingerprint, slots, int(self.layout.object_nbytes.sum()),
                          self.layout.geometry.units)

@@ -36,7 +36,7 @@ from . import header
 from .config import TuttiConfig, check_dirs
 from .engine import engine_for, extension
 from .index import SlotIndex
-from .layout import HEADER_NBYTES, PageGeometry, Placement, SlotLayout
+from .layout import HEADER_NBYTES, PageGeometry, Placement, SlotLayout, strided
 from .scheduler import Gate, Policy
 from .segments import SegmentFiles
 
@@ -215,13 +215,13 @@ class ObjectStore(SegmentFiles):
             return (res.reshape(n, m) == lay.object_nbytes[None, :]).all(axis=1), sums
         with self._io_lock["r"]:
             stage = self._stage("r", n)
-            base = stage.address + np.arange(n, dtype=np.uint64) * lay.payload_nbytes
+            base = strided(stage.address, n, lay.payload_nbytes)
             with self.gate.reading(self._devices(slots)):
                 res = self.engine.submit("read", files, offsets + HEADER_NBYTES,
                                        np.full(n, lay.payload_nbytes, np.int64), base)
             good = res == lay.payload_nbytes
             self._count_errors(res, "read")
-            src = base[:, None] + (lay.object_offsets - HEADER_NBYTES).astype(np.uint64)[None, :]
+            src = lay.staged_objects(base)
             sums = self._checksums(src)[0] if checksum else None
             sel = np.flatnonzero(good)
             extension().memcpy_batch(addrs[sel].ravel(), src[sel].ravel(),
@@ -303,7 +303,7 @@ class ObjectStore(SegmentFiles):
         ok = res == k * stride
         if must.any():
             if sums is None:
-                pieces = dst[:, None] + np.arange(k, dtype=np.uint64) * np.uint64(stride)
+                pieces = strided(dst, k, stride)
                 sums = extension().checksum_groups(
                     pieces.ravel(), np.tile(self.layout.object_nbytes[list(objs)], n),
                     np.arange(0, n * k + 1, k, dtype=np.int64), self.cfg.threads)
@@ -343,8 +343,7 @@ class ObjectStore(SegmentFiles):
         """Page checksum = XXH3-64 over the page's unit checksums (uint64 LE)."""
         u = np.ascontiguousarray(units, dtype="<u8").reshape(-1, self.layout.geometry.units)
         n = u.shape[0]
-        rows = u.ctypes.data + np.arange(n, dtype=np.uint64) * np.uint64(u.strides[0])
-        return extension().checksum_groups(rows, np.full(n, u.strides[0], np.int64),
+        return extension().checksum_groups(strided(u.ctypes.data, n, u.strides[0]), np.full(n, u.strides[0], np.int64),
                                            np.arange(n + 1, dtype=np.int64))
 
     def _checksums(self, addrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -459,7 +458,7 @@ class ObjectStore(SegmentFiles):
         return ok
 
     def _devices(self, slots: np.ndarray) -> frozenset:
-        return frozenset(np.unique(np.asarray(slots, dtype=np.int64) % len(self.cfg.dirs)).tolist())
+        return self.placement.devices(slots)
 
     def _tombstone(self, res, files, offsets) -> np.ndarray:
         good = np.ones(len(res), dtype=bool)
@@ -483,8 +482,8 @@ class ObjectStore(SegmentFiles):
             return (res.reshape(n, m) == lay.object_nbytes[None, :]).all(axis=1)
         with self._io_lock["w"]:
             stage = self._stage("w", n)
-            base = stage.address + np.arange(n, dtype=np.uint64) * lay.payload_nbytes
-            dst = base[:, None] + (lay.object_offsets - HEADER_NBYTES).astype(np.uint64)[None, :]
+            base = strided(stage.address, n, lay.payload_nbytes)
+            dst = lay.staged_objects(base)
             extension().memcpy_batch(dst.ravel(), addrs.ravel(), np.tile(lay.object_nbytes, n),
                                      self.cfg.threads)
             res = self.engine.submit("write", files, offsets + HEADER_NBYTES,
@@ -503,7 +502,7 @@ class ObjectStore(SegmentFiles):
                     sums[sel], units[sel], self.fingerprint, int(self.layout.object_nbytes.sum()),
                     time.time_ns())
         w = self.engine.submit("write", files[sel], offsets[sel], np.full(len(sel), HEADER_NBYTES, np.int64),
-                              buf.address + np.arange(len(sel), dtype=np.uint64) * HEADER_NBYTES)
+                               strided(buf.address, len(sel), HEADER_NBYTES))
         self._count_errors(w, "write")
         out[sel] = w == HEADER_NBYTES
         return out
@@ -551,8 +550,8 @@ class ObjectStore(SegmentFiles):
                       disable=not progress):
             part = items[i:i + chunk]
             stage = extension().AlignedBuffer(len(part) * self.layout.payload_nbytes)
-            base = stage.address + np.arange(len(part), dtype=np.uint64) * self.layout.payload_nbytes
-            addrs = base[:, None] + (self.layout.object_offsets - HEADER_NBYTES).astype(np.uint64)[None, :]
+            addrs = self.layout.staged_objects(
+                strided(stage.address, len(part), self.layout.payload_nbytes))
             slots = np.array([e.slot for _, e in part], dtype=np.int64)
             ok, sums = self._read_slots(slots, addrs, aligned=False, checksum=False)
             sums = self._checksums(addrs.reshape(len(part), m))[0]
