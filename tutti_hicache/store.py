@@ -464,12 +464,16 @@ class ObjectStore(SegmentFiles):
         good = np.ones(len(res), dtype=bool)
         dirty = np.flatnonzero([r.dirty for r in res])
         if len(dirty):
-            out = self.engine.submit("write", files[dirty], offsets[dirty],
-                                    np.full(len(dirty), HEADER_NBYTES, np.int64),
-                                    np.full(len(dirty), self._zero.address, np.uint64))
-            good[dirty] = out == HEADER_NBYTES
-            self._count_errors(out, "write")
+            good[dirty] = self._write_tombstones(files[dirty], offsets[dirty])
         return good
+
+    def _write_tombstones(self, files: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """All-zero headers at these slots (they read as free). Returns ok per slot."""
+        out = self.engine.submit("write", files, offsets,
+                                 np.full(len(files), HEADER_NBYTES, np.int64),
+                                 np.full(len(files), self._zero.address, np.uint64))
+        self._count_errors(out, "write")
+        return out == HEADER_NBYTES
 
     def _write_payloads(self, files, offsets, addrs, aligned) -> np.ndarray:
         lay = self.layout
@@ -532,10 +536,7 @@ class ObjectStore(SegmentFiles):
             for k in [k for k, e in self.index.entries.items() if not e.owned]:
                 self.index.forget_slot(self.index.entries[k].slot)
         if own:
-            slots = np.array([s for _, s in own], dtype=np.int64)
-            files, offsets = self._slot_files(slots)
-            self.engine.submit("write", files, offsets, np.full(len(own), HEADER_NBYTES, np.int64),
-                              np.full(len(own), self._zero.address, np.uint64))
+            self._write_tombstones(*self._slot_files(np.array([s for _, s in own], dtype=np.int64)))
         return len(own)
 
     def check(self, repair: bool = False, chunk: int = 256, progress: bool = False) -> dict:
@@ -564,10 +565,7 @@ class ObjectStore(SegmentFiles):
             self._drop_corrupt([e for _, e in bad])
             own = [e.slot for _, e in bad if e.owned] + [s for s in bad_headers if self._owns(s)]
             if own:
-                slots = np.array(own, dtype=np.int64)
-                files, offsets = self._slot_files(slots)
-                self.engine.submit("write", files, offsets, np.full(len(own), HEADER_NBYTES, np.int64),
-                                  np.full(len(own), self._zero.address, np.uint64))
+                self._write_tombstones(*self._slot_files(np.array(own, dtype=np.int64)))
         return {"checked": checked, "bad": len(bad), "bad_keys": [k for k, _ in bad][:20],
                 "bad_headers": len(bad_headers)}
 
