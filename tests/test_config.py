@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from tutti_hicache.config import SETTINGS, TuttiConfig, check_dirs, settings_markdown
+from tutti_hicache.config import SETTINGS, TuttiConfig, settings_markdown
+from tutti_hicache.namespace import check_dirs
 
 
 def test_defaults_env_and_extra_precedence():

@@ -10,7 +10,8 @@ Each setting ``<name>`` is read from the key ``tutti_<name>`` of SGLang's extra 
 (``--hicache-storage-backend-extra-config`` or the linker's ``linker_extra_config``), else
 from the environment variable ``TUTTI_HICACHE_<NAME>``, else its default. Keys without the
 ``tutti_`` prefix belong to SGLang and are ignored here. An unknown ``tutti_`` key, a wrong
-type, an out-of-range value or an unusable directory raises ``ValueError`` naming the key.
+type or an out-of-range value raises ``ValueError`` naming the key (directories are checked
+where they are used: namespace.check_dirs). No I/O here.
 """
 
 from __future__ import annotations
@@ -226,31 +227,6 @@ def _settings() -> tuple[Setting, ...]:
 
 SETTINGS: tuple[Setting, ...] = _settings()
 _BY_NAME = {s.name: s for s in SETTINGS}
-
-def check_dirs(cfg: TuttiConfig) -> None:
-    """Create missing store directories (0700); check they are writable and accept O_DIRECT."""
-    if not cfg.dirs:
-        raise ValueError(f"{PREFIX}dirs: at least one store directory is required "
-                         f"(or set {ENV_PREFIX}DIRS)")
-    for d in cfg.dirs:
-        try:
-            os.makedirs(d, mode=0o700, exist_ok=True)
-        except OSError as e:
-            raise ValueError(f"{PREFIX}dirs: cannot create {d}: {e.strerror}") from None
-        if not os.path.isdir(d):
-            raise ValueError(f"{PREFIX}dirs: {d} is not a directory")
-        if not os.access(d, os.W_OK | os.X_OK):
-            raise ValueError(f"{PREFIX}dirs: {d} is not writable")
-        from .engine import probe_o_direct
-        try:
-            direct = probe_o_direct(d)
-        except OSError as e:
-            raise ValueError(f"{PREFIX}dirs: cannot create files in {d}: {e.strerror}") from None
-        if not direct:
-            raise ValueError(f"{PREFIX}dirs: the filesystem of {d} refuses O_DIRECT (some FUSE, "
-                             "overlay or network filesystems do); use a directory on ext4, xfs, "
-                             "btrfs or tmpfs")
-
 
 def settings_markdown() -> str:
     """The table of docs/settings.md, generated from SETTINGS."""

@@ -29,7 +29,8 @@ import torch
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
-from .config import TuttiConfig, check_dirs
+from .config import TuttiConfig
+from .namespace import check_dirs
 from .hostmap import HostMap
 from .identity import make_identity
 from .statsfile import StatsFile

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import header
-from .config import TuttiConfig, check_dirs
+from .config import TuttiConfig
+from .namespace import check_dirs
 from .engine import engine_for, extension
 from .index import SlotIndex
 from .layout import HEADER_NBYTES, PageGeometry, Placement, SlotLayout, strided
