@@ -70,9 +70,7 @@ def writer(store, batch, src, stop, out):
         keys = [f"w{k:012d}-{j:04d}".ljust(64, "0") for j in range(batch)]
         k += 1
         n += int(store.write_pages(keys, src.addrs[:batch], True).sum())
-        with store._lock:
-            for key in keys:
-                store.index.drop(key)
+        store.forget(keys)
     out.update(bytes=n * GEOM.page_nbytes)
 
 

@@ -340,7 +340,7 @@ def final_check(a) -> dict:
     s = ObjectStore(store_config(a), g, identity(a))
     out = {"pages": len(s), "capacity_slots": s.capacity_slots, "failed": 0, "wrong": 0}
     try:
-        keys = sorted(s.index.entries)
+        keys = sorted(s.entries())
         b = Buffers(a.batch, g, 0)
         for i in range(0, len(keys), a.batch):
             part = keys[i:i + a.batch]

@@ -2,7 +2,6 @@
 
 import json
 
-import numpy as np
 import pytest
 
 from tutti_hicache.cli import main
@@ -49,11 +48,10 @@ def test_inspect_and_fsck_find_and_drop_a_bad_page(sglang, tmp_path, capsys):
     keys = h.make_page_keys(4)
     assert all(st.batch_set_v1(keys, idx))
     store = st.store
-    files, offs = store._slot_files(np.array([store.index.entries[keys[2]].slot]))
-    path = store._engine_paths[int(files[0])]
+    path, off = store.locate(keys[2])
     st.close()
     with open(path, "r+b") as f:
-        f.seek(int(offs[0]) + 4096 + 7)
+        f.seek(off + 4096 + 7)
         f.write(b"\x00\x01")
     assert main(["inspect", str(tmp_path)]) == 0
     out = capsys.readouterr().out

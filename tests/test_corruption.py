@@ -108,8 +108,7 @@ def assert_new_pages_round_trip(store, n=40):
 
 def where(store, key):
     """(segment path, byte offset of the slot) of a present key."""
-    files, offs = store._slot_files(np.array([store.index.entries[key].slot]))
-    return store._engine_paths[int(files[0])], int(offs[0])
+    return store.locate(key)
 
 
 def flip(path, pos, bit):
@@ -140,7 +139,7 @@ def reseal(raw):
 
 
 def bad_headers(store):
-    return store._stats.extra.get("bad_headers", 0)
+    return store.stats()["bad_headers"]
 
 
 def dat_files(dirs):
@@ -263,7 +262,7 @@ def test_header_bit_flips_are_misses_after_restart(filled):
         log.append((k, pos, bit))
     s = ObjectStore(cfg_for(dirs), GEOM, IDENT)
     try:
-        assert sorted(s.index.entries) == sorted(set(ks) - set(hit)), (SEED, log)
+        assert sorted(s.entries()) == sorted(set(ks) - set(hit)), (SEED, log)
         assert bad_headers(s) == len(hit)
         ok, wrong = read_all(s, ks)
         assert not wrong and (ok == np.array([k not in hit for k in ks])).all()
@@ -322,7 +321,7 @@ def test_header_of_another_slot_is_refused(filled):
     s = ObjectStore(cfg_for(dirs), GEOM, IDENT)
     try:
         assert a in s and b not in s and c in s and d not in s
-        assert s.index.entries[a].slot != s.index.entries[c].slot
+        assert s.entries()[a].slot != s.entries()[c].slot
         assert bad_headers(s) == 2
         ok, wrong = read_all(s, ks)
         assert not wrong and ok.sum() == 58
@@ -409,7 +408,7 @@ def test_truncation_under_a_live_store(store_dirs):
     try:
         ks = keys_of(28)  # row 0
         write(s, ks)
-        slot = {k: s.index.entries[k].slot for k in ks}
+        slot = {k: s.entries()[k].slot for k in ks}
         path, _ = where(s, ks[0])
         os.truncate(path, 10 * SLOT + 5000)  # inside slot 10's payload
         ok, wrong = read_all(s, ks)
@@ -434,7 +433,7 @@ def test_truncated_segment_after_restart(filled, cut):
         s = ObjectStore(cfg_for(dirs), GEOM, IDENT, writer=writer)
         try:
             # a slot cut inside its payload keeps its header: listed, but its read fails
-            assert set(ks) - lost <= set(s.index.entries) <= set(ks)
+            assert set(ks) - lost <= set(s.entries()) <= set(ks)
             ok, wrong = read_all(s, ks)
             assert not wrong and (ok == np.array([k not in lost for k in ks])).all()
             if writer:  # the row is sized back to its slots, and the store keeps working
@@ -458,7 +457,7 @@ def test_deleted_segment_of_one_directory(tmp_path):
     s = ObjectStore(cfg_for(dirs), GEOM, IDENT)
     try:
         lost = {k for k in ks if loc[k][0] == gone}
-        assert lost and sorted(s.index.entries) == sorted(set(ks) - lost)
+        assert lost and sorted(s.entries()) == sorted(set(ks) - lost)
         ok, wrong = read_all(s, ks)
         assert not wrong and ok.sum() == len(ks) - len(lost)
         assert_new_pages_round_trip(s)
@@ -524,7 +523,7 @@ def test_fsck_finds_and_repair_drops_bad_payloads(filled, capsys):
     assert "55 pages checked, 0 bad payloads, 0 unreadable headers" in capsys.readouterr().out
     s = ObjectStore(cfg_for(dirs), GEOM, IDENT)
     try:
-        assert sorted(s.index.entries) == sorted(set(ks) - set(hit))
+        assert sorted(s.entries()) == sorted(set(ks) - set(hit))
         ok, wrong = read_all(s, ks)
         assert not wrong and ok.sum() == 55
     finally:
@@ -559,7 +558,7 @@ def test_fsck_with_a_truncated_segment(filled, capsys):
     cli_main(["fsck", *d, "--repair"])
     s = ObjectStore(cfg_for(dirs), GEOM, IDENT)
     try:
-        assert sorted(s.index.entries) == intact, "fsck --repair removed healthy pages"
+        assert sorted(s.entries()) == intact, "fsck --repair removed healthy pages"
     finally:
         s.close()
 

@@ -155,9 +155,9 @@ def _store_child(dirs, trial: int, rng: random.Random, progress, started_w) -> N
 def _store_check(dirs, t: Trial) -> None:
     store = ObjectStore(_store_cfg(dirs, t.verify), GEOM, STORE_IDENT)
     try:
-        keys = sorted(store.index.entries)
+        keys = sorted(store.entries())
         t.present = len(keys)
-        t.bad_headers = store._stats.extra.get("bad_headers", 0)
+        t.bad_headers = store.stats()["bad_headers"]
         assert t.present <= store.capacity_slots
         dst = _Buf(16, 0)
         for s in range(0, len(keys), 16):
@@ -219,9 +219,9 @@ def _storage_check(dirs, t: Trial) -> None:
     from tutti_hicache import _sglang_harness as h
     st, pool = _storage(h, dirs, *POOLS[t.trial % len(POOLS)], verify=t.verify)
     try:
-        keys = sorted(st.store.index.entries)
+        keys = sorted(st.store.entries())
         t.present = len(keys)
-        t.bad_headers = st.store._stats.extra.get("bad_headers", 0)
+        t.bad_headers = st.store.stats()["bad_headers"]
         assert t.present <= st.store.capacity_slots
         assert st.batch_exists(keys) == len(keys)
         idx = pool.alloc(16 * PAGE)

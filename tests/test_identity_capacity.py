@@ -219,7 +219,7 @@ def test_capacity_is_never_exceeded_under_churn(sglang, tmp_path):
     stats = st.tutti_stats()
     assert stats["pages"] == slots and stats["evictions"] == written - slots
     # what is present reads back exact
-    present = sorted(st.store.index.entries)
+    present = sorted(st.store.entries())
     dst = pool.alloc(8 * PAGE)
     for s in range(0, len(present), 8):
         part = present[s:s + 8]
@@ -234,8 +234,8 @@ def test_capacity_is_never_exceeded_under_churn(sglang, tmp_path):
     assert n_small == int(small * 2**30) // slot_nbytes == 52
     assert dat_bytes(dirs) == n_small * slot_nbytes
     assert len(st.store) <= n_small
-    assert all(e.slot < n_small for e in st.store.index.entries.values())
-    kept = sorted(st.store.index.entries)
+    assert all(e.slot < n_small for e in st.store.entries().values())
+    kept = sorted(st.store.entries())
     assert kept and set(kept) <= set(present)
     for s in range(0, len(kept), 8):
         part = kept[s:s + 8]
@@ -250,7 +250,7 @@ def test_capacity_is_never_exceeded_under_churn(sglang, tmp_path):
 
     # and grow back: the files follow, the pages stay
     st = storage(h, dirs, pool, tutti_capacity_gb=CAP_GB)
-    assert set(ks) <= set(st.store.index.entries)
+    assert set(ks) <= set(st.store.entries())
     for b in range(0, 2 * slots, 32):
         ks = keys_of(32, f"grow{b}")
         fill(pool, idx, ks)
@@ -330,7 +330,7 @@ def test_enospc_stops_growth_and_writes_go_on_by_eviction(sglang, tiny_tmpfs):
         results += ok
     assert dat_bytes(dirs) <= 8 * MiB and _free(tiny_tmpfs) < 1 * MiB  # grew until full
     assert all(results[-64:])  # full filesystem: the store evicts within what it has
-    present = sorted(st.store.index.entries)
+    present = sorted(st.store.entries())
     assert present and st.tutti_stats()["evictions"] > 0
     for s in range(0, len(present), 32):
         part = present[s:s + 32]

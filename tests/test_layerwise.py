@@ -89,12 +89,11 @@ def test_bad_page_mid_pipeline_fails_the_batch_and_the_next_load_is_clean(tmp_pa
     offload_all(lw, keys, rows)
     want = [t[PAGE:].clone() for t in k + v]
     store = lw.store
-    e = store.index.entries[keys[200]]  # second chunk of each layer
-    files, offs = store._slot_files(np.array([e.slot]))
-    with open(store._engine_paths[int(files[0])], "r+b") as f:  # layer 1's K object
-        f.seek(int(offs[0]) + int(store.layout.object_offsets[2]) + 5)
+    path, off = store.locate(keys[200])  # second chunk of each layer
+    with open(path, "r+b") as f:  # layer 1's K object
+        f.seek(off + int(store.layout.object_offsets[2]) + 5)
         b = f.read(1)
-        f.seek(int(offs[0]) + int(store.layout.object_offsets[2]) + 5)
+        f.seek(off + int(store.layout.object_offsets[2]) + 5)
         f.write(bytes([b[0] ^ 0x01]))
     assert not restore(lw, keys, rows)
     assert store.stats()["checksum_failures"] == 1

@@ -8,7 +8,6 @@ import time
 from array import array
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -141,12 +140,11 @@ def test_corrupt_page_fails_the_request_not_silently(sg, tmp_path):
     a.commit_offloads(1)
     a.cache.reset()
     store = a.linker.store
-    e = next(iter(store.index.entries.values()))
-    files, offs = store._slot_files(np.array([e.slot]))
-    with open(store._engine_paths[int(files[0])], "r+b") as f:  # a layer-2 byte of one page
-        f.seek(int(offs[0]) + int(store.layout.object_offsets[4]) + 3)
+    path, off = store.locate(next(iter(store.entries())))
+    with open(path, "r+b") as f:  # a layer-2 byte of one page
+        f.seek(off + int(store.layout.object_offsets[4]) + 3)
         b = f.read(1)
-        f.seek(int(offs[0]) + int(store.layout.object_offsets[4]) + 3)
+        f.seek(off + int(store.layout.object_offsets[4]) + 3)
         f.write(bytes([b[0] ^ 0x10]))
     hit, failed = a.restore(toks)
     assert hit == len(toks)
@@ -165,7 +163,7 @@ def test_offload_dedupes_and_results_are_fifo(sg, tmp_path):
     written = a.linker.store.stats()["write_pages"]
     assert written == 5
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
-    keys = list(a.linker.store.index.entries)[:2]
+    keys = list(a.linker.store.entries())[:2]
     ok = a.linker.offload([PoolTransfer(name=PoolName.KV, keys=keys, device_indices=s1)])
     assert ok and a.linker.num_completed_offloads() == 1 and a.linker.pop_completed_offload()
     assert a.linker.store.stats()["write_pages"] == written  # nothing written twice
@@ -180,7 +178,7 @@ def test_start_cancel_and_idle_finish(sg, tmp_path):
     a.insert(toks, a.fill(len(toks), 5))
     a.commit_offloads(1)
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
-    keys = list(a.linker.store.index.entries)
+    keys = list(a.linker.store.entries())
     assert a.linker.lookup("x", [PoolTransfer(name=PoolName.KV, keys=keys + ["0" * 64])]) == [1, 2]
     dst = a.alloc.alloc(8)
     assert a.linker.load("x", [PoolTransfer(name=PoolName.KV, keys=keys, device_indices=dst)])

@@ -70,8 +70,7 @@ def test_missing_page_stops_the_prefix(sglang, tmp_path):
     st, sc = tutti(h, [tmp_path], "mha", "layer_first")
     ctrl = controller(h, st, pool, sc)
     assert h.controller_backup(ctrl, keys, src) == N
-    with st.store._lock:
-        st.store.index.drop(keys[150])
+    st.store.forget([keys[150]])
     assert h.controller_hit_query(ctrl, keys) == 150
     done = h.controller_transfer(ctrl, keys, dst)
     assert done == 150 * PAGE  # the second batch counts up to its first miss

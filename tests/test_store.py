@@ -100,24 +100,20 @@ def test_pinned_pages_survive_eviction(store):
     for r in range(4):
         store.write_pages(keys(16, f"a{r}"), src.addrs, True)
     pinned = keys(16, "a0")  # the least recently used
-    with store._lock:
-        store.index.pin(pinned)
+    entries = store.pin(pinned)
     store.write_pages(keys(16, "b"), src.addrs, True)
     assert store.prefix_len(pinned) == 16
-    with store._lock:
-        store.index.unpin([store.index.entries[k].slot for k in pinned])
+    store.unpin(entries)
 
 
 def test_corrupt_payload_is_a_miss_and_dropped(store):
     src, ks = Pages(3, seed=6), keys(3)
     store.write_pages(ks, src.addrs, True)
-    slot = store.index.entries[ks[1]].slot
-    files, offs = store._slot_files(np.array([slot]))
-    path = store._engine_paths[int(files[0])]
+    path, off = store.locate(ks[1])
     with open(path, "r+b") as f:
-        f.seek(int(offs[0]) + 4096 + 100)
+        f.seek(off + 4096 + 100)
         b = f.read(1)
-        f.seek(int(offs[0]) + 4096 + 100)
+        f.seek(off + 4096 + 100)
         f.write(bytes([b[0] ^ 0x40]))
     dst = Pages(3, seed=None)
     ok = store.read_pages(ks, dst.addrs, True)
@@ -129,11 +125,10 @@ def test_corrupt_header_is_not_served_after_restart(store_dirs):
     s = ObjectStore(cfg_for(store_dirs), GEOM, IDENT)
     src, ks = Pages(3, seed=7), keys(3)
     s.write_pages(ks, src.addrs, True)
-    files, offs = s._slot_files(np.array([s.index.entries[ks[0]].slot]))
-    path = s._engine_paths[int(files[0])]
+    path, off = s.locate(ks[0])
     s.close()
     with open(path, "r+b") as f:
-        f.seek(int(offs[0]) + 90)  # inside the key
+        f.seek(off + 90)  # inside the key
         f.write(b"Z")
     s = ObjectStore(cfg_for(store_dirs), GEOM, IDENT)
     assert ks[0] not in s and s.prefix_len(ks[1:]) == 2
@@ -168,7 +163,7 @@ def test_striping_over_two_dirs(tmp_path):
     s = ObjectStore(cfg_for(dirs), GEOM, IDENT)
     src = Pages(10, seed=9)
     s.write_pages(keys(10), src.addrs, True)
-    slots = sorted(e.slot for e in s.index.entries.values())
+    slots = sorted(e.slot for e in s.entries().values())
     assert slots == list(range(10))
     for d in dirs:
         assert any(f.endswith(".dat") for _, _, fs in os.walk(d) for f in fs)
@@ -234,8 +229,8 @@ def test_two_writers_share_without_clobbering(tmp_path):
         assert a.read_pages(keys(20, "w"), dst.addrs, True).all()
         other = Pages(20, seed=11)
         assert all((dst.page(i) == other.page(i)).all() for i in range(20))
-        mine = {e.slot for k, e in a.index.entries.items() if k.startswith("a")}
-        theirs = {e.slot for k, e in a.index.entries.items() if k.startswith("w")}
+        mine = {e.slot for k, e in a.entries().items() if k.startswith("a")}
+        theirs = {e.slot for k, e in a.entries().items() if k.startswith("w")}
         assert not mine & theirs
     finally:
         q.put("done")
@@ -250,13 +245,12 @@ def test_writers_share_rows_fairly(tmp_path):
     src = Pages(16, seed=13)
     for r in range(5):  # fill: a claims every row
         assert a.write_pages(keys(16, f"a{r}"), src.addrs, True).all()
-    assert len(a._lock_fds) == a.n_rows
+    assert len(a.owned_rows()) == a.n_rows
     b = ObjectStore(cfg_for(dirs), GEOM, IDENT)
-    a._share_at = -1e9  # forget the cached writer count
-    a._release_excess_rows()  # what a's re-scan thread does
-    assert len(a._lock_fds) == -(-a.n_rows // 2)
+    a.rebalance()  # what a's re-scan thread does (with a fresh count of the writers)
+    assert len(a.owned_rows()) == -(-a.n_rows // 2)
     assert b.write_pages(keys(4, "b"), src.addrs[:4], True).all()
-    assert b._lock_fds and not set(b._lock_fds) & set(a._lock_fds)
+    assert b.owned_rows() and not b.owned_rows() & a.owned_rows()
     for k in keys(16, "a4"):  # a's pages in released rows stay readable, now foreign to a
         assert k in a
     b.close()

@@ -123,9 +123,9 @@ def cmd_inspect(a) -> int:
             print(f"  identity: {json.dumps(ident, sort_keys=True)}")
             print(f"  slots: {st['capacity_slots']} x {st['slot_nbytes']} B = "
                   f"{st['capacity_slots'] * st['slot_nbytes'] / 2**30:.2f} GiB, pages: {st['pages']}")
-            keys = sorted(store.index.entries)[: a.keys]
-            for k in keys:
-                e = store.index.entries[k]
+            entries = store.entries()
+            for k in sorted(entries)[: a.keys]:
+                e = entries[k]
                 print(f"    {k}  slot {e.slot}  seq {e.seq}  xxh3 {e.checksum:016x}")
         finally:
             store.close()

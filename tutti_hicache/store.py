@@ -6,6 +6,8 @@ At a glance:
     store.read_pages(keys, addrs, aligned) -> bool[n]
     store.write_pages(keys, addrs, aligned) -> bool[n]
     store.clear(); store.close(); store.stats()
+    store.locate(key) -> (segment path, slot offset)       where a present key's slot lives
+    store.entries() -> {key: PageInfo}                      read-only snapshot of the index
 
 `addrs` is a uint64 array [n_pages, objects_per_page] of host addresses, one per object in
 on-disk order (SlotLayout). `aligned` says every address and object size is a multiple of
@@ -29,6 +31,8 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping, NamedTuple
 
 import numpy as np
 
@@ -83,6 +87,14 @@ class LayerStream:
             self._stream.join()
         except Exception as e:  # OSError or a closed engine: already raised by wait()
             logger.debug("tutti: read stream ended with %s", e)
+
+
+class PageInfo(NamedTuple):
+    """One indexed page as ObjectStore.entries() shows it."""
+    slot: int
+    seq: int
+    checksum: int  # XXH3-64 of the page (over its per-layer checksums)
+    owned: bool  # in a row this process owns (it may evict it)
 
 
 @dataclass
@@ -173,6 +185,39 @@ class ObjectStore(SegmentFiles):
 
     def __len__(self) -> int:
         return len(self.index)
+
+    def entries(self) -> Mapping[str, PageInfo]:
+        """A read-only snapshot of the index: key -> PageInfo."""
+        with self._lock:
+            return MappingProxyType({k: PageInfo(e.slot, e.seq, e.checksum, e.owned)
+                                     for k, e in self.index.entries.items()})
+
+    def locate(self, key: str) -> tuple[str, int]:
+        """(segment file path, byte offset of the slot) of a present key; KeyError if absent."""
+        with self._lock:
+            slot = self.index.entries[key].slot
+        files, offsets = self._slot_files(np.array([slot]))
+        return self._engine_paths[int(files[0])], int(offsets[0])
+
+    def files(self) -> dict[int, str]:
+        """Engine file handle -> path of every segment file the store has open."""
+        return dict(self._engine_paths)
+
+    def forget(self, keys: list[str]) -> int:
+        """Drop keys from this process's index (as if lost); own slots become reusable. The
+        on-disk headers stay. Returns how many keys were present."""
+        with self._lock:
+            return sum(self.index.drop(k) is not None for k in keys)
+
+    def owned_rows(self) -> frozenset:
+        """Segment rows this process owns (allocates and evicts in) now."""
+        return frozenset(self._lock_fds)
+
+    def rebalance(self) -> None:
+        """Count the live writers again and hand rows beyond the fair share back now (the
+        re-scan thread does this after its re-scans, with a count at most 1 s old)."""
+        self._share_at = -1e9
+        self._release_excess_rows()
 
     # -------------------------------------------------------------------- reads
     def read_pages(self, keys: list[str], addrs: np.ndarray, aligned: bool) -> np.ndarray:
