@@ -307,9 +307,23 @@ class LayerwiseKV:
         scattered in layer order."""
         index, entries, page_ids, ready, input_tokens = job
         t0 = time.perf_counter()
-        gate = self.store.gate
-        hold = gate.reading(self.store._devices(np.array([e.slot for e in entries])))
-        hold.__enter__()
+        devices = self.store._devices(np.array([e.slot for e in entries]))
+        try:
+            with self.store.gate.reading(devices) as lease:
+                self._load(index, entries, page_ids, ready, input_tokens, lease)
+                seconds = time.perf_counter() - t0  # the first read to the last layer handed over
+            if self._stats["first_load_seconds"] is None:
+                self._stats["first_load_seconds"] = seconds
+            self._account(loads=1, load_pages=len(entries), load_bytes=len(entries) * self.page_nbytes,
+                          load_seconds=seconds)
+        except BaseException as e:  # the forward must never hang; finish() reports it
+            logger.error("tutti linker: load of %d pages failed: %s", len(entries), e)
+            self.counter.fail(index, e)
+            self._account(load_failures=1)
+        finally:
+            self.store.unpin(entries)
+
+    def _load(self, index, entries, page_ids, ready, input_tokens, lease) -> None:
         stream = None
         try:
             plan = self.store.plan_pages(entries)
@@ -341,38 +355,16 @@ class LayerwiseKV:
                 self.counter.complete(index, layer, self._mark())
                 if window > 0 and layer + 1 < self.num_layers and layer - self.counter.waited >= 2:
                     stream.settle(admitted)  # writes never overlap a read still in flight
-                    hold = self._open_window(hold, window)
-            seconds = time.perf_counter() - t0
-            if self._stats["first_load_seconds"] is None:
-                self._stats["first_load_seconds"] = seconds
-            self._account(loads=1, load_pages=len(entries), load_bytes=len(entries) * self.page_nbytes,
-                          load_seconds=seconds)
-        except BaseException as e:  # the forward must never hang; finish() reports it
-            logger.error("tutti linker: load of %d pages failed: %s", len(entries), e)
-            self.counter.fail(index, e)
-            self._account(load_failures=1)
+                    self.windows_opened += 1
+                    lease.lend(window)  # writes use the disk for one compute window
         finally:
             if stream is not None:
                 stream.close()  # nothing lands in the staging slots after this
-            hold.__exit__(None, None, None)
-            self.store.unpin(entries)
 
     def _window(self, input_tokens: int, prefix_tokens: int) -> float:
         if self.slack is None:
             return 0.0
         return self.slack.window(input_tokens, prefix_tokens)[0]
-
-    def _open_window(self, hold, seconds: float):
-        """Let writes use the disk for one compute window, then take it back for reads."""
-        gate = self.store.gate
-        hold.__exit__(None, None, None)
-        gate.set_window(seconds)
-        self.windows_opened += 1
-        time.sleep(seconds)
-        gate.set_window(None)
-        hold = gate.reading(hold.devices)
-        hold.__enter__()
-        return hold
 
     def _copy_chunk(self, k: int, layer: int, n: int, page_ids) -> None:
         """Ring slot k holds layer `layer` of n pages: to the device pool (H2D + scatter)."""

@@ -8,9 +8,11 @@ At a glance:
         next_write(now) -> Chunk | None                      the one chunk that may start now
         chunk_done(chunk, now, seconds)
         set_window(seconds | None)                           from the slack table (linker)
-    Gate        the thread-safe shell the store uses: `with gate.reading(devs):` around a read
-                batch, `gate.write(devs, nbytes, run)` splits a write into chunks and runs each
+    Gate        the thread-safe shell the store uses: `with gate.reading(devs) as lease:` around a
+                read batch, `gate.write(devs, nbytes, run)` splits a write into chunks and runs each
                 when the policy allows (blocking only the calling writer thread).
+    Lease       a read hold: lease.lend(seconds) lets writes use its devices for one window
+                (from a slack table), then holds them for reads again.
 
 Rules, per device (= store directory):
   1. Reads first: a read starts at once unless a write chunk is in flight on its devices; it then
@@ -29,11 +31,12 @@ run only while no read is pending on their devices (plus the floor).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 
 @dataclass(frozen=True)
@@ -152,8 +155,16 @@ class Gate:
         self._ids = 0
         self.stats = {"read_waits": 0, "read_wait_s": 0.0, "write_chunks": 0, "refused": 0}
 
-    def reading(self, devices: Iterable) -> "_Reading":
-        return _Reading(self, frozenset(devices))
+    @contextlib.contextmanager
+    def reading(self, devices: Iterable) -> Iterator["Lease"]:
+        """Hold `devices` for reads (waiting for at most one write chunk in flight there) for
+        the body of the with; the lease it yields can lend them to writes in between."""
+        lease = Lease(self, frozenset(devices))
+        lease._acquire()
+        try:
+            yield lease
+        finally:
+            lease._release()
 
     def write(self, devices: Iterable, nbytes: int, run: Callable[[int, int], None],
               unit: int = 1) -> bool:
@@ -196,14 +207,26 @@ class Gate:
             self._cv.notify_all()
 
 
-class _Reading:
+class Lease:
+    """A read hold on devices, from Gate.reading (which takes and releases it)."""
+
     def __init__(self, gate: Gate, devices: frozenset):
         self.gate, self.devices, self.id = gate, devices, None
 
-    def __enter__(self):
+    def lend(self, seconds: float) -> None:
+        """Let writes use the devices for one window of `seconds` (chunks sized to it), then
+        hold them for reads again. The caller's reads must have landed (nothing in flight)."""
+        g = self.gate
+        self._release()
+        g.set_window(seconds)
+        time.sleep(seconds)
+        g.set_window(None)
+        self._acquire()
+
+    def _acquire(self) -> None:
         g = self.gate
         if not g.enabled:
-            return self
+            return
         with g._cv:
             g._ids += 1
             self.id = g._ids
@@ -215,12 +238,11 @@ class _Reading:
                     g._cv.wait(timeout=0.05)
                 g.stats["read_wait_s"] += g.clock() - t0
             g.policy.read_starts(self.id)
-        return self
 
-    def __exit__(self, *exc):
+    def _release(self) -> None:
         g = self.gate
-        if self.id is not None:  # registered at enter: release it even if `enabled` flipped since
+        if self.id is not None:  # registered at acquire: release it even if `enabled` flipped since
             with g._cv:
                 g.policy.read_done(self.id)
                 g._cv.notify_all()
-        return False
+            self.id = None
