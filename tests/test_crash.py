@@ -49,7 +49,7 @@ except ImportError:  # standalone runs do not need pytest
 
 from tutti_hicache.testdata import page_content
 from tutti_hicache.config import TuttiConfig
-from tutti_hicache.engine import extension
+from tutti_hicache.engine import engine_for, extension
 from tutti_hicache.layout import PageGeometry
 from tutti_hicache.store import ObjectStore
 
@@ -352,13 +352,22 @@ if pytest is not None:
 
 
     class _EngineProxy:
-        """Forwards to the real engine; its close() also fires `on_close`."""
+        """Forwards to the real engine; its close() also fires `on_close`; once `hold` is set,
+        the next read (a re-scan's header read) runs it first."""
 
         def __init__(self, real, on_close):
             self._real, self._on_close = real, on_close
+            self.hold = None
 
         def __getattr__(self, name):
             return getattr(self._real, name)
+
+        def submit(self, op, *args):
+            hold = self.hold if op == "read" else None
+            if hold is not None:
+                self.hold = None
+                hold()
+            return self._real.submit(op, *args)
 
         def close(self):
             self._real.close()
@@ -367,28 +376,25 @@ if pytest is not None:
     def test_close_during_a_rescan_is_quiet(tmp_path, caplog):
         import threading
         dirs = [tmp_path / "a", tmp_path / "b"]
+        entered, release = threading.Event(), threading.Event()
         w = ObjectStore(_store_cfg(dirs), GEOM, STORE_IDENT)
-        r = ObjectStore(_store_cfg(dirs), GEOM, STORE_IDENT, writer=False)  # like an MLA rank
+        r = ObjectStore(_store_cfg(dirs), GEOM, STORE_IDENT, writer=False,  # like an MLA rank
+                        engine=_EngineProxy(engine_for(_store_cfg(dirs)), release.set))
         try:
             src = _Buf(4, 0)
             keys = [f"rescan-{i}" for i in range(4)]
             for i, k in enumerate(keys):
                 src.view(i)[:] = page_content(k, src.page)
             assert w.write_pages(keys, src.addrs[:4], True).all()
-            entered, release = threading.Event(), threading.Event()
-            scan = r._scan_rows
 
-            def held(rows):  # the re-scan has started and is slow (a big store)
+            def held():  # the re-scan has started and is slow (a big store)
                 entered.set()
                 release.wait(2.0)
-                return scan(rows)
 
-            r._scan_rows = held
-            r.engine = _EngineProxy(r.engine, release.set)
+            r.engine.hold = held
             assert r.prefix_len(keys) == 0  # a miss asks for a re-scan
             assert entered.wait(10)
-            r.close()
-            r._rescan_thread.join(10)
+            r.close()  # joins the re-scan thread
             failed = [x for x in caplog.records if "re-scan failed" in x.getMessage()]
             assert not failed, failed[0].exc_text
         finally:

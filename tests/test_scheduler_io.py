@@ -9,32 +9,40 @@ import numpy as np
 import pytest
 
 from tutti_hicache.config import TuttiConfig
-from tutti_hicache.engine import extension
+from tutti_hicache.engine import engine_for, extension
 from tutti_hicache.layout import PageGeometry
 from tutti_hicache.store import ObjectStore
 
 GEOM = PageGeometry("mha", 4, 16, 256, 256)  # 4 KiB objects
 
 
-def make_store(dirs, **extra):
-    cfg = TuttiConfig.from_sources({"tutti_dirs": [str(d) for d in dirs], "tutti_capacity_gb": 0.05,
-                                    "tutti_segment_gb": 1 / 256, **extra}, env={})
-    return ObjectStore(cfg, GEOM, {"t": "sched"})
+def store_config(dirs, **extra):
+    return TuttiConfig.from_sources({"tutti_dirs": [str(d) for d in dirs], "tutti_capacity_gb": 0.05,
+                                     "tutti_segment_gb": 1 / 256, **extra}, env={})
+
+
+def make_store(dirs, engine=None, **extra):
+    return ObjectStore(store_config(dirs, **extra), GEOM, {"t": "sched"}, engine=engine)
 
 
 class Recorder:
-    """Wraps the engine: logs (kind, devices, start, end) of every submit call."""
+    """Wraps the engine (give it to the store): once start(store) is called, logs (kind,
+    devices, start, end) of every submit call."""
 
-    def __init__(self, store):
-        self.store, self.log, self.lock = store, [], threading.Lock()
-        self.real_engine = store.engine
+    def __init__(self, real_engine):
+        self.store, self.log, self.lock = None, [], threading.Lock()
+        self.real_engine = real_engine
         self.real_submit = self.real_engine.submit
-        store.engine = self
+
+    def start(self, store):
+        self.store = store
 
     def __getattr__(self, name):  # counters(), close(), ... go to the real engine
         return getattr(self.real_engine, name)
 
     def _call(self, kind, op, file, *args):
+        if self.store is None:  # not recording yet
+            return self.real_submit(op, file, *args)
         devs = {self._dir(int(f)) for f in np.unique(file)}
         t0 = time.monotonic()
         out = self.real_submit(op, file, *args)
@@ -58,11 +66,13 @@ def pages(n, seed):
 
 
 def test_reads_and_writes_never_overlap_on_a_directory(tmp_path):
-    store = make_store([tmp_path / "a", tmp_path / "b"], tutti_write_window_ms=1.0)
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    rec = Recorder(engine_for(store_config(dirs)))
+    store = make_store(dirs, engine=rec, tutti_write_window_ms=1.0)
     rbuf, raddr = pages(32, 1)
     keys = [f"r{i:063d}" for i in range(32)]
     assert store.write_pages(keys, raddr, True).all()
-    rec = Recorder(store)
+    rec.start(store)
     stop = threading.Event()
     wbuf, waddr = pages(16, 2)
     errors = []
@@ -97,7 +107,6 @@ def test_reads_and_writes_never_overlap_on_a_directory(tmp_path):
         for _, wd, w0, w1 in writes:
             if rd & wd:
                 assert w1 <= r0 or r1 <= w0, "a write ran on a directory while a read was in flight"
-    store.engine = rec.real_engine
     store.close()
 
 

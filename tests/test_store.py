@@ -268,3 +268,22 @@ def test_last_row_with_an_empty_directory_still_grows(tmp_path):
     assert len(s) == 57 and s.stats()["write_failures"] == 0
     assert not (tmp_path / "b" / s.ns_dirs[1].split("/")[-1] / "seg-000001.dat").exists()
     s.close()
+
+
+def test_a_closed_store_is_freed_without_the_cycle_collector(store_dirs):
+    """No part of the store refers back to it: a closed store goes with its last reference.
+    (A store left to the cycle collector may be collected in a forked child, where freeing the
+    parent's engine blocks forever.)"""
+    import gc
+    import weakref
+    gc.disable()
+    try:
+        s = ObjectStore(cfg_for(store_dirs), GEOM, IDENT)
+        src = Pages(2, seed=15)
+        assert s.write_pages(keys(2), src.addrs, True).all()
+        s.close()
+        ref = weakref.ref(s)
+        del s
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -66,63 +66,22 @@ def _default_demo_dir() -> str:
     return here if os.access(here, os.W_OK) else tempfile.gettempdir()
 
 
-def _namespaces(dirs: list[str]) -> dict[str, list[str]]:
-    """fingerprint dir name -> its namespace dirs ordered by placement.json's dir_index."""
-    found: dict[str, dict[int, str]] = {}
-    for d in dirs:
-        for name in sorted(os.listdir(d)):
-            ns = os.path.join(d, name)
-            pj = os.path.join(ns, "placement.json")
-            if name.startswith("tutti-") and os.path.exists(pj):
-                with open(pj) as f:
-                    found.setdefault(name, {})[json.load(f)["dir_index"]] = d
-    return {k: [v[i] for i in sorted(v)] for k, v in found.items()}
-
-
-def _read_json(path: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path} is unreadable or damaged: {e}") from None
-
-
-def open_existing(dirs: list[str], ns_name: str, writer: bool):
-    """Open a namespace found on disk as it is (maintenance mode: nothing created, resized or
-    removed), with the geometry and placement it was written with."""
-    from .config import TuttiConfig
-    from .layout import PageGeometry
-    from .store import ObjectStore
-    ns0 = os.path.join(dirs[0], ns_name)
-    ident = _read_json(os.path.join(ns0, "identity.json"))
-    place = _read_json(os.path.join(ns0, "placement.json"))
-    if place.get("n_dirs") != len(dirs):
-        raise ValueError(f"{ns_name} is striped over {place.get('n_dirs')} directories; "
-                         f"found {len(dirs)}: pass all of them")
-    try:
-        g = PageGeometry(*ident["geometry"])
-        seg_gb = place["slots_per_segment"] * place["slot_nbytes"] / (1 << 30)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{ns_name}: identity.json/placement.json lack a field ({e})") from None
-    cfg = TuttiConfig(dirs=tuple(dirs), segment_gb=seg_gb, rescan_interval_s=-1.0)
-    return ObjectStore(cfg, g, ident, writer=writer, maintenance=True), ident
-
-
 def cmd_inspect(a) -> int:
+    from .fsck import ExistingNamespace, namespaces
     failed = 0
-    for name, dirs in _namespaces(a.dirs).items():
+    for name, dirs in namespaces(a.dirs).items():
         try:
-            store, ident = open_existing(dirs, name, writer=False)
+            store = ExistingNamespace(dirs, name)
         except (ValueError, OSError) as e:
             print(f"{name}: cannot open: {e}")
             failed += 1
             continue
         try:
-            st = store.stats()
+            slots, nbytes = store.capacity_slots, store.layout.slot_nbytes
             print(f"{name}  ({', '.join(dirs)})")
-            print(f"  identity: {json.dumps(ident, sort_keys=True)}")
-            print(f"  slots: {st['capacity_slots']} x {st['slot_nbytes']} B = "
-                  f"{st['capacity_slots'] * st['slot_nbytes'] / 2**30:.2f} GiB, pages: {st['pages']}")
+            print(f"  identity: {json.dumps(store.identity, sort_keys=True)}")
+            print(f"  slots: {slots} x {nbytes} B = {slots * nbytes / 2**30:.2f} GiB, "
+                  f"pages: {len(store)}")
             entries = store.entries()
             for k in sorted(entries)[: a.keys]:
                 e = entries[k]
@@ -133,10 +92,11 @@ def cmd_inspect(a) -> int:
 
 
 def cmd_fsck(a) -> int:
+    from .fsck import ExistingNamespace, namespaces
     bad = 0
-    for name, dirs in _namespaces(a.dirs).items():
+    for name, dirs in namespaces(a.dirs).items():
         try:
-            store, _ = open_existing(dirs, name, writer=a.repair)
+            store = ExistingNamespace(dirs, name, writer=a.repair)
         except (ValueError, OSError) as e:
             print(f"{name}: cannot check: {e}")
             bad += 1

@@ -1,6 +1,7 @@
 """The identity of a store namespace: what makes two processes' pages interchangeable.
 
     make_identity(cfg, model, geometry, dtype, pp, cp, tp, heads) -> dict
+    with_geometry(identity, geometry) -> dict    what the store fingerprints: identity + geometry
 
 Shared by the host-tier backend and the linker so that a page written by either is found by
 the other when model, weights revision, dtype, geometry, object order and rank coordinates
@@ -32,3 +33,9 @@ def make_identity(cfg: TuttiConfig, *, model: str, geometry: PageGeometry, dtype
         ident["tp"] = [int(tp[0]), int(tp[1])]
         ident["heads"] = [int(h) for h in heads]
     return ident
+
+
+def with_geometry(identity: dict, g: PageGeometry) -> dict:
+    """The page geometry is always part of a store's identity, whatever the caller passed."""
+    return {**identity, "geometry": [g.kind, g.num_layers, g.page_size, g.k_token_bytes,
+                                     g.v_token_bytes, g.order]}

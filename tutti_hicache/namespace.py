@@ -1,16 +1,47 @@
-"""A store's namespace on disk: its directories and the checks they must pass.
+"""A store's namespace on disk: its directories, metadata files, segment files and their handles.
 
 At a glance:
     check_dirs(cfg)                         create missing store dirs (0700); each must be writable
                                             and accept O_DIRECT, else ValueError naming tutti_dirs
+    Namespace(cfg, fingerprint, placement, capacity_slots)
+        .dirs                               <dir>/tutti-<fingerprint>, one per store directory
+        .n_rows                             segment rows that the capacity spans
+        .create(identity)                   make the dirs (0700) with identity.json and
+                                            placement.json (0600); refuse a changed placement
+        .existing_rows() -> [row]           rows with a segment file in some directory
+        .segment_path(d, row), .row_dirs(row), .file_slots(d, row), .row_slots(row), .mtimes(row)
+        .create_segment(path, n_slots)      O_EXCL + posix_fallocate, above the free-space floor
+        .fit_row(row)                       size a row's files to the slots the capacity holds
+        .remove_rows(rows, writer)          the capacity shrank: delete unused rows beyond it
+    existing_capacity(dirs, placement) -> slots   what a namespace's segment files span (fsck)
+    FileTable(io_engine, namespace, writable)   engine file handles of the segment files
+        .open_row(row, create) -> bool      open (with create: make) the row's files; idempotent
+        .is_open(d, row), .slot_files(slots) -> (file, offset), .path(file), .paths()
+    lock_paths(paths) -> fds | None         exclusive non-blocking flocks on every path, or none
+
+A row is segment number r in every directory. Files are sized so that the sum over all files
+never exceeds the slots that fit in tutti_capacity_gb (the last row can end mid-row).
+Thread-safety: Namespace holds no mutable state. FileTable.open_row may run on several threads
+(growth, re-scans); each handle is opened once, under the table's own lock. slot_files reads
+the table without a lock: an entry only ever changes from "not open" to its handle.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import json
+import logging
 import os
+import threading
+
+import numpy as np
 
 from . import engine
 from .config import ENV_PREFIX, PREFIX, TuttiConfig
+from .layout import Placement
+
+logger = logging.getLogger("tutti_hicache.store")
 
 
 def check_dirs(cfg: TuttiConfig) -> None:
@@ -35,3 +66,209 @@ def check_dirs(cfg: TuttiConfig) -> None:
             raise ValueError(f"{PREFIX}dirs: the filesystem of {d} refuses O_DIRECT (some FUSE, "
                              "overlay or network filesystems do); use a directory on ext4, xfs, "
                              "btrfs or tmpfs")
+
+
+def namespace_dirs(dirs, fingerprint: bytes) -> list[str]:
+    return [os.path.join(d, "tutti-" + fingerprint.hex()) for d in dirs]
+
+
+def existing_capacity(ns_dirs: list[str], placement: Placement) -> int:
+    """Slots of every row that has a segment file in one of ns_dirs (at least one row)."""
+    rows = _existing_rows(ns_dirs)
+    return (max(rows, default=0) + 1) * placement.slots_per_segment * len(ns_dirs)
+
+
+class Namespace:
+    """Paths and file operations of one identity's namespace (no state beyond its geometry)."""
+
+    def __init__(self, cfg: TuttiConfig, fingerprint: bytes, placement: Placement,
+                 capacity_slots: int):
+        self.dirs = namespace_dirs(cfg.dirs, fingerprint)
+        self.placement = placement
+        self.capacity_slots = capacity_slots
+        self.n_rows = placement.segments_for(capacity_slots)
+        self.free_space_floor = int(cfg.free_space_floor_gb * (1 << 30))
+
+    # ------------------------------------------------------------------ layout
+    def segment_path(self, d: int, row: int) -> str:
+        return os.path.join(self.dirs[d], f"seg-{row:06d}.dat")
+
+    def file_slots(self, d: int, row: int) -> np.ndarray:
+        """Slots of segment (d, row) that fit in the capacity, in file order."""
+        s = self.placement.segment_slots(d, row)
+        return s[s < self.capacity_slots]
+
+    def row_slots(self, row: int) -> np.ndarray:
+        """Every slot of a row that fits in the capacity, sorted."""
+        return np.sort(np.concatenate([self.file_slots(d, row) for d in range(len(self.dirs))]))
+
+    def row_dirs(self, row: int) -> list[int]:
+        """Directories holding at least one slot of `row` (the capacity can end mid-row)."""
+        return [d for d in range(len(self.dirs)) if len(self.file_slots(d, row))]
+
+    def existing_rows(self) -> list[int]:
+        return _existing_rows(self.dirs)
+
+    def mtimes(self, row: int) -> list[int]:
+        """st_mtime_ns of the row's file in each directory (-1: no file)."""
+        out = []
+        for d in range(len(self.dirs)):
+            try:
+                out.append(os.stat(self.segment_path(d, row)).st_mtime_ns)
+            except FileNotFoundError:
+                out.append(-1)
+        return out
+
+    # ------------------------------------------------------------------- files
+    def create(self, identity: dict) -> None:
+        """Create namespace dirs with identity.json and placement.json; refuse a changed placement."""
+        p = self.placement
+        placement = {"n_dirs": len(self.dirs), "slot_nbytes": p.slot_nbytes,
+                     "slots_per_segment": p.slots_per_segment, "dir_index": 0}
+        for d, ns in enumerate(self.dirs):
+            os.makedirs(ns, mode=0o700, exist_ok=True)
+            _write_once(os.path.join(ns, "identity.json"), identity)
+            want = dict(placement, dir_index=d)
+            have = _write_once(os.path.join(ns, "placement.json"), want)
+            if have != want:
+                raise ValueError(
+                    f"tutti_dirs/tutti_segment_gb: the store in {ns} was written with "
+                    f"{have}, now {want}; restore the previous tutti_dirs order and "
+                    f"tutti_segment_gb, or remove {ns} to start empty")
+
+    def create_segment(self, path: str, n_slots: int) -> None:
+        nbytes = n_slots * self.placement.slot_nbytes
+        st = os.statvfs(os.path.dirname(path))
+        free = st.f_bavail * st.f_frsize
+        if free < nbytes:
+            raise OSError(errno.ENOSPC, f"only {free >> 20} MiB free for a {nbytes >> 20} MiB segment", path)
+        if free - nbytes < self.free_space_floor:
+            raise OSError(errno.ENOSPC, "free space would fall below tutti_free_space_floor_gb", path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
+
+    def fit_row(self, row: int) -> None:
+        """Size an owned row's files to exactly the slots that fit in the capacity."""
+        for d in self.row_dirs(row):
+            path = self.segment_path(d, row)
+            want = len(self.file_slots(d, row)) * self.placement.slot_nbytes
+            have = os.path.getsize(path)
+            if have > want:
+                os.truncate(path, want)
+            elif have < want:
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    os.posix_fallocate(fd, 0, want)
+                finally:
+                    os.close(fd)
+
+    def remove_rows(self, rows: list[int], writer: bool) -> None:
+        """Remove rows beyond the capacity (it shrank since they were written), if unused."""
+        for r in rows:
+            paths = [p for p in (self.segment_path(d, r) for d in range(len(self.dirs)))
+                     if os.path.exists(p)]
+            fds = lock_paths(paths) if writer else None
+            if fds is None:
+                logger.warning("tutti: segment row %d lies beyond tutti_capacity_gb and is in "
+                               "use by another process (or this one is read-only): ignored", r)
+                continue
+            for p in paths:
+                os.unlink(p)
+            for fd in fds:
+                os.close(fd)
+            logger.warning("tutti: capacity shrank: removed segment row %d", r)
+
+
+class FileTable:
+    """Engine file handles of a namespace's segment files, [directory, row] -> handle."""
+
+    def __init__(self, io_engine, ns: Namespace, writable: bool):
+        self._engine = io_engine
+        self._ns = ns
+        self._writable = writable
+        self._lock = threading.Lock()  # opening a handle (check and set)
+        self._table = np.full((len(ns.dirs), ns.n_rows), -1, dtype=np.int64)
+        self._paths: dict[int, str] = {}
+
+    def open_row(self, row: int, create: bool) -> bool:
+        """Open the row's files that exist (with create: make and fallocate missing ones).
+
+        Returns True when every file of the row is open."""
+        complete = True
+        for d in self._ns.row_dirs(row):
+            if self._table[d, row] >= 0:
+                continue
+            path = self._ns.segment_path(d, row)
+            if create and not os.path.exists(path):
+                self._ns.create_segment(path, len(self._ns.file_slots(d, row)))
+            if not os.path.exists(path):
+                complete = False
+                continue
+            with self._lock:
+                if self._table[d, row] < 0:
+                    f = self._engine.open_file(path, self._writable, True)
+                    self._paths[f] = path
+                    self._table[d, row] = f
+        return complete
+
+    def is_open(self, d: int, row: int) -> bool:
+        return bool(self._table[d, row] >= 0)
+
+    def slot_files(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(engine file handle, byte offset in that file) of each slot."""
+        d, row, off = self._ns.placement.locate(slots)
+        return self._table[d, row], off
+
+    def path(self, file: int) -> str:
+        return self._paths[int(file)]
+
+    def paths(self) -> dict[int, str]:
+        """Every open handle and its segment file path."""
+        with self._lock:
+            return dict(self._paths)
+
+
+def lock_paths(paths: list[str]):
+    """Exclusive non-blocking flocks on every path, or None (nothing held) if any fails."""
+    fds = []
+    try:
+        for p in paths:
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+            fds.append(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        return None
+    return fds
+
+
+def _existing_rows(ns_dirs: list[str]) -> list[int]:
+    rows = set()
+    for ns in ns_dirs:
+        for name in os.listdir(ns):
+            if name.startswith("seg-") and name.endswith(".dat") and name[4:-4].isdigit():
+                rows.add(int(name[4:-4]))
+    return sorted(rows)
+
+
+def _write_once(path: str, obj: dict) -> dict:
+    """Write obj as JSON (0600) unless the file exists; return what the file holds."""
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, sort_keys=True, indent=1)
+        os.replace(tmp, path)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"tutti_dirs: {path} is damaged ({e}); remove its namespace directory "
+                         "to start it empty") from None

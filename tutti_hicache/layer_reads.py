@@ -1,0 +1,138 @@
+"""Layer-wise reads of the store: one engine read stream over every layer of a batch of pages.
+
+At a glance (ObjectStore.plan_pages / ObjectStore.stream_layers call these):
+    plan = reads.plan(entries) -> PagePlan      per-page arrays, built once per batch (numpy)
+    s = reads.stream(plan, chunks, dsts, drop)  the caller holds the directories (gate.reading)
+        s.allow(n)                              admit chunks [0, n) to the devices
+        s.wait(i) -> ok [pages of chunk i]      whole and verified (corrupt pages are dropped)
+        s.settle(n)                             wait until chunks [0, n) landed (not consumed)
+        s.close()                               cancel and join: nothing lands afterwards
+
+chunks are [(layer, rows)] with rows a slice of the plan's pages; chunk i's page j lands that
+layer's objects (K then V; MLA one) at dsts[i][j] + o * object_stride() (uint64, 4 KiB aligned).
+A chunk's requests go out once allow() admits it, queued behind the chunks before it, so the
+devices never drain between layers. Verification, where it applies, is per layer: against the
+page's unit checksum, computed in C++ as each page lands when objects are unpadded.
+Thread-safety: a stream belongs to the thread that opened it.
+The placement and gate are kept for the read hold (see ObjectStore.stream_layers).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .layout import Placement, SlotLayout, align_up, strided
+from .namespace import FileTable
+from .scheduler import Gate
+from .slot_io import SlotIO
+
+logger = logging.getLogger("tutti_hicache.store")
+
+
+@dataclass
+class PagePlan:
+    """Per-page arrays of a layer-wise restore (see ObjectStore.plan_pages)."""
+    entries: list
+    slots: np.ndarray
+    files: np.ndarray
+    offsets: np.ndarray
+    must: np.ndarray
+    units: np.ndarray
+
+
+class LayerStream:
+    """A running stream_layers read (see the module docstring)."""
+
+    def __init__(self, reads: "LayerReads", plan: PagePlan, chunks: list, dsts: list, stream,
+                 verify: bool, drop: Callable[[list], None]):
+        self._reads, self._plan, self._chunks, self._dsts = reads, plan, chunks, dsts
+        self._stream, self._verify, self._drop = stream, verify, drop
+
+    def allow(self, n: int) -> None:
+        self._stream.allow(n)
+
+    def settle(self, n: int) -> None:
+        for i in range(n):
+            self._stream.wait(i)
+
+    def wait(self, i: int) -> np.ndarray:
+        res, sums = self._stream.wait(i)
+        layer, rows = self._chunks[i]
+        ok, bad = self._reads.layer_ok(self._plan, layer, rows, self._dsts[i], res,
+                                       sums if self._verify else None)
+        if bad:
+            self._drop(bad)
+        return ok
+
+    def close(self) -> None:
+        self._stream.cancel()
+        try:
+            self._stream.join()
+        except Exception as e:  # OSError or a closed engine: already raised by wait()
+            logger.debug("tutti: read stream ended with %s", e)
+
+
+class LayerReads:
+    def __init__(self, io: SlotIO, files: FileTable, layout: SlotLayout, placement: Placement,
+                 gate: Gate, verify: bool):
+        self._io, self._files, self._layout, self._placement = io, files, layout, placement
+        self._gate, self._verify = gate, verify
+
+    def object_stride(self) -> int:
+        """Bytes between consecutive objects of a layer in a stream destination."""
+        return align_up(int(self._layout.object_nbytes[0]))
+
+    def plan(self, entries: list) -> PagePlan:
+        slots = np.array([e.slot for e in entries], dtype=np.int64)
+        files, offsets = self._files.slot_files(slots)
+        u = self._layout.geometry.units
+        units = np.frombuffer(b"".join(e.units or bytes(8 * u) for e in entries), "<u8")
+        must = np.array([self._verify or not e.fresh for e in entries], dtype=bool)
+        return PagePlan(list(entries), slots, files, offsets, must, units.reshape(len(entries), u))
+
+    def stream(self, plan: PagePlan, chunks: list, dsts: list,
+               drop: Callable[[list], None]) -> LayerStream:
+        """drop(entries): forget pages found corrupt (the store's index)."""
+        reqs = [self._requests(plan, layer, d, rows) for (layer, rows), d in zip(chunks, dsts)]
+        arrays = [np.concatenate([r[0][j] for r in reqs]) for j in range(4)]
+        starts = np.zeros(len(chunks) + 1, dtype=np.int64)
+        starts[1:] = np.cumsum([len(r[0][0]) for r in reqs])
+        verify = bool(reqs) and reqs[0][1] and bool(plan.must.any())
+        groups = np.arange(starts[-1] + 1, dtype=np.int64) if verify else None  # one per page
+        return LayerStream(self, plan, chunks, [r[0][3] for r in reqs],
+                           self._io.engine.read_stream(*arrays, starts, groups), verify, drop)
+
+    def _requests(self, plan: PagePlan, layer: int, dst, rows):
+        """(file, offset, nbytes, addr) of one request per page (its layer's objects are
+        contiguous on disk), and whether the objects are unpadded (checksums as pages land)."""
+        objs = self._layout.geometry.layer_objects(layer)
+        k, stride = len(objs), self.object_stride()
+        files, offsets = plan.files[rows], plan.offsets[rows]
+        n = len(files)
+        args = (files, offsets + self._layout.object_offsets[objs[0]],
+                np.full(n, k * stride, np.int64), np.asarray(dst, dtype=np.uint64))
+        return args, stride == int(self._layout.object_nbytes[objs[0]])
+
+    def layer_ok(self, plan: PagePlan, layer: int, rows, dst: np.ndarray, res: np.ndarray,
+                 sums) -> tuple[np.ndarray, list]:
+        """(ok per page of a layer read: whole, and its checksum matches where it must (sums
+        None: computed here); the entries of the corrupt pages)."""
+        objs = self._layout.geometry.layer_objects(layer)
+        k, stride = len(objs), self.object_stride()
+        must = plan.must[rows]
+        self._io.count_errors(res, "read")
+        ok = res == k * stride
+        corrupt: list = []
+        if must.any():
+            if sums is None:
+                sums = self._io.layer_sums(strided(dst, k, stride),
+                                           self._layout.object_nbytes[list(objs)])
+            bad = must & ok & (sums != plan.units[rows, layer])
+            if bad.any():
+                corrupt = [e for e, b in zip(plan.entries[rows], bad) if b]
+                ok &= ~bad
+        return ok, corrupt

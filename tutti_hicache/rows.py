@@ -1,0 +1,194 @@
+"""Row ownership: the segment rows a writer allocates and evicts in, shared fairly among writers.
+
+At a glance:
+    rows = Rows(namespace, files, writer)
+    rows.owned                      frozenset of the rows held now: a snapshot, read without a lock
+    rows.register()                 writers/<pid>.<n>.lock, flock'd while this store lives
+    rows.adopt(row) -> bool         at open: hold an existing row if the fair share allows (and fit
+                                    its files to the capacity)
+    rows.try_lock(row) -> bool      hold a row (exclusive, non-blocking flocks on all its files)
+    rows.claim_next(scan, wanted) -> bool
+                                    grow: create + fallocate the next free row, hold it, fit it,
+                                    then scan(row) (the caller's header scan, which grants its
+                                    free slots); up to the fair share of the live writers
+    rows.release_excess(disown, recount) -> [row]
+                                    hand rows beyond the fair share back, newest first
+    rows.fair_share(recount) -> int ceil(rows / live writers); the count is cached for 1 s
+    rows.close()
+
+A writer owns a row while it holds an exclusive, non-blocking flock on every file of the row;
+the kernel drops the locks of a killed process, so the next writer adopts its rows. Rows held by
+another process are retried at most every 5 s; a failed growth (ENOSPC, the free-space floor)
+stops growth for 10 s.
+
+Thread-safety: one lock of its own, held for every claim, release and writer count, so the
+filesystem work (fallocate, flock, listdir, the header scan of a claimed row) runs here and
+never under the store's index lock. Lock order: Rows' lock, then the index lock (scan, disown);
+never the other way. `owned` is replaced, never mutated, so readers need no lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+from typing import Callable
+
+from .namespace import FileTable, Namespace, lock_paths
+
+logger = logging.getLogger("tutti_hicache.store")
+RETRY_HELD_S = 5.0  # a row another process holds is tried again after this long
+RETRY_GROWTH_S = 10.0  # after a failed growth (ENOSPC, free-space floor)
+SHARE_CACHE_S = 1.0  # the live-writer count is at most this old
+
+
+class Rows:
+    def __init__(self, ns: Namespace, files: FileTable, writer: bool):
+        self._ns = ns
+        self._files = files
+        self.writer = writer
+        self._lock = threading.Lock()
+        self._fds: dict[int, list[int]] = {}  # row -> flock'd fds of its files
+        self.owned: frozenset = frozenset()
+        self._checked: dict[int, float] = {}  # row -> when a claim last tried it
+        self._growth_retry_at = 0.0
+        self._share = 1
+        self._share_at = -1e9
+        self._registry: tuple = (None, None)  # (fd, path) of our writers/ lock file
+
+    # -------------------------------------------------------------- writers
+    def register(self) -> None:
+        """One flock'd file per live writer (writers/<pid>.<n>.lock) so writers share rows fairly."""
+        d = os.path.join(self._ns.dirs[0], "writers")
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        path = os.path.join(d, f"{os.getpid()}.{id(self)}.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._registry = (fd, path)
+
+    def _live_writers(self) -> int:
+        """Writers holding their lock file now (stale files of dead processes are removed)."""
+        d = os.path.join(self._ns.dirs[0], "writers")
+        live = 0
+        for name in os.listdir(d) if os.path.isdir(d) else ():
+            path = os.path.join(d, name)
+            if path == self._registry[1]:
+                live += 1
+                continue
+            fds = lock_paths([path])
+            if fds is None:
+                live += 1
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                os.close(fds[0])
+        return max(1, live)
+
+    def fair_share(self, recount: bool = False) -> int:
+        """Rows this writer may hold: an equal share of the capacity among live writers."""
+        with self._lock:
+            return self._fair_share(recount)
+
+    def _fair_share(self, recount: bool = False) -> int:
+        now = time.monotonic()
+        if recount or now - self._share_at > SHARE_CACHE_S:
+            self._share = -(-self._ns.n_rows // self._live_writers())
+            self._share_at = now
+        return self._share
+
+    # ----------------------------------------------------------------- rows
+    def try_lock(self, row: int) -> bool:
+        """Hold `row` (flocks on each of its files) unless another process does."""
+        with self._lock:
+            return self._try_lock(row)
+
+    def _try_lock(self, row: int) -> bool:
+        fds = lock_paths([self._ns.segment_path(d, row) for d in self._ns.row_dirs(row)])
+        if fds is None:
+            return False
+        self._fds[row] = fds
+        self.owned = frozenset(self._fds)
+        return True
+
+    def adopt(self, row: int) -> bool:
+        """At open, for a row whose files are open: hold it if this writer is below its share,
+        and size its files to the capacity. Returns True when held."""
+        with self._lock:
+            if not self.writer or len(self._fds) >= self._fair_share() or not self._try_lock(row):
+                return False
+        try:
+            self._ns.fit_row(row)
+        except OSError as e:
+            logger.warning("tutti: cannot size segment row %d: %s", row, e)
+        return True
+
+    def claim_next(self, scan: Callable[[int], None], wanted: Callable[[], bool]) -> bool:
+        """Own one more row (create it if needed), up to the fair share of the live writers,
+        and scan it. wanted() is asked once this object's lock is held: False (another thread
+        grew the store meanwhile) returns True at once, so the caller reserves again."""
+        with self._lock:
+            if not wanted():
+                return True
+            now = time.monotonic()
+            if not self.writer or now < self._growth_retry_at:
+                return False
+            if self._fds and len(self._fds) >= self._fair_share():
+                return False
+            for row in range(self._ns.n_rows):
+                if row in self._fds or now - self._checked.get(row, -1e9) < RETRY_HELD_S:
+                    continue
+                self._checked[row] = now
+                if self._claim(row):
+                    scan(row)
+                    return True
+                if now < self._growth_retry_at:
+                    return False
+            return False
+
+    def _claim(self, row: int) -> bool:
+        try:
+            if not self._files.open_row(row, create=True) or not self._try_lock(row):
+                return False
+            self._ns.fit_row(row)
+        except OSError as e:
+            logger.warning("tutti: cannot grow the store with row %d: %s (retry in 10 s)", row, e)
+            self._growth_retry_at = time.monotonic() + RETRY_GROWTH_S
+            return False
+        return True
+
+    def release_excess(self, disown: Callable[[int], bool], recount: bool = False) -> list[int]:
+        """Hand rows beyond the fair share back (newest first) when more writers have come.
+        disown(row) makes the index give the row's slots up (False when one is pinned or being
+        written: the row is kept). Returns the rows released."""
+        released = []
+        with self._lock:
+            share = self._fair_share(recount)
+            for row in sorted(self._fds, reverse=True):
+                if len(self._fds) <= share:
+                    break
+                if disown(row):
+                    fds = self._fds.pop(row)
+                    self.owned = frozenset(self._fds)
+                    for fd in fds:
+                        os.close(fd)
+                    self._checked[row] = time.monotonic()
+                    released.append(row)
+        return released
+
+    def close(self) -> None:
+        """Release every row and leave the writer registry."""
+        with self._lock:
+            for fds in self._fds.values():
+                for fd in fds:
+                    os.close(fd)
+            self._fds.clear()
+            self.owned = frozenset()
+            fd, path = self._registry
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                os.close(fd)
+                self._registry = (None, None)
