@@ -207,20 +207,20 @@ def test_payload_flips_seen_by_the_layer_reads(tmp_path):
         dst = E.AlignedBuffer(len(ks) * 2 * stride)
         a = np.frombuffer(dst, dtype=np.uint8)
         addr = dst.address + np.arange(len(ks), dtype=np.uint64) * np.uint64(2 * stride)
-        layers = s.stream_layers(plan, [(layer, slice(None)) for layer in range(GEOM.num_layers)],
-                                 [addr] * GEOM.num_layers)  # one layer at a time, one buffer
-        for layer in range(GEOM.num_layers):
-            a[:] = 0
-            layers.allow(layer + 1)
-            ok = layers.wait(layer)
-            for i, k in enumerate(ks):
-                want_ok = bad_layer.get(k) != layer
-                assert ok[i] == want_ok or (not ok[i] and k in bad_layer), (SEED, k, layer)
-                if ok[i]:
-                    want = page_content(k, s.layout.geometry.page_nbytes)[
-                        layer * 2 * 4096:(layer + 1) * 2 * 4096]
-                    assert np.array_equal(a[i * 2 * stride:(i + 1) * 2 * stride], want), (k, layer)
-        layers.close()
+        with s.stream_layers(plan, [(layer, slice(None)) for layer in range(GEOM.num_layers)],
+                             [addr] * GEOM.num_layers) as layers:  # one layer at a time, one buffer
+            for layer in range(GEOM.num_layers):
+                a[:] = 0
+                layers.allow(layer + 1)
+                ok = layers.wait(layer)
+                for i, k in enumerate(ks):
+                    want_ok = bad_layer.get(k) != layer
+                    assert ok[i] == want_ok or (not ok[i] and k in bad_layer), (SEED, k, layer)
+                    if ok[i]:
+                        want = page_content(k, s.layout.geometry.page_nbytes)[
+                            layer * 2 * 4096:(layer + 1) * 2 * 4096]
+                        assert np.array_equal(a[i * 2 * stride:(i + 1) * 2 * stride], want), \
+                            (k, layer)
         s.unpin(entries)
         assert s.stats()["checksum_failures"] == len(bad_layer)
         assert not any(k in s for k in bad_layer)

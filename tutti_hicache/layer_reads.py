@@ -2,11 +2,13 @@
 
 At a glance (ObjectStore.plan_pages / ObjectStore.stream_layers call these):
     plan = reads.plan(entries) -> PagePlan      per-page arrays, built once per batch (numpy)
-    s = reads.stream(plan, chunks, dsts, drop)  the caller holds the directories (gate.reading)
+    with reads.stream(plan, chunks, dsts, drop) as s:   the batch's directories are held for reads
         s.allow(n)                              admit chunks [0, n) to the devices
         s.wait(i) -> ok [pages of chunk i]      whole and verified (corrupt pages are dropped)
         s.settle(n)                             wait until chunks [0, n) landed (not consumed)
-        s.close()                               cancel and join: nothing lands afterwards
+        s.lend(seconds)                         settle every admitted chunk, then lend the
+                                                directories to writes for one window
+    (leaving the with cancels and joins the stream, then releases the read hold)
 
 chunks are [(layer, rows)] with rows a slice of the plan's pages; chunk i's page j lands that
 layer's objects (K then V; MLA one) at dsts[i][j] + o * object_stride() (uint64, 4 KiB aligned).
@@ -14,20 +16,20 @@ A chunk's requests go out once allow() admits it, queued behind the chunks befor
 devices never drain between layers. Verification, where it applies, is per layer: against the
 page's unit checksum, computed in C++ as each page lands when objects are unpadded.
 Thread-safety: a stream belongs to the thread that opened it.
-The placement and gate are kept for the read hold (see ObjectStore.stream_layers).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
 from .layout import Placement, SlotLayout, align_up, strided
 from .namespace import FileTable
-from .scheduler import Gate
+from .scheduler import Gate, Lease
 from .slot_io import SlotIO
 
 logger = logging.getLogger("tutti_hicache.store")
@@ -48,12 +50,14 @@ class LayerStream:
     """A running stream_layers read (see the module docstring)."""
 
     def __init__(self, reads: "LayerReads", plan: PagePlan, chunks: list, dsts: list, stream,
-                 verify: bool, drop: Callable[[list], None]):
+                 verify: bool, lease: Lease, drop: Callable[[list], None]):
         self._reads, self._plan, self._chunks, self._dsts = reads, plan, chunks, dsts
-        self._stream, self._verify, self._drop = stream, verify, drop
+        self._stream, self._verify, self._lease, self._drop = stream, verify, lease, drop
+        self._admitted = 0
 
     def allow(self, n: int) -> None:
         self._stream.allow(n)
+        self._admitted = max(self._admitted, n)
 
     def settle(self, n: int) -> None:
         for i in range(n):
@@ -67,6 +71,11 @@ class LayerStream:
         if bad:
             self._drop(bad)
         return ok
+
+    def lend(self, seconds: float) -> None:
+        """Writes never overlap a read still in flight: settle what was admitted, then lend."""
+        self.settle(self._admitted)
+        self._lease.lend(seconds)
 
     def close(self) -> None:
         self._stream.cancel()
@@ -94,17 +103,24 @@ class LayerReads:
         must = np.array([self._verify or not e.fresh for e in entries], dtype=bool)
         return PagePlan(list(entries), slots, files, offsets, must, units.reshape(len(entries), u))
 
+    @contextlib.contextmanager
     def stream(self, plan: PagePlan, chunks: list, dsts: list,
-               drop: Callable[[list], None]) -> LayerStream:
+               drop: Callable[[list], None]) -> Iterator[LayerStream]:
         """drop(entries): forget pages found corrupt (the store's index)."""
-        reqs = [self._requests(plan, layer, d, rows) for (layer, rows), d in zip(chunks, dsts)]
-        arrays = [np.concatenate([r[0][j] for r in reqs]) for j in range(4)]
-        starts = np.zeros(len(chunks) + 1, dtype=np.int64)
-        starts[1:] = np.cumsum([len(r[0][0]) for r in reqs])
-        verify = bool(reqs) and reqs[0][1] and bool(plan.must.any())
-        groups = np.arange(starts[-1] + 1, dtype=np.int64) if verify else None  # one per page
-        return LayerStream(self, plan, chunks, [r[0][3] for r in reqs],
-                           self._io.engine.read_stream(*arrays, starts, groups), verify, drop)
+        with self._gate.reading(self._placement.devices(plan.slots)) as lease:
+            reqs = [self._requests(plan, layer, d, rows) for (layer, rows), d in zip(chunks, dsts)]
+            arrays = [np.concatenate([r[0][j] for r in reqs]) for j in range(4)]
+            starts = np.zeros(len(chunks) + 1, dtype=np.int64)
+            starts[1:] = np.cumsum([len(r[0][0]) for r in reqs])
+            verify = bool(reqs) and reqs[0][1] and bool(plan.must.any())
+            groups = np.arange(starts[-1] + 1, dtype=np.int64) if verify else None  # one per page
+            stream = LayerStream(self, plan, chunks, [r[0][3] for r in reqs],
+                                 self._io.engine.read_stream(*arrays, starts, groups), verify, lease,
+                                 drop)
+            try:
+                yield stream
+            finally:
+                stream.close()  # nothing lands in the destinations after this
 
     def _requests(self, plan: PagePlan, layer: int, dst, rows):
         """(file, offset, nbytes, addr) of one request per page (its layer's objects are

@@ -32,7 +32,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-import numpy as np
 import torch
 
 from .config import TuttiConfig
@@ -307,11 +306,9 @@ class LayerwiseKV:
         scattered in layer order."""
         index, entries, page_ids, ready, input_tokens = job
         t0 = time.perf_counter()
-        devices = self.store._devices(np.array([e.slot for e in entries]))
         try:
-            with self.store.gate.reading(devices) as lease:
-                self._load(index, entries, page_ids, ready, input_tokens, lease)
-                seconds = time.perf_counter() - t0  # the first read to the last layer handed over
+            self._load(index, entries, page_ids, ready, input_tokens)
+            seconds = time.perf_counter() - t0  # the first read to the last layer handed over
             if self._stats["first_load_seconds"] is None:
                 self._stats["first_load_seconds"] = seconds
             self._account(loads=1, load_pages=len(entries), load_bytes=len(entries) * self.page_nbytes,
@@ -323,21 +320,21 @@ class LayerwiseKV:
         finally:
             self.store.unpin(entries)
 
-    def _load(self, index, entries, page_ids, ready, input_tokens, lease) -> None:
-        stream = None
-        try:
-            plan = self.store.plan_pages(entries)
-            window = self._window(input_tokens, len(entries) * self.page_size)
-            if ready is not None:
-                self.io.stream.wait_event(ready)
-            n, per_page = len(entries), self.k_objs * self.obj_stride
-            chunks = [(layer, slice(c0, min(n, c0 + self.stage_pages)))
-                      for layer in range(self.num_layers) for c0 in range(0, n, self.stage_pages)]
-            depth = len(self.stage.bufs)
-            slots = [(self.stage.next + i) % depth for i in range(len(chunks))]  # take() order
-            dsts = [strided(self.stage.bufs[k].address, rows.stop - rows.start, per_page)
-                    for (_, rows), k in zip(chunks, slots)]
-            stream = self.store.stream_layers(plan, chunks, dsts)
+    def _load(self, index, entries, page_ids, ready, input_tokens) -> None:
+        plan = self.store.plan_pages(entries)
+        window = self._window(input_tokens, len(entries) * self.page_size)
+        if ready is not None:
+            self.io.stream.wait_event(ready)
+        n, per_page = len(entries), self.k_objs * self.obj_stride
+        chunks = [(layer, slice(c0, min(n, c0 + self.stage_pages)))
+                  for layer in range(self.num_layers) for c0 in range(0, n, self.stage_pages)]
+        depth = len(self.stage.bufs)
+        slots = [(self.stage.next + i) % depth for i in range(len(chunks))]  # take() order
+        dsts = [strided(self.stage.bufs[k].address, rows.stop - rows.start, per_page)
+                for (_, rows), k in zip(chunks, slots)]
+        # the stream holds the batch's directories for reads until it is closed (and then
+        # nothing lands in the staging slots any more)
+        with self.store.stream_layers(plan, chunks, dsts) as stream:
             admitted = 0
             for i, (layer, rows) in enumerate(chunks):
                 while admitted < min(len(chunks), i + self.read_ahead):
@@ -354,12 +351,8 @@ class LayerwiseKV:
                     continue
                 self.counter.complete(index, layer, self._mark())
                 if window > 0 and layer + 1 < self.num_layers and layer - self.counter.waited >= 2:
-                    stream.settle(admitted)  # writes never overlap a read still in flight
                     self.windows_opened += 1
-                    lease.lend(window)  # writes use the disk for one compute window
-        finally:
-            if stream is not None:
-                stream.close()  # nothing lands in the staging slots after this
+                    stream.lend(window)  # settles what was admitted, then one write window
 
     def _window(self, input_tokens: int, prefix_tokens: int) -> float:
         if self.slack is None:
