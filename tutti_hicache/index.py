@@ -65,8 +65,10 @@ class SlotIndex:
         """Make slots allocatable. A slot already free, reserved or holding an entry is a bug in
         the caller and raises: granting it twice would give two keys one slot."""
         slots = [int(s) for s in slots]
-        taken = ({f[0] for f in self.free} | set(self.reserved.values()) | set(self.by_slot)) \
-            & set(slots)
+        wanted = set(slots)  # checked in O(slots + free + reserved), not O(entries)
+        taken = {s for s in wanted if s in self.by_slot}
+        taken |= wanted & set(self.reserved.values())
+        taken |= wanted & {f[0] for f in self.free}
         if taken:
             raise RuntimeError(f"grant: slots {sorted(taken)[:5]} are already free or in use")
         self.free.extend((s, dirty) for s in slots)

@@ -113,13 +113,13 @@ class Scanner:
         return np.isin(row, np.fromiter(owned, dtype=np.int64, count=len(owned)))
 
     def _grant_free(self, row: int) -> None:
-        slots = self._ns.row_slots(row)
+        slots = self._ns.row_slots(row).tolist()
         with self._lock:
-            used = self._index.by_slot
-            free = [int(s) for s in slots if int(s) not in used]
-            self._index.grant([s for s in free if s not in self._dirty_slots], dirty=False)
-            self._index.grant([s for s in free if s in self._dirty_slots], dirty=True)
-            self._dirty_slots.difference_update(slots.tolist())
+            used, dirty = self._index.by_slot, self._dirty_slots
+            free = [s for s in slots if s not in used]
+            self._index.grant([s for s in free if s not in dirty], dirty=False)
+            self._index.grant([s for s in free if s in dirty], dirty=True)
+            dirty.difference_update(slots)
 
     # --------------------------------------------------------------- rescans
     def request(self) -> None:
