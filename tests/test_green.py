@@ -30,9 +30,17 @@ def test_import_touches_neither_cuda_nor_cuda_python():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_num_sms_must_be_positive():
-    with pytest.raises(ValueError, match="num_sms must be a positive int"):
-        green.io_stream(0)
+def test_num_sms_must_be_non_negative():
+    with pytest.raises(ValueError, match="num_sms must be a non-negative int"):
+        green.io_stream(-1)
+
+
+def test_zero_sms_gives_a_priority_stream_on_every_sm(monkeypatch):
+    """tutti_io_sms=0: no partition, even where green contexts exist."""
+    fake_device(monkeypatch, (9, 0), total_sms=132)
+    io = green.io_stream(0)
+    assert (io.kind, io.num_sms, io.device, io.stream.priority) == ("priority", 132, 0, -1)
+    assert "num_sms=0" in io.reason
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the machine without CUDA")

@@ -3,15 +3,15 @@
 Primitives at a glance:
 
 * ``io_stream(num_sms=8, device=None) -> IOStream``: the I/O stream of a device, created once and cached per
-  (device, num_sms); thread-safe.
+  (device, num_sms); thread-safe. ``num_sms=0`` asks for no partition: an ordinary high-priority stream.
 * ``IOStream``: ``.stream`` (a ``torch.cuda.Stream`` for ``with torch.cuda.stream(...)``, or None),
   ``.kind`` ("green", "priority" or "none"), ``.num_sms``, ``.reason``, ``.device``.
 
 "green": kernels on ``.stream`` are confined to ``.num_sms`` SMs of a green context (``torch.cuda.green_contexts``
 when torch has it, else cuda-python's driver API), so restore/offload kernels leave the other SMs to the forward
 pass. The forward's kernels may still use every SM: the partition bounds the I/O, not the compute.
-"priority": green contexts are unavailable (pre-sm_90 GPU, old driver or torch, no cuda-python); ``.stream`` is an
-ordinary stream of the highest priority and may use every SM. "none": no CUDA; ``.stream`` is None.
+"priority": no partition was asked for (``num_sms=0``), or green contexts are unavailable (pre-sm_90 GPU, old
+driver or torch, no cuda-python); ``.stream`` is an ordinary stream of the highest priority and may use every SM. "none": no CUDA; ``.stream`` is None.
 Every outcome is logged once, with its reason, on the logger ``tutti_hicache.green``.
 
 Importing this module touches neither CUDA nor cuda-python; both load on the first ``io_stream`` call.
@@ -48,10 +48,11 @@ class IOStream:
 
 def io_stream(num_sms: int = 8, device=None) -> IOStream:
     """Return the cached I/O stream of ``device`` (index, ``torch.device`` or None for the current device)
-    with kernels confined to at least ``num_sms`` SMs (the driver rounds up to its granularity, 8 on sm_90).
-    Never raises for a missing capability: it falls back to "priority" or "none" and logs why, once."""
-    if not isinstance(num_sms, int) or num_sms < 1:
-        raise ValueError(f"num_sms must be a positive int, got {num_sms!r}")
+    with kernels confined to at least ``num_sms`` SMs (the driver rounds up to its granularity, 8 on sm_90);
+    0: a high-priority stream on every SM (tutti_io_sms=0). Never raises for a missing capability: it
+    falls back to "priority" or "none" and logs why, once."""
+    if not isinstance(num_sms, int) or isinstance(num_sms, bool) or num_sms < 0:
+        raise ValueError(f"num_sms must be a non-negative int, got {num_sms!r}")
     index = _device_index(device)
     with _lock:
         key = (index, num_sms)
@@ -79,6 +80,8 @@ def _create(index: Optional[int], num_sms: int) -> IOStream:
     if index is None:
         return IOStream(None, "none", 0, "CUDA is not available")
     capability, total = _device_facts(index)
+    if num_sms == 0:
+        return _priority(index, total, "no SM partition asked for (num_sms=0)")
     if capability < MIN_CAPABILITY:
         return _priority(index, total, f"green contexts need sm_90+, device is sm_{capability[0]}{capability[1]}")
     if num_sms >= total:

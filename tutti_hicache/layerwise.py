@@ -209,8 +209,7 @@ class LayerwiseKV:
         if not self.cuda:
             return None
         from .green import io_stream
-        return io_stream(self.cfg.io_sms, self.device) if self.cfg.io_sms else \
-            _PriorityStream(self.device)
+        return io_stream(self.cfg.io_sms, self.device)
 
     def _make_staging(self, g: PageGeometry) -> None:
         per_page_layer = g.objects_per_layer * self.obj_stride
@@ -518,13 +517,6 @@ class _Offload:
 
     def finish(self, ok: bool) -> None:
         self.ok, self.done = ok, True
-
-
-class _PriorityStream:
-    kind = "priority"
-
-    def __init__(self, device):
-        self.stream = torch.cuda.Stream(device=device, priority=-1)
 
 
 def _ref_mla_scatter(staging, kv_buf, page_ids, page_size, obj_stride):
