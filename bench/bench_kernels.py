@@ -110,6 +110,11 @@ class Layer:
     def bufs(self, layer=0):
         return self.layers[layer]
 
+    def kv(self, layer=0):
+        """(k_buf, v_buf) of a layer; v_buf None for MLA (the kernels' one signature)."""
+        bufs = self.layers[layer]
+        return bufs[0], None if self.mla else bufs[1]
+
     def per_layer_lists(self):
         k = [b[0] for b in self.layers]
         return k, None if self.mla else [b[1] for b in self.layers]
@@ -117,10 +122,9 @@ class Layer:
 
 def layer_ops(tk, lay):
     """name -> zero-argument callable, for one layer."""
-    suffix = "_mla" if lay.mla else ""
-    scatter, gather = getattr(tk, "scatter_layer" + suffix), getattr(tk, "gather_layer" + suffix)
-    return {"scatter_layer": lambda: scatter(lay.staging, *lay.bufs(), lay.page_ids, lay.page_size),
-            "gather_layer": lambda: gather(lay.staging, *lay.bufs(), lay.page_ids, lay.page_size),
+    k, v = lay.kv()
+    return {"scatter_layer": lambda: tk.scatter_layer(lay.staging, k, v, lay.page_ids, lay.page_size),
+            "gather_layer": lambda: tk.gather_layer(lay.staging, k, v, lay.page_ids, lay.page_size),
             "torch_copy": lambda: lay.copy_dst.copy_(lay.staging)}
 
 
@@ -162,11 +166,9 @@ def bench_pages(tk, device, n_pages, num_layers, geometries):
     for name, geometry in geometries.items():
         lay = Layer(geometry, 2 * n_pages, n_pages, device, num_layers)
         k, v = lay.per_layer_lists()
-        suffix = "_mla" if lay.mla else ""
-        scatter_pages, gather_pages = getattr(tk, "scatter_pages" + suffix), getattr(tk, "gather_pages" + suffix)
-        args = (lay.staging, k) if lay.mla else (lay.staging, k, v)
-        ops = {"scatter_pages": lambda: scatter_pages(*args, lay.page_ids, lay.page_size),
-               "gather_pages": lambda: gather_pages(*args, lay.page_ids, lay.page_size),
+        args = (lay.staging, k, v)  # v None for MLA
+        ops = {"scatter_pages": lambda: tk.scatter_pages(*args, lay.page_ids, lay.page_size),
+               "gather_pages": lambda: tk.gather_pages(*args, lay.page_ids, lay.page_size),
                f"scatter_layer x{num_layers}": lambda: scatter_each_layer(tk, lay),
                "torch_copy": lambda: lay.copy_dst.copy_(lay.staging)}
         for op, fn in ops.items():
@@ -178,9 +180,9 @@ def scatter_each_layer(tk, lay):
     """The same bytes as one ``scatter_pages`` launch, as one ``scatter_layer`` launch per layer (staging
     layer-major)."""
     per_layer = lay.payload // len(lay.layers)
-    scatter = tk.scatter_layer_mla if lay.mla else tk.scatter_layer
-    for layer, bufs in enumerate(lay.layers):
-        scatter(lay.staging[layer * per_layer:(layer + 1) * per_layer], *bufs, lay.page_ids, lay.page_size)
+    for layer in range(len(lay.layers)):
+        tk.scatter_layer(lay.staging[layer * per_layer:(layer + 1) * per_layer], *lay.kv(layer),
+                         lay.page_ids, lay.page_size)
 
 
 class Compute:

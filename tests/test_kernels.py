@@ -106,16 +106,15 @@ def test_layer_scatter_gather(device, layout, dtype, n, id_dtype, pad):
     staging = staging_for(n * len(bufs), obj_bytes, pad, device, seed=7 * n)
     stride = obj_bytes + pad
     args = (ids, page_size, stride if pad else None)
-    scatter, gather = (tk.scatter_layer_mla, tk.gather_layer_mla) if layout == "MLA" else \
-        (tk.scatter_layer, tk.gather_layer)
+    k_buf, v_buf = bufs[0], (bufs[1] if len(bufs) == 2 else None)  # MLA: v_buf=None
     ref_bufs = [b.clone() for b in bufs]
-    scatter(staging, *bufs, *args)
+    tk.scatter_layer(staging, k_buf, v_buf, *args)
     tk.scatter_layer_ref(staging, ref_bufs[0], ref_bufs[1] if len(bufs) == 2 else None, *args)
     for slot, (buf, ref) in enumerate(zip(bufs, ref_bufs)):
         assert_same_bytes(buf, ref)
         check_pool(buf, staging, ids, slot, len(bufs), obj_bytes, stride, page_size)
     back = torch.full_like(staging, SENTINEL)
-    gather(back, *bufs, *args)
+    tk.gather_layer(back, k_buf, v_buf, *args)
     ref_back = torch.full_like(staging, SENTINEL)
     tk.gather_layer_ref(ref_back, bufs[0], bufs[1] if len(bufs) == 2 else None, *args)
     assert_same_bytes(back, ref_back)
@@ -141,10 +140,7 @@ def test_pages_scatter_gather(device, layout, dtype, n, id_dtype, pad, num_layer
     staging = staging_for(n * num_layers * per_layer, obj_bytes, pad, device, seed=3 * n)
     args = (ids, page_size, stride if pad else None)
     ref_layers = [[b.clone() for b in bufs] for bufs in layers]
-    if layout == "MLA":
-        tk.scatter_pages_mla(staging, k_bufs, *args)
-    else:
-        tk.scatter_pages(staging, k_bufs, v_bufs, *args)
+    tk.scatter_pages(staging, k_bufs, v_bufs, *args)  # MLA: v_bufs=None
     tk.scatter_pages_ref(staging, [b[0] for b in ref_layers], v_bufs and [b[1] for b in ref_layers], *args)
     for layer, bufs in enumerate(layers):
         for j, buf in enumerate(bufs):
@@ -152,10 +148,7 @@ def test_pages_scatter_gather(device, layout, dtype, n, id_dtype, pad, num_layer
             check_pool(buf, staging, ids, layer * per_layer + j, num_layers * per_layer, obj_bytes, stride,
                        page_size)
     back, ref_back = torch.full_like(staging, SENTINEL), torch.full_like(staging, SENTINEL)
-    if layout == "MLA":
-        tk.gather_pages_mla(back, k_bufs, *args)
-    else:
-        tk.gather_pages(back, k_bufs, v_bufs, *args)
+    tk.gather_pages(back, k_bufs, v_bufs, *args)
     tk.gather_pages_ref(ref_back, k_bufs, v_bufs, *args)
     assert_same_bytes(back, ref_back)
     if not pad:
@@ -173,12 +166,12 @@ def test_narrow_words(device, dtype, dim, staging_offset):
     ids = page_ids(5, torch.int64, device, seed=5)
     staging = random_bytes(staging_offset + 5 * obj_bytes, seed=11).to(device)[staging_offset:]
     ref = buf.clone()
-    tk.scatter_layer_mla(staging, buf, ids, 1)
+    tk.scatter_layer(staging, buf, None, ids, 1)
     tk.scatter_layer_ref(staging, ref, None, ids, 1)
     assert_same_bytes(buf, ref)
     check_pool(buf, staging, ids, 0, 1, obj_bytes, obj_bytes, 1)
     back = torch.zeros_like(staging)
-    tk.gather_layer_mla(back, buf, ids, 1)
+    tk.gather_layer(back, buf, None, ids, 1)
     assert_same_bytes(back, staging)
 
 
@@ -201,11 +194,11 @@ def test_mla_full_size_object_round_trip(device):
     obj_bytes = page_size * dim * 2
     ids = torch.tensor([5, 0, 6], dtype=torch.int32, device=device)
     staging = random_bytes(n * obj_bytes, seed=9).to(device)
-    tk.scatter_layer_mla(staging, buf, ids, page_size)
+    tk.scatter_layer(staging, buf, None, ids, page_size)
     tk.scatter_layer_ref(staging, ref, None, ids, page_size)
     assert_same_bytes(buf, ref)
     back = torch.full_like(staging, SENTINEL)
-    tk.gather_layer_mla(back, buf, ids, page_size)
+    tk.gather_layer(back, buf, None, ids, page_size)
     assert_same_bytes(back, staging)
 
 
@@ -281,12 +274,12 @@ def test_pages_errors():
     staging, ids = torch.zeros(8 * 128, dtype=torch.uint8), torch.tensor([1, 2])
     with pytest.raises(ValueError, match="scatter_pages: 2 K buffers but 1 V buffers"):
         tk.scatter_pages(staging, [k, k], [v], ids, 4)
-    with pytest.raises(ValueError, match="gather_pages_mla: need at least one layer"):
-        tk.gather_pages_mla(staging, [], ids, 4)
+    with pytest.raises(ValueError, match="gather_pages: need at least one layer"):
+        tk.gather_pages(staging, [], None, ids, 4)
     with pytest.raises(ValueError, match=r"scatter_pages: k_bufs\[1\] is torch.float16"):
         tk.scatter_pages(staging, [k, k.view(torch.float16)], [v, v], ids, 4)
     with pytest.raises(ValueError, match=r"staging holds 1024 B, needs 1280 B for 10 objects"):
-        tk.gather_pages_mla(staging, [k] * 5, ids, 4)
+        tk.gather_pages(staging, [k] * 5, None, ids, 4)
 
 
 @pytest.mark.gpu
@@ -305,4 +298,4 @@ def test_gpu_bounds_and_device_errors():
 def test_cpu_tensors_need_the_interpreter():
     k = pool("NHD", torch.bfloat16, "cpu")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
-        tk.scatter_layer_mla(torch.zeros(128, dtype=torch.uint8), k, torch.tensor([1]), 4)
+        tk.scatter_layer(torch.zeros(128, dtype=torch.uint8), k, None, torch.tensor([1]), 4)

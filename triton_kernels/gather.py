@@ -2,11 +2,11 @@
 
 Primitives at a glance:
 
-* ``gather_layer(staging, k_buf, v_buf, page_ids, page_size)``: one layer, MHA (K then V object per page).
-* ``gather_layer_mla(staging, kv_buf, page_ids, page_size)``: one layer, MLA (one object per page).
+* ``gather_layer(staging, k_buf, v_buf, page_ids, page_size)``: one layer; MHA: K then V object per page;
+  MLA: ``v_buf=None`` and ``k_buf`` is the ``[rows, 1, kv_cache_dim]`` buffer (one object per page).
 * ``gather_pages(staging, k_bufs, v_bufs, page_ids, page_size)``: every layer in one launch, staging in the
-  on-disk order (page-major, then layer, then K before V); ``gather_pages_mla`` likewise.
-* ``gather_layer_ref`` / ``gather_pages_ref``: the same in plain torch (``v_buf(s)=None`` for MLA).
+  on-disk order (page-major, then layer, then K before V); ``v_bufs=None`` for MLA.
+* ``gather_layer_ref`` / ``gather_pages_ref``: the same in plain torch, same arguments.
 
 Layouts, strides (bytes), alignment and bounds rules are those of ``scatter.py``. Bytes of the staging between
 objects (``obj_stride`` padding) are left untouched. Launchers enqueue on the current CUDA stream and return None
@@ -61,40 +61,26 @@ def _gather_pages_kernel(staging_ptr, table_ptr, page_ids_ptr, num_pages, num_la
 
 def gather_layer(staging, k_buf, v_buf, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):
     """Copy page ``page_ids[i]`` of ``k_buf`` / ``v_buf`` to staged K object i (byte ``2i * obj_stride``) and V
-    object i (``(2i+1) * obj_stride``) for i < N. ``obj_stride`` in bytes. Returns None."""
-    plan = plan_layer("gather_layer", staging, (k_buf, v_buf), page_ids, page_size, obj_stride, check_bounds,
-                      _gather_layer_kernel)
-    launch_layer(_gather_layer_kernel, plan)
-
-
-def gather_layer_mla(staging, kv_buf, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):
-    """MLA: copy page ``page_ids[i]`` of ``kv_buf`` (``[rows, 1, kv_cache_dim]``) to staged object i (byte
-    ``i * obj_stride``). Returns None."""
-    plan = plan_layer("gather_layer_mla", staging, (kv_buf,), page_ids, page_size, obj_stride, check_bounds,
+    object i (``(2i+1) * obj_stride``) for i < N; MLA (``v_buf=None``): page ``page_ids[i]`` of ``k_buf`` to
+    staged object i (byte ``i * obj_stride``). ``obj_stride`` in bytes. Returns None."""
+    bufs = (k_buf,) if v_buf is None else (k_buf, v_buf)
+    plan = plan_layer("gather_layer", staging, bufs, page_ids, page_size, obj_stride, check_bounds,
                       _gather_layer_kernel)
     launch_layer(_gather_layer_kernel, plan)
 
 
 def gather_pages(staging, k_bufs, v_bufs, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):
     """Every layer in one launch: page ``page_ids[i]`` of ``k_bufs[l]`` / ``v_bufs[l]`` goes to staged object
-    ``(i*L + l)*2 + {0: K, 1: V}``. All L buffers share dtype and shape. Returns None."""
+    ``(i*L + l)*2 + {0: K, 1: V}``; MLA (``v_bufs=None``): page ``page_ids[i]`` of ``k_bufs[l]`` to staged
+    object ``i*L + l``. All L buffers share dtype and shape. Returns None."""
     layers = layer_tuples("gather_pages", k_bufs, v_bufs)
     plan = plan_pages("gather_pages", staging, layers, page_ids, page_size, obj_stride, check_bounds,
                       _gather_pages_kernel)
     launch_pages(_gather_pages_kernel, _gather_layer_kernel, plan)
 
 
-def gather_pages_mla(staging, kv_bufs, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):
-    """MLA, every layer in one launch: page ``page_ids[i]`` of ``kv_bufs[l]`` goes to staged object
-    ``i*L + l``. Returns None."""
-    layers = layer_tuples("gather_pages_mla", kv_bufs, None)
-    plan = plan_pages("gather_pages_mla", staging, layers, page_ids, page_size, obj_stride, check_bounds,
-                      _gather_pages_kernel)
-    launch_pages(_gather_pages_kernel, _gather_layer_kernel, plan)
-
-
 def gather_pages_ref(staging, k_bufs, v_bufs, page_ids, page_size: int, obj_stride=None) -> None:
-    """Plain-torch ``gather_pages`` (``v_bufs=None``: ``gather_pages_mla``), via ``index_select``."""
+    """Plain-torch ``gather_pages`` (``v_bufs=None``: MLA), via ``index_select``."""
     layers = layer_tuples("gather_pages_ref", k_bufs, v_bufs)
     ids = page_ids.long()
     obj_bytes = pool_pages(layers[0][0], page_size).shape[1]
@@ -105,5 +91,5 @@ def gather_pages_ref(staging, k_bufs, v_bufs, page_ids, page_size: int, obj_stri
 
 
 def gather_layer_ref(staging, k_buf, v_buf, page_ids, page_size: int, obj_stride=None) -> None:
-    """Plain-torch ``gather_layer`` (``v_buf=None``: ``gather_layer_mla``)."""
+    """Plain-torch ``gather_layer`` (``v_buf=None``: MLA)."""
     gather_pages_ref(staging, [k_buf], None if v_buf is None else [v_buf], page_ids, page_size, obj_stride)

@@ -2,11 +2,11 @@
 
 Primitives at a glance:
 
-* ``scatter_layer(staging, k_buf, v_buf, page_ids, page_size)``: one layer, MHA (K then V object per page).
-* ``scatter_layer_mla(staging, kv_buf, page_ids, page_size)``: one layer, MLA (one object per page).
+* ``scatter_layer(staging, k_buf, v_buf, page_ids, page_size)``: one layer; MHA: K then V object per page;
+  MLA: ``v_buf=None`` and ``k_buf`` is the ``[rows, 1, kv_cache_dim]`` buffer (one object per page).
 * ``scatter_pages(staging, k_bufs, v_bufs, page_ids, page_size)``: every layer in one launch, staging in the
-  on-disk order (page-major, then layer, then K before V); ``scatter_pages_mla`` likewise.
-* ``scatter_layer_ref`` / ``scatter_pages_ref``: the same in plain torch (``v_buf(s)=None`` for MLA).
+  on-disk order (page-major, then layer, then K before V); ``v_bufs=None`` for MLA.
+* ``scatter_layer_ref`` / ``scatter_pages_ref``: the same in plain torch, same arguments.
 
 Staging holds object j (0-based, in the order above) at byte ``j * obj_stride``; ``obj_stride`` defaults to the
 object size ``page_size * H * D * itemsize`` and may be larger (a multiple of 16, e.g. objects padded to 4 KiB).
@@ -66,40 +66,26 @@ def _scatter_pages_kernel(staging_ptr, table_ptr, page_ids_ptr, num_pages, num_l
 
 def scatter_layer(staging, k_buf, v_buf, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):
     """Write staged page i's K object (byte ``2i * obj_stride``) and V object (``(2i+1) * obj_stride``) into
-    page ``page_ids[i]`` of ``k_buf`` / ``v_buf`` for i < N. ``obj_stride`` in bytes. Returns None."""
-    plan = plan_layer("scatter_layer", staging, (k_buf, v_buf), page_ids, page_size, obj_stride, check_bounds,
-                      _scatter_layer_kernel)
-    launch_layer(_scatter_layer_kernel, plan)
-
-
-def scatter_layer_mla(staging, kv_buf, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):
-    """MLA: write staged object i (byte ``i * obj_stride``) into page ``page_ids[i]`` of ``kv_buf``
-    (``[rows, 1, kv_cache_dim]``). Returns None."""
-    plan = plan_layer("scatter_layer_mla", staging, (kv_buf,), page_ids, page_size, obj_stride, check_bounds,
+    page ``page_ids[i]`` of ``k_buf`` / ``v_buf`` for i < N; MLA (``v_buf=None``): staged object i (byte
+    ``i * obj_stride``) into page ``page_ids[i]`` of ``k_buf``. ``obj_stride`` in bytes. Returns None."""
+    bufs = (k_buf,) if v_buf is None else (k_buf, v_buf)
+    plan = plan_layer("scatter_layer", staging, bufs, page_ids, page_size, obj_stride, check_bounds,
                       _scatter_layer_kernel)
     launch_layer(_scatter_layer_kernel, plan)
 
 
 def scatter_pages(staging, k_bufs, v_bufs, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):
     """Every layer in one launch: staged object ``(i*L + l)*2 + {0: K, 1: V}`` goes to page ``page_ids[i]`` of
-    ``k_bufs[l]`` / ``v_bufs[l]``. All L buffers share dtype and shape. Returns None."""
+    ``k_bufs[l]`` / ``v_bufs[l]``; MLA (``v_bufs=None``): staged object ``i*L + l`` to page ``page_ids[i]`` of
+    ``k_bufs[l]``. All L buffers share dtype and shape. Returns None."""
     layers = layer_tuples("scatter_pages", k_bufs, v_bufs)
     plan = plan_pages("scatter_pages", staging, layers, page_ids, page_size, obj_stride, check_bounds,
                       _scatter_pages_kernel)
     launch_pages(_scatter_pages_kernel, _scatter_layer_kernel, plan)
 
 
-def scatter_pages_mla(staging, kv_bufs, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):
-    """MLA, every layer in one launch: staged object ``i*L + l`` goes to page ``page_ids[i]`` of
-    ``kv_bufs[l]``. Returns None."""
-    layers = layer_tuples("scatter_pages_mla", kv_bufs, None)
-    plan = plan_pages("scatter_pages_mla", staging, layers, page_ids, page_size, obj_stride, check_bounds,
-                      _scatter_pages_kernel)
-    launch_pages(_scatter_pages_kernel, _scatter_layer_kernel, plan)
-
-
 def scatter_pages_ref(staging, k_bufs, v_bufs, page_ids, page_size: int, obj_stride=None) -> None:
-    """Plain-torch ``scatter_pages`` (``v_bufs=None``: ``scatter_pages_mla``), via ``index_copy_``."""
+    """Plain-torch ``scatter_pages`` (``v_bufs=None``: MLA), via ``index_copy_``."""
     layers = layer_tuples("scatter_pages_ref", k_bufs, v_bufs)
     ids = page_ids.long()
     obj_bytes = pool_pages(layers[0][0], page_size).shape[1]
@@ -110,5 +96,5 @@ def scatter_pages_ref(staging, k_bufs, v_bufs, page_ids, page_size: int, obj_str
 
 
 def scatter_layer_ref(staging, k_buf, v_buf, page_ids, page_size: int, obj_stride=None) -> None:
-    """Plain-torch ``scatter_layer`` (``v_buf=None``: ``scatter_layer_mla``)."""
+    """Plain-torch ``scatter_layer`` (``v_buf=None``: MLA)."""
     scatter_pages_ref(staging, [k_buf], None if v_buf is None else [v_buf], page_ids, page_size, obj_stride)

@@ -374,21 +374,14 @@ class LayerwiseKV:
 
     def _scatter(self, staging, layer: int, page_ids) -> None:
         from . import triton_kernels as tk
-        if self.mla:
-            fn = tk.scatter_layer_mla if self.cuda else _ref_mla_scatter
-            fn(staging, self.k_bufs[layer], page_ids, self.page_size, self.obj_stride)
-        else:
-            fn = tk.scatter_layer if self.cuda else tk.scatter_layer_ref
-            fn(staging, self.k_bufs[layer], self.v_bufs[layer], page_ids, self.page_size,
-               self.obj_stride)
+        fn = tk.scatter_layer if self.cuda else tk.scatter_layer_ref
+        v_buf = None if self.mla else self.v_bufs[layer]
+        fn(staging, self.k_bufs[layer], v_buf, page_ids, self.page_size, self.obj_stride)
 
     def _gather(self, dev, page_ids) -> None:
         """Every layer of pages `page_ids` into device staging `dev` (on the current stream)."""
         from . import triton_kernels as tk
-        if self.mla:
-            tk.gather_pages_mla(dev, self.k_bufs, page_ids, self.page_size, self.obj_stride)
-        else:
-            tk.gather_pages(dev, self.k_bufs, self.v_bufs, page_ids, self.page_size, self.obj_stride)
+        tk.gather_pages(dev, self.k_bufs, self.v_bufs, page_ids, self.page_size, self.obj_stride)
 
     def _mark(self):
         if not self.cuda:
@@ -452,8 +445,8 @@ class LayerwiseKV:
                 ev.record()
             ev.synchronize()
         else:
-            tk.gather_pages_ref(host, self.k_bufs, None if self.mla else self.v_bufs, page_ids,
-                                self.page_size, self.obj_stride)
+            tk.gather_pages_ref(host, self.k_bufs, self.v_bufs, page_ids, self.page_size,
+                                self.obj_stride)
         addrs = strided(self.out.bufs[k].address, n * m, self.obj_stride).reshape(n, m)
         # the store's scheduler keeps these writes off directories a load batch is reading
         exact = self.obj_stride == int(self.store.layout.object_nbytes[0])  # 4 KiB multiples
@@ -518,9 +511,5 @@ class _Offload:
     def finish(self, ok: bool) -> None:
         self.ok, self.done = ok, True
 
-
-def _ref_mla_scatter(staging, kv_buf, page_ids, page_size, obj_stride):
-    from . import triton_kernels as tk
-    tk.scatter_layer_ref(staging, kv_buf, None, page_ids, page_size, obj_stride)
 
 
