@@ -1,5 +1,7 @@
 """The identity of a store namespace: what makes two processes' pages interchangeable.
 
+    identity_for(cfg, pool, geometry, model, pp, cp, tp) -> dict   of a KV pool (host or device)
+    is_writer(kind, tp_rank) -> bool             whether this rank writes pages (the MLA rule)
     make_identity(cfg, model, geometry, dtype, pp, cp, tp, heads) -> dict
     with_geometry(identity, geometry) -> dict    what the store fingerprints: identity + geometry
 
@@ -7,6 +9,8 @@ Shared by the host-tier backend and the linker so that a page written by either 
 the other when model, weights revision, dtype, geometry, object order and rank coordinates
 match. MHA heads are sharded by tensor parallelism, so the tp rank and size are part of the
 identity; MLA's latent KV is the same on every rank, so it is not (one writer serves all).
+Both SGLang adapters (storage.py, linker.py) use identity_for and is_writer, so the rule and the
+head geometry are stated once.
 """
 
 from __future__ import annotations
@@ -17,6 +21,26 @@ from .config import TuttiConfig
 from .layout import PageGeometry
 
 FORMAT = 1
+
+
+def is_writer(kind: str, tp_rank: int) -> bool:
+    """MLA ranks hold the same latent KV, so rank 0 writes for all of them; every MHA rank holds
+    its own heads and writes them."""
+    return kind != "mla" or tp_rank == 0
+
+
+def pool_heads(pool, kind: str) -> Optional[list]:
+    """[head_num, head_dim, v_head_dim] of an SGLang MHA pool (host or device); None for MLA."""
+    if kind == "mla":
+        return None
+    return [pool.head_num, pool.head_dim, getattr(pool, "v_head_dim", pool.head_dim)]
+
+
+def identity_for(cfg: TuttiConfig, pool, geometry: PageGeometry, *, model: str, pp: tuple,
+                 cp: tuple, tp: tuple) -> dict:
+    """The identity of an SGLang KV pool (its dtype and heads) at these rank coordinates."""
+    return make_identity(cfg, model=model, geometry=geometry, dtype=pool.dtype, pp=pp, cp=cp,
+                         tp=tp, heads=pool_heads(pool, geometry.kind))
 
 
 def make_identity(cfg: TuttiConfig, *, model: str, geometry: PageGeometry, dtype, pp: tuple,

@@ -33,7 +33,7 @@ from sglang.srt.mem_cache.hicache_storage import PoolName
 from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
 
 from .config import TuttiConfig
-from .identity import make_identity
+from .identity import identity_for, is_writer
 from .layerwise import LayerwiseKV
 from .layout import PageGeometry
 
@@ -59,13 +59,11 @@ class TuttiLinker(UnifiedCacheLinker):
         self.pools = {PoolName.KV: pool}
         mla, k_bufs, v_bufs, geometry = _map_pool(pool, params.page_size)
         tp_rank, tp_size = _tp(params)
-        heads = None if mla else [pool.head_num, pool.head_dim, getattr(pool, "v_head_dim", pool.head_dim)]
-        ident = make_identity(cfg, model=_model_name(server_args), geometry=geometry, dtype=pool.dtype,
-                              pp=(params.pp_rank, params.pp_size),
-                              cp=(params.attn_cp_rank, params.attn_cp_size), tp=(tp_rank, tp_size),
-                              heads=heads)
+        ident = identity_for(cfg, pool, geometry, model=_model_name(server_args),
+                             pp=(params.pp_rank, params.pp_size),
+                             cp=(params.attn_cp_rank, params.attn_cp_size), tp=(tp_rank, tp_size))
         self.kv = LayerwiseKV(cfg, geometry, ident, k_bufs, v_bufs, params.page_size,
-                              writer=not mla or tp_rank == 0)
+                              writer=is_writer(geometry.kind, tp_rank))
         self.layer_done_counter = self.kv.counter
         _warn_settings(server_args, params.page_size)
         logger.info("tutti linker: %s pool, %d layers, page %d, %d pages on disk, %s engine, "

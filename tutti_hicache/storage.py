@@ -32,7 +32,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 from .config import TuttiConfig
 from .namespace import check_dirs
 from .hostmap import HostMap
-from .identity import make_identity
+from .identity import identity_for, is_writer
 from .statsfile import StatsFile
 from .store import ObjectStore
 
@@ -48,21 +48,18 @@ def _storage_metrics_cls():
 
 
 def is_storage_writer(sc: HiCacheStorageConfig) -> bool:
-    """SGLang's rule (0.5.23 has the property; 0.5.17 predates it): MLA writes from rank 0 only."""
+    """SGLang's own property where it has one (0.5.23; 0.5.17 predates it), else the same rule."""
     prop = getattr(type(sc), "is_storage_writer", None)
     if prop is not None:
         return bool(sc.is_storage_writer)
-    return not sc.is_mla_model or sc.tp_rank == 0
+    return is_writer("mla" if sc.is_mla_model else "mha", sc.tp_rank)
 
 
 def identity_of(cfg: TuttiConfig, sc: HiCacheStorageConfig, hm: HostMap) -> dict:
     """The namespace identity of a host pool under SGLang's storage config."""
-    pool = hm.pool
-    heads = None if hm.geometry.kind == "mla" else [
-        pool.head_num, pool.head_dim, getattr(pool, "v_head_dim", pool.head_dim)]
-    return make_identity(cfg, model=sc.model_name or "", geometry=hm.geometry, dtype=pool.dtype,
-                         pp=(sc.pp_rank, sc.pp_size), cp=(sc.attn_cp_rank, sc.attn_cp_size),
-                         tp=(sc.tp_rank, sc.tp_size), heads=heads)
+    return identity_for(cfg, hm.pool, hm.geometry, model=sc.model_name or "",
+                        pp=(sc.pp_rank, sc.pp_size), cp=(sc.attn_cp_rank, sc.attn_cp_size),
+                        tp=(sc.tp_rank, sc.tp_size))
 
 
 class TuttiStorage(HiCacheStorage):

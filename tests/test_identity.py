@@ -1,0 +1,25 @@
+"""The identity rules both SGLang adapters share: who writes, and what a pool's identity holds."""
+
+from types import SimpleNamespace
+
+from tutti_hicache.config import TuttiConfig
+from tutti_hicache.identity import identity_for, is_writer
+from tutti_hicache.layout import PageGeometry
+
+
+def test_mla_writes_from_rank_0_only_mha_from_every_rank():
+    assert [is_writer("mla", r) for r in range(3)] == [True, False, False]
+    assert [is_writer("mha", r) for r in range(3)] == [True, True, True]
+
+
+def test_identity_of_a_pool():
+    cfg = TuttiConfig(revision="r1")
+    mha = SimpleNamespace(dtype="torch.bfloat16", head_num=8, head_dim=128)  # no v_head_dim
+    g = PageGeometry("mha", 2, 16, 2048, 2048)
+    ident = identity_for(cfg, mha, g, model="m", pp=(0, 1), cp=(0, 1), tp=(1, 2))
+    assert ident["heads"] == [8, 128, 128] and ident["tp"] == [1, 2]
+    assert ident["dtype"] == "bfloat16" and ident["revision"] == "r1" and ident["model"] == "m"
+    mla = SimpleNamespace(dtype="torch.bfloat16")
+    ident = identity_for(cfg, mla, PageGeometry("mla", 2, 16, 1152, 0), model="m", pp=(0, 1),
+                         cp=(0, 1), tp=(1, 2))
+    assert "heads" not in ident and "tp" not in ident  # the same latent KV on every rank
