@@ -33,9 +33,9 @@ from sglang.srt.mem_cache.hicache_storage import PoolName
 from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
 
 from .config import TuttiConfig
+from .devicemap import DeviceMap
 from .identity import identity_for, is_writer
 from .layerwise import LayerwiseKV
-from .layout import PageGeometry
 
 logger = logging.getLogger("tutti_hicache.linker")
 
@@ -57,17 +57,18 @@ class TuttiLinker(UnifiedCacheLinker):
         _check_components(components)
         pool = params.token_to_kv_pool_allocator.get_kvcache()
         self.pools = {PoolName.KV: pool}
-        mla, k_bufs, v_bufs, geometry = _map_pool(pool, params.page_size)
+        dm = DeviceMap.from_pool(pool, params.page_size)
+        geometry = dm.geometry
         tp_rank, tp_size = _tp(params)
         ident = identity_for(cfg, pool, geometry, model=_model_name(server_args),
                              pp=(params.pp_rank, params.pp_size),
                              cp=(params.attn_cp_rank, params.attn_cp_size), tp=(tp_rank, tp_size))
-        self.kv = LayerwiseKV(cfg, geometry, ident, k_bufs, v_bufs, params.page_size,
+        self.kv = LayerwiseKV(cfg, geometry, ident, dm.k_bufs, dm.v_bufs, params.page_size,
                               writer=is_writer(geometry.kind, tp_rank))
         self.layer_done_counter = self.kv.counter
         _warn_settings(server_args, params.page_size)
         logger.info("tutti linker: %s pool, %d layers, page %d, %d pages on disk, %s engine, "
-                    "I/O stream: %s", "MLA" if mla else "MHA", geometry.num_layers,
+                    "I/O stream: %s", "MLA" if dm.mla else "MHA", geometry.num_layers,
                     params.page_size, len(self.kv.store), self.kv.store.engine.name,
                     getattr(self.kv.io, "kind", "cpu"))
 
@@ -113,28 +114,6 @@ def _check_components(components) -> None:
     if names and names != {"FULL"}:
         raise ValueError(f"tutti linker serves dense MHA/MLA models (FULL component only); "
                          f"got {sorted(names)}")
-
-
-def _map_pool(pool, page_size: int):
-    """(mla, k_bufs, v_bufs, geometry) of SGLang's device KV pool, or ValueError."""
-    kind = type(pool).__name__
-    if getattr(pool, "k_scale_buffer", None) is not None or \
-            getattr(pool, "kv_cache_layout", None) == "vectorized_5d":
-        raise ValueError(f"tutti linker: {kind} with scales or a 5D layout is not supported")
-    if kind == "MLATokenToKVPool":
-        bufs = list(pool.kv_buffer)
-        kb = bufs[0][0].numel() * bufs[0].element_size()
-        return True, bufs, None, PageGeometry("mla", len(bufs), page_size, kb, 0)
-    if kind != "MHATokenToKVPool" or getattr(pool, "use_hnd", False):
-        hnd = " (HND)" if getattr(pool, "use_hnd", False) else ""
-        raise ValueError(f"tutti linker: {kind}{hnd} is not supported "
-                         "(MHATokenToKVPool in NHD, or MLATokenToKVPool)")
-    k, v = list(pool.k_buffer), list(pool.v_buffer)
-    if not all(t.is_contiguous() for t in k + v):
-        raise ValueError("tutti linker: device K/V buffers must be contiguous")
-    kb = k[0][0].numel() * k[0].element_size()
-    vb = v[0][0].numel() * v[0].element_size()
-    return False, k, v, PageGeometry("mha", len(k), page_size, kb, vb)
 
 
 def _tp(params) -> tuple[int, int]:
