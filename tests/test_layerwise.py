@@ -3,6 +3,7 @@ layer), the next chunks admitted to the store's read stream while one lands (rea
 both engines; a bad page in the middle of the pipeline fails the batch and leaves nothing in
 flight behind it; a write starving behind a long load never deadlocks it."""
 
+import logging
 import threading
 import time
 
@@ -208,3 +209,49 @@ def test_stats_file_counts_loads_and_offloads(tmp_path, device):
     assert lk["first_load_seconds"] is not None and lk["load_seconds"] >= lk["first_load_seconds"] > 0
     assert s["pages"] == 20 and s["write_pages"] == 20
     assert all(torch.equal(t[:PAGE], w) for t, w in zip(k + v, page0))
+
+
+def test_offload_backlog_stays_exact_under_contention(tmp_path, monkeypatch, caplog):
+    """offload() adds to the backlog on SGLang's scheduler thread while the offload thread takes
+    finished jobs off it. Every len() here first lets the other thread run (so a switch lands
+    inside each unguarded read-modify-write of the counter, which the GIL alone does not
+    prevent); thousands of failing jobs later the backlog must be back at zero, and a full
+    backlog's worth of pages must be accepted again."""
+    import builtins
+    caplog.set_level(logging.CRITICAL, logger="tutti_hicache.linker")  # a line per failed job
+    lw, _, _ = make_lw(tmp_path, tutti_offload_backlog_pages=64)
+    rows = torch.arange(PAGE, 2 * PAGE)
+
+    class NeverReady:  # the job fails at once: no I/O, so the two threads contend all the time
+        def synchronize(self):
+            raise RuntimeError("never ready")
+
+    real_len = builtins.len
+
+    def yielding_len(x):
+        time.sleep(0)
+        return real_len(x)
+
+    sent = done = 0
+    end = time.time() + 60  # a counter that drifted up to the bound refuses every offload
+    monkeypatch.setattr(builtins, "len", yielding_len)
+    try:
+        while sent < 2000 and time.time() < end:
+            for _ in range(50):
+                sent += lw.offload([f"s{sent:063d}"], rows, [NeverReady()])
+            while lw.num_completed():
+                assert not lw.pop_completed()
+                done += 1
+        end = time.time() + 60
+        while done < sent and time.time() < end:
+            while lw.num_completed():
+                assert not lw.pop_completed()
+                done += 1
+            time.sleep(0.001)
+    finally:
+        monkeypatch.setattr(builtins, "len", real_len)
+    assert done == sent == 2000
+    assert lw.offload_backlog == 0
+    keys = [f"t{i:063d}" for i in range(64)]
+    assert lw.offload(keys, torch.arange(PAGE, PAGE * 65), [NeverReady()])  # the whole bound
+    lw.close()

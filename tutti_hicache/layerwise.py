@@ -188,6 +188,7 @@ class LayerwiseKV:
         self._warm_kernels()
         self._queued: dict[str, tuple] = {}
         self._results: deque = deque()
+        self._backlog_lock = threading.Lock()  # offload() and the offload thread both change it
         self._backlog = 0
         self.slack = SlackTable.load(cfg.slack_table) if cfg.slack_table else None
         self.windows_opened = 0
@@ -200,6 +201,12 @@ class LayerwiseKV:
                                           daemon=True, name="tutti-offload")]
         for t in self._threads:
             t.start()
+
+    @property
+    def offload_backlog(self) -> int:
+        """Pages queued for offload and not yet written."""
+        with self._backlog_lock:
+            return self._backlog
 
     @property
     def k_objs(self) -> int:
@@ -401,13 +408,19 @@ class LayerwiseKV:
         if not todo:
             self._results.append(_Done(True))
             return True
-        if self._backlog + len(todo) > self.cfg.offload_backlog_pages:
-            return False
-        page_ids = device_indices[:: self.page_size] // self.page_size
-        if len(todo) < len(keys):
-            page_ids = page_ids[torch.tensor(todo, device=page_ids.device)]
-        job = _Offload([keys[i] for i in todo], page_ids, list(ready_events))
-        self._backlog += len(todo)
+        with self._backlog_lock:
+            if self._backlog + len(todo) > self.cfg.offload_backlog_pages:
+                return False
+            self._backlog += len(todo)  # reserved: given back when the job ends
+        try:
+            page_ids = device_indices[:: self.page_size] // self.page_size
+            if len(todo) < len(keys):
+                page_ids = page_ids[torch.tensor(todo, device=page_ids.device)]
+            job = _Offload([keys[i] for i in todo], page_ids, list(ready_events))
+        except BaseException:
+            with self._backlog_lock:
+                self._backlog -= len(todo)
+            raise
         self._results.append(job)
         self._offload_q.put(job)
         return True
@@ -425,7 +438,8 @@ class LayerwiseKV:
             logger.error("tutti linker: offload of %d pages failed: %s", len(job.keys), e)
             ok = False
         finally:
-            self._backlog -= len(job.keys)
+            with self._backlog_lock:
+                self._backlog -= len(job.keys)
             job.finish(ok)
             self._account(offloads=1, offload_pages=len(job.keys) if ok else 0,
                           offload_seconds=time.perf_counter() - t0)
@@ -509,7 +523,8 @@ class _Offload:
         self.ok, self.done = False, False
 
     def finish(self, ok: bool) -> None:
-        self.ok, self.done = ok, True
+        self.ok = ok
+        self.done = True  # last: a reader that sees done sees ok
 
 
 
