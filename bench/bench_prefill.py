@@ -358,7 +358,7 @@ def offload_stream(lw: LayerwiseKV, model, keys: list, c: int, pages: int, limit
     alone = [prefill(model, c, pages * page, restore_fn(lw, model, keys, pages), lw.counter) for _ in range(2)]
     runs = []
     for enabled in (False, True, False, True):
-        lw._load_q.join()  # the last restore has released its read hold before the switch
+        lw.drain_loads()  # the last restore has released its read hold before the switch
         lw.store.gate.enabled = enabled
         t0 = time.perf_counter()
         (ttft, bub), written, secs = stream.during(

@@ -186,7 +186,7 @@ def test_start_cancel_and_idle_finish(sg, tmp_path):
     assert a.linker.start_layer_wise_loading() == -1
     assert not a.linker.load("y", [PoolTransfer(name=PoolName.KV, keys=["f" * 64], device_indices=dst[:4])])
     a.close()
-    assert not any(t.is_alive() for t in a.linker.kv._threads)
+    assert not any(t.is_alive() for t in a.linker.kv.threads)
 
 
 def test_linker_hits_are_reported_as_storage(sg, tmp_path):

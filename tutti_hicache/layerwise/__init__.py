@@ -1,0 +1,185 @@
+"""The layer-wise restore pipeline behind TuttiLinker, free of SGLang so it can be driven directly
+(the GPU benchmark runs it under SGLang 0.5.17, which has no UnifiedCacheLinker).
+
+At a glance:
+    lw = LayerwiseKV(cfg, geometry, identity, k_bufs, v_bufs, page_size, writer)
+    lw.lookup(keys) -> n                    leading pages present (memory only)
+    lw.load(rid, keys, device_indices)      pin and queue; no I/O
+    lw.start() -> index                     every queued page, layer by layer, on the [loader]:
+        one engine stream over every layer (and staging chunk), each chunk into a pinned ring
+        slot, the next layer's requests queued behind this one's (read_ahead), per-layer
+        checksums verified as pages land, one H2D copy, one scatter kernel on the I/O stream,
+        one CUDA event -> counter.complete(index, layer)
+    lw.counter.wait_until(l)                waits until layer l is enqueued, then a GPU-side wait
+    lw.finish(index) -> bool                every layer landed
+    lw.offload(keys, device_indices, ready_events) -> bool,  num_completed() / pop_completed()
+    lw.cancel(rid), lw.drain_loads(), lw.reset(), lw.close()
+    lw.stats() -> dict                      the store's counters plus the linker's (stats.py);
+                                            tutti_stats_file writes them
+
+The parts: counter.py (LayerCounter), staging.py (pinned rings), loader.py (the load pipeline
+and its thread), offloader.py (the offload queue, its backlog and its thread), stats.py (the
+linker's counters and stats file), worker.py.
+k_bufs / v_bufs: per-layer device tensors [rows, heads, dim] (SGLang's NHD pools; MLA passes
+v_bufs=None and its [rows, 1, kv_cache_dim] buffers as k_bufs; see devicemap.py). Page p covers
+rows [p*page_size, (p+1)*page_size); device_indices are token rows, page-aligned.
+CPU work per batch is O(layers); on a machine without CUDA the same pipeline runs with plain
+copies and the torch reference scatter.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import time
+
+import torch
+
+from ..config import TuttiConfig
+from ..layout import PageGeometry
+from ..profiler import SlackTable
+from ..store import ObjectStore
+from .counter import LayerCounter
+from .loader import Loader, LoadFailed
+from .offloader import Offloader
+from .staging import Staging
+from .stats import LinkerStats
+
+__all__ = ["LayerwiseKV", "LayerCounter", "LoadFailed"]
+
+
+class LayerwiseKV:
+    def __init__(self, cfg: TuttiConfig, geometry: PageGeometry, identity: dict, k_bufs: list,
+                 v_bufs: Optional[list], page_size: int, writer: bool = True):
+        self.cfg = cfg
+        self.k_bufs, self.v_bufs = list(k_bufs), (list(v_bufs) if v_bufs is not None else None)
+        self.mla = v_bufs is None
+        self.page_size = page_size
+        self.num_layers = geometry.num_layers
+        self.writer = writer
+        self.counter = LayerCounter(self.num_layers)
+        self.store = ObjectStore(cfg, geometry, identity, writer=writer)
+        self.device = self.k_bufs[0].device
+        self.cuda = self.device.type == "cuda"
+        self.io = self._io_stream()
+        self.obj_stride = self.store.layer_object_stride()
+        per_page_layer = geometry.objects_per_layer * self.obj_stride
+        self.stage_pages = max(1, (cfg.stage_mb << 20) // per_page_layer)
+        self.stage = Staging(self.stage_pages * per_page_layer, cfg.stage_depth, self.device,
+                             self.cuda)
+        per_page = len(geometry.object_nbytes) * self.obj_stride
+        self.out_pages = max(1, (cfg.stage_mb << 20) // per_page)
+        self.out = Staging(self.out_pages * per_page, 2, self.device, self.cuda)
+        self.store.register_memory(self.stage.regions() + self.out.regions())
+        self.slack = SlackTable.load(cfg.slack_table) if cfg.slack_table else None
+        self._stats = LinkerStats(self.store, cfg.stats_file)
+        self._loader = Loader(self.store, self.counter, self.stage, self.stage_pages, self.k_bufs,
+                              self.v_bufs, page_size, self.io, cfg, self.slack, self._stats)
+        self._offloader = Offloader(self.store, self.out, self.out_pages, self.k_bufs, self.v_bufs,
+                                    page_size, self.io, writer, cfg.offload_backlog_pages,
+                                    self._stats)
+        self._warm_kernels()
+
+    def _io_stream(self):
+        if not self.cuda:
+            return None
+        from ..green import io_stream
+        return io_stream(self.cfg.io_sms, self.device)
+
+    def _warm_kernels(self) -> None:
+        """Load the gather and scatter kernels at attach, so the first restore after a server
+        start pays no compilation or module load: page 0's objects are gathered and scattered
+        back onto themselves on the I/O stream (no byte of the pool changes)."""
+        if not self.cuda:
+            return
+        t0 = time.perf_counter()
+        with torch.cuda.stream(self.io.stream):
+            dev = self.out.device
+            self._offloader.gather(dev, torch.zeros(1, dtype=torch.int64, device=self.device))
+            self._loader.warm(dev)
+        self.io.stream.synchronize()
+        self._stats.add(warmup_seconds=time.perf_counter() - t0)
+
+    def stats(self) -> dict:
+        """The store's counters plus the linker's: loads (pages, bytes, seconds from the first read
+        to the last layer handed to the GPU, failures, the first load after start), offloads."""
+        return self._stats.snapshot()
+
+    @property
+    def k_objs(self) -> int:
+        return 1 if self.mla else 2
+
+    @property
+    def read_ahead(self) -> int:
+        """Staging chunks admitted to a load's read stream at once (settable between loads)."""
+        return self._loader.read_ahead
+
+    @read_ahead.setter
+    def read_ahead(self, n: int) -> None:
+        self._loader.read_ahead = n
+
+    @property
+    def windows_opened(self) -> int:
+        """Slack-table write windows lent by loads so far."""
+        return self._loader.windows_opened
+
+    @property
+    def offload_backlog(self) -> int:
+        """Pages queued for offload and not yet written."""
+        return self._offloader.backlog
+
+    @property
+    def threads(self) -> tuple:
+        """The loader's and the offloader's threads."""
+        return self._loader.thread, self._offloader.thread
+
+    # ------------------------------------------------------------ lookup / load
+    def lookup(self, keys: list) -> int:
+        return self.store.prefix_len(list(keys))
+
+    def load(self, rid: str, keys: list, device_indices) -> bool:
+        return self._loader.load(rid, keys, device_indices)
+
+    def cancel(self, rid: str) -> bool:
+        return self._loader.cancel(rid)
+
+    def start(self, input_tokens: int = 0) -> int:
+        """Start every queued load; input_tokens (new tokens of the batch, 0 = unknown) picks the
+        slack-table row for write windows (unknown: the smallest, most conservative one)."""
+        return self._loader.start(input_tokens)
+
+    def finish(self, index: int) -> bool:
+        return True if index < 0 else self.counter.finish(index)
+
+    def drain_loads(self) -> None:
+        """Wait until every started load has finished and released its read hold."""
+        self._loader.drain()
+
+    # ------------------------------------------------------------ offload
+    def offload(self, keys: list, device_indices, ready_events: list) -> bool:
+        """Queue pages for writing once `ready_events` fired; False when the backlog is full."""
+        return self._offloader.offload(keys, device_indices, ready_events)
+
+    def num_completed(self) -> int:
+        return self._offloader.num_completed()
+
+    def pop_completed(self) -> bool:
+        return self._offloader.pop_completed()
+
+    # ------------------------------------------------------------ lifecycle
+    def reset(self) -> None:
+        """Quiesce: finish queued loads and offloads. Data on disk is kept."""
+        self._loader.cancel_all()
+        self._loader.drain()
+        self._offloader.drain()
+        self._offloader.clear_results()
+        self.counter.reset()
+
+    def close(self) -> None:
+        self.reset()
+        self._stats.dump(force=True)
+        self._loader.close()
+        self._offloader.close()
+        self.store.close()
+        self.stage.close()
+        self.out.close()

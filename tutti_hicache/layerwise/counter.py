@@ -1,0 +1,105 @@
+"""SGLang's layer counter for a layer-wise restore, ordered on the GPU.
+
+At a glance:
+    counter = LayerCounter(num_layers)
+    counter.update_producer() -> index      [scheduler] a new batch (start_layer_wise_loading)
+    counter.complete(index, layer, event)   [loader] layer enqueued; event: its copy on the GPU
+    counter.fail(index, error)              [loader] every wait returns; finish() reports False
+    counter.set_consumer(index), counter.wait_until(layer)   [forward] SGLang's interface
+    counter.finish(index) -> bool           [scheduler] every layer landed (events synchronized)
+    counter.reset()
+
+wait_until(l) blocks the CPU only until layer l's copy is enqueued, then makes the current CUDA
+stream wait on that copy's event (no CPU stall). A failed load sets every layer, so the forward
+never hangs; it runs on wrong bytes that finish() then refuses (SGLang aborts the requests).
+Thread-safety: batches are created and removed under a lock; complete/fail only set a batch's
+threading.Events, which finish() waits for before it removes the batch. `consumer_index` and
+`waited` are single ints written by the forward's thread and read by the loader (a heuristic
+for slack windows, never for correctness).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class _Batch:
+    """Per-batch layer state: CPU flags for "enqueued", CUDA events for "landed"."""
+    layers: int
+    enqueued: list = field(default_factory=list)
+    events: list = field(default_factory=list)
+    error: Optional[BaseException] = None
+
+    def __post_init__(self):
+        self.enqueued = [threading.Event() for _ in range(self.layers)]
+        self.events = [None] * self.layers
+
+
+class LayerCounter:
+    """SGLang's layer counter interface (num_layers, consumer_index, set_consumer, wait_until),
+    ordered on the GPU: wait_until(l) blocks the CPU only until layer l's copy is enqueued,
+    then makes the current stream wait on that copy's event."""
+
+    def __init__(self, num_layers: int):
+        self.num_layers = num_layers
+        self.consumer_index = -1
+        self.producer_index = -1
+        self.waited = -1  # last layer the forward waited for (its progress)
+        self._batches: dict[int, _Batch] = {}
+        self._lock = threading.Lock()
+
+    def update_producer(self) -> int:
+        with self._lock:
+            self.producer_index += 1
+            self._batches[self.producer_index] = _Batch(self.num_layers)
+            return self.producer_index
+
+    def set_consumer(self, index: int) -> None:
+        self.consumer_index = index
+        self.waited = -1
+
+    def complete(self, index: int, layer: int, event=None) -> None:
+        b = self._batches[index]
+        b.events[layer] = event
+        b.enqueued[layer].set()
+
+    def fail(self, index: int, error: BaseException) -> None:
+        b = self._batches.get(index)
+        if b is None:
+            return
+        b.error = b.error or error
+        for ev in b.enqueued:
+            ev.set()  # the forward runs on (wrong) bytes; finish() reports the failure
+
+    def wait_until(self, layer: int) -> None:
+        self.waited = layer
+        b = self._batches.get(self.consumer_index)
+        if b is None:
+            return
+        b.enqueued[layer].wait()
+        if b.events[layer] is not None:
+            torch.cuda.current_stream().wait_event(b.events[layer])
+
+    def finish(self, index: int) -> bool:
+        """Wait until every layer of batch `index` has landed in device memory."""
+        b = self._batches.get(index)
+        if b is None:
+            return True
+        for ev in b.enqueued:
+            ev.wait()
+        for ev in b.events:
+            if ev is not None:
+                ev.synchronize()
+        with self._lock:
+            del self._batches[index]
+        return b.error is None
+
+    def reset(self) -> None:
+        with self._lock:
+            self.producer_index = self.consumer_index = -1
+            self._batches.clear()

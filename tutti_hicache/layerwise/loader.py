@@ -1,0 +1,210 @@
+"""The load pipeline of the layer-wise path: queued pages -> the device pool, layer by layer.
+
+At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's thread):
+    loader = Loader(store, counter, stage, stage_pages, k_bufs, v_bufs, page_size, io, cfg, slack,
+                    stats)
+    loader.load(rid, keys, device_indices) -> bool     [scheduler] pin and queue; no I/O
+    loader.cancel(rid) -> bool, loader.cancel_all()    [scheduler] unpin queued pages
+    loader.start(input_tokens) -> index                [scheduler] hand every queued page over:
+        [loader] one store read stream over every (layer, staging chunk) of the batch, each
+        chunk into the next pinned ring slot, `read_ahead` chunks admitted at once (the next
+        layer's requests wait at the devices behind this one's), per-layer checksums verified
+        as pages land, one H2D copy and one scatter kernel on the I/O stream, one CUDA event
+        -> counter.complete(index, layer); any failure -> counter.fail(index) (never a hang)
+    loader.read_ahead, loader.windows_opened, loader.drain(), loader.close()
+
+The stream holds the batch's directories for reads (the scheduler's lease) from its first read
+to its last layer, except for slack-table windows lent to writes while the reads run two layers
+ahead of the forward. Thread-safety: _queued belongs to the scheduler thread; the staging ring
+to the loader thread; the load queue is a Queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from ..config import TuttiConfig
+from ..layout import strided
+from .counter import LayerCounter
+from .staging import Staging
+from .stats import LinkerStats
+from .worker import Worker
+
+logger = logging.getLogger("tutti_hicache.linker")
+
+
+class LoadFailed(RuntimeError):
+    pass
+
+
+class Loader:
+    def __init__(self, store, counter: LayerCounter, stage: Staging, stage_pages: int,
+                 k_bufs: list, v_bufs, page_size: int, io, cfg: TuttiConfig, slack,
+                 stats: LinkerStats):
+        self._store, self._counter, self._stage = store, counter, stage
+        self.stage_pages = stage_pages  # pages of one layer per ring slot
+        self._k_bufs, self._v_bufs, self._page_size = k_bufs, v_bufs, page_size
+        self._k_objs = 1 if v_bufs is None else 2
+        self._num_layers = len(k_bufs)
+        self._obj_stride = store.layer_object_stride()
+        self._io = io  # green.IOStream on a CUDA device; None on CPU (plain copies)
+        self._cuda = io is not None
+        self._slack = slack
+        self._stats = stats
+        self._page_nbytes = self._num_layers * self._k_objs * self._obj_stride  # staged, per page
+        self.read_ahead = max(1, min(cfg.read_ahead, cfg.stage_depth - 1))
+        self.windows_opened = 0
+        self._queued: dict[str, tuple] = {}
+        self._worker = Worker("tutti-load", self._run)
+
+    # ------------------------------------------------------------ [scheduler]
+    def load(self, rid: str, keys: list, device_indices) -> bool:
+        keys = list(keys)
+        if not keys or device_indices is None or len(device_indices) != len(keys) * self._page_size:
+            return False
+        if rid in self._queued:
+            raise ValueError(f"tutti linker: request {rid} is already queued")
+        entries = self._store.pin(keys)
+        if any(e is None for e in entries):
+            self._store.unpin(entries)
+            return False
+        self._queued[rid] = (entries, device_indices)
+        return True
+
+    def cancel(self, rid: str) -> bool:
+        item = self._queued.pop(rid, None)
+        if item is None:
+            return False
+        self._store.unpin(item[0])
+        return True
+
+    def cancel_all(self) -> None:
+        for rid in list(self._queued):
+            self.cancel(rid)
+
+    def start(self, input_tokens: int = 0) -> int:
+        """Start every queued load; input_tokens (new tokens of the batch, 0 = unknown) picks the
+        slack-table row for write windows (unknown: the smallest, most conservative one)."""
+        if not self._queued:
+            return -1
+        items = list(self._queued.values())
+        self._queued.clear()
+        entries = [e for es, _ in items for e in es]
+        ps = self._page_size
+        page_ids = torch.cat([di[::ps] // ps for _, di in items])
+        index = self._counter.update_producer()
+        ready = None
+        if self._cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+        self._worker.put((index, entries, page_ids, ready, input_tokens))
+        return index
+
+    def drain(self) -> None:
+        """Wait until every started load has finished (its read hold released)."""
+        self._worker.drain()
+
+    def close(self) -> None:
+        self._worker.stop()
+
+    @property
+    def thread(self):
+        return self._worker.thread
+
+    # --------------------------------------------------------------- [loader]
+    def _run(self, job) -> None:
+        index, entries, page_ids, ready, input_tokens = job
+        t0 = time.perf_counter()
+        try:
+            self._load(index, entries, page_ids, ready, input_tokens)
+            seconds = time.perf_counter() - t0  # the first read to the last layer handed over
+            self._stats.first_load(seconds)
+            self._stats.add(loads=1, load_pages=len(entries),
+                            load_bytes=len(entries) * self._page_nbytes, load_seconds=seconds)
+        except BaseException as e:  # the forward must never hang; finish() reports it
+            logger.error("tutti linker: load of %d pages failed: %s", len(entries), e)
+            self._counter.fail(index, e)
+            self._stats.add(load_failures=1)
+        finally:
+            self._store.unpin(entries)
+
+    def _load(self, index, entries, page_ids, ready, input_tokens) -> None:
+        """Every (layer, staging chunk) of the batch is one store stream: `read_ahead` chunks are
+        admitted at once, so the next layer's requests wait at the devices behind this layer's
+        and the queue never drains between layers; each chunk lands, is verified, copied and
+        scattered in layer order."""
+        plan = self._store.plan_pages(entries)
+        window = self._window(input_tokens, len(entries) * self._page_size)
+        if ready is not None:
+            self._io.stream.wait_event(ready)
+        n, per_page = len(entries), self._k_objs * self._obj_stride
+        chunks = [(layer, slice(c0, min(n, c0 + self.stage_pages)))
+                  for layer in range(self._num_layers) for c0 in range(0, n, self.stage_pages)]
+        depth = len(self._stage.bufs)
+        slots = [(self._stage.next + i) % depth for i in range(len(chunks))]  # take() order
+        dsts = [strided(self._stage.bufs[k].address, rows.stop - rows.start, per_page)
+                for (_, rows), k in zip(chunks, slots)]
+        # the stream holds the batch's directories for reads until it is closed (and then
+        # nothing lands in the staging slots any more)
+        with self._store.stream_layers(plan, chunks, dsts) as stream:
+            admitted = 0
+            for i, (layer, rows) in enumerate(chunks):
+                while admitted < min(len(chunks), i + self.read_ahead):
+                    if self._stage.take() != slots[admitted]:  # waits for its last copy
+                        raise RuntimeError("tutti linker: staging ring out of order")
+                    admitted += 1
+                stream.allow(admitted)
+                ok = stream.wait(i)
+                if not ok.all():
+                    raise LoadFailed(f"layer {layer}: {int((~ok).sum())} of {len(ok)} pages "
+                                     "unreadable or corrupt")
+                self._copy_chunk(slots[i], layer, len(ok), page_ids[rows])
+                if rows.stop < n:
+                    continue
+                self._counter.complete(index, layer, self._mark())
+                if window > 0 and layer + 1 < self._num_layers and layer - self._counter.waited >= 2:
+                    self.windows_opened += 1
+                    stream.lend(window)  # settles what was admitted, then one write window
+
+    def _window(self, input_tokens: int, prefix_tokens: int) -> float:
+        if self._slack is None:
+            return 0.0
+        return self._slack.window(input_tokens, prefix_tokens)[0]
+
+    def _copy_chunk(self, k: int, layer: int, n: int, page_ids) -> None:
+        """Ring slot k holds layer `layer` of n pages: to the device pool (H2D + scatter)."""
+        host = self._stage.host[k][: n * self._k_objs * self._obj_stride]
+        if not self._cuda:
+            self._scatter(host, layer, page_ids)
+            return
+        with torch.cuda.stream(self._io.stream):
+            dev = self._stage.device[: host.numel()]
+            dev.copy_(host, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+            self._stage.events[k] = ev  # the ring slot is free once this copy is done
+            self._scatter(dev, layer, page_ids)
+
+    def warm(self, dev) -> None:
+        """Load the scatter kernel at attach: every layer of pool page 0, staged in device
+        memory `dev` (gathered from page 0 just before), scattered back onto itself."""
+        ids = torch.zeros(1, dtype=torch.int64, device=dev.device)
+        per_layer = self._k_objs * self._obj_stride
+        for layer in range(self._num_layers):
+            self._scatter(dev[layer * per_layer:(layer + 1) * per_layer], layer, ids)
+
+    def _scatter(self, staging, layer: int, page_ids) -> None:
+        from .. import triton_kernels as tk
+        fn = tk.scatter_layer if self._cuda else tk.scatter_layer_ref
+        v_buf = None if self._v_bufs is None else self._v_bufs[layer]
+        fn(staging, self._k_bufs[layer], v_buf, page_ids, self._page_size, self._obj_stride)
+
+    def _mark(self):
+        if not self._cuda:
+            return None
+        ev = torch.cuda.Event()
+        ev.record(self._io.stream)
+        return ev

@@ -1,0 +1,173 @@
+"""The offload queue of the layer-wise path: device pages -> the store, behind SGLang's events.
+
+At a glance ([scheduler] = SGLang's scheduler thread; [offloader] = this module's thread):
+    off = Offloader(store, out, out_pages, k_bufs, v_bufs, page_size, io, writer, max_backlog,
+                    stats)
+    off.offload(keys, device_indices, ready_events) -> bool   [scheduler] False: backlog full
+        keys already stored complete at once; the rest wait for ready_events, then [offloader]
+        gather kernel -> pinned -> store.write_pages (the scheduler keeps these writes off
+        directories a load is reading)
+    off.num_completed() / off.pop_completed() -> ok            [scheduler] FIFO results
+    off.backlog                                                pages queued and not yet written
+    off.clear_results(), off.drain(), off.close()
+
+Thread-safety: the backlog is changed by offload() on the scheduler thread and by the offloader
+thread when a job ends, so both go through one lock (check and reserve are one step). The
+results deque belongs to the scheduler thread; the offloader thread only marks a job done, after
+its `ok` (a reader that sees done also sees ok).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from ..layout import strided
+from .staging import Staging
+from .stats import LinkerStats
+from .worker import Worker
+
+logger = logging.getLogger("tutti_hicache.linker")
+
+
+@dataclass
+class _Done:
+    ok: bool
+    done: bool = True
+
+
+class _Offload:
+    def __init__(self, keys, page_ids, events):
+        self.keys, self.page_ids, self.events = keys, page_ids, events
+        self.ok, self.done = False, False
+
+    def finish(self, ok: bool) -> None:
+        self.ok = ok
+        self.done = True  # last: a reader that sees done sees ok
+
+
+class Offloader:
+    def __init__(self, store, out: Staging, out_pages: int, k_bufs: list, v_bufs, page_size: int,
+                 io, writer: bool, max_backlog: int, stats: LinkerStats):
+        self._store, self._out, self._out_pages = store, out, out_pages
+        self._k_bufs, self._v_bufs, self._page_size = k_bufs, v_bufs, page_size
+        self._objs_per_page = len(k_bufs) * (1 if v_bufs is None else 2)
+        self._obj_stride = store.layer_object_stride()
+        self._io = io  # green.IOStream on a CUDA device; None on CPU
+        self._writer = writer
+        self._max_backlog = max_backlog
+        self._stats = stats
+        self._lock = threading.Lock()  # the backlog
+        self._backlog = 0
+        self._results: deque = deque()
+        self._worker = Worker("tutti-offload", self._run)
+
+    @property
+    def backlog(self) -> int:
+        with self._lock:
+            return self._backlog
+
+    # ------------------------------------------------------------ [scheduler]
+    def offload(self, keys: list, device_indices, ready_events: list) -> bool:
+        """Queue pages for writing once `ready_events` fired; False when the backlog is full."""
+        keys = list(keys)
+        if not self._writer:  # MLA: rank 0 writes for every rank
+            self._results.append(_Done(True))
+            return True
+        todo = [i for i, k in enumerate(keys) if k not in self._store]
+        if not todo:
+            self._results.append(_Done(True))
+            return True
+        with self._lock:
+            if self._backlog + len(todo) > self._max_backlog:
+                return False
+            self._backlog += len(todo)  # reserved: given back when the job ends
+        try:
+            ps = self._page_size
+            page_ids = device_indices[::ps] // ps
+            if len(todo) < len(keys):
+                page_ids = page_ids[torch.tensor(todo, device=page_ids.device)]
+            job = _Offload([keys[i] for i in todo], page_ids, list(ready_events))
+        except BaseException:
+            with self._lock:
+                self._backlog -= len(todo)
+            raise
+        self._results.append(job)
+        self._worker.put(job)
+        return True
+
+    def num_completed(self) -> int:
+        n = 0
+        for r in self._results:
+            if not r.done:
+                break
+            n += 1
+        return n
+
+    def pop_completed(self) -> bool:
+        return bool(self._results.popleft().ok)
+
+    def clear_results(self) -> None:
+        self._results.clear()
+
+    def drain(self) -> None:
+        self._worker.drain()
+
+    def close(self) -> None:
+        self._worker.stop()
+
+    @property
+    def thread(self):
+        return self._worker.thread
+
+    def gather(self, dev, page_ids) -> None:
+        """Every layer of pages `page_ids` into device staging `dev` (on the current stream)."""
+        from .. import triton_kernels as tk
+        tk.gather_pages(dev, self._k_bufs, self._v_bufs, page_ids, self._page_size,
+                        self._obj_stride)
+
+    # ------------------------------------------------------------ [offloader]
+    def _run(self, job: _Offload) -> None:
+        ok = True
+        t0 = time.perf_counter()
+        try:
+            for ev in job.events:
+                ev.synchronize()
+            step = self._out_pages
+            for c0 in range(0, len(job.keys), step):
+                ok &= self._offload_chunk(job.keys[c0:c0 + step], job.page_ids[c0:c0 + step])
+        except BaseException as e:
+            logger.error("tutti linker: offload of %d pages failed: %s", len(job.keys), e)
+            ok = False
+        finally:
+            with self._lock:
+                self._backlog -= len(job.keys)
+            job.finish(ok)
+            self._stats.add(offloads=1, offload_pages=len(job.keys) if ok else 0,
+                            offload_seconds=time.perf_counter() - t0)
+
+    def _offload_chunk(self, keys: list, page_ids) -> bool:
+        from .. import triton_kernels as tk
+        n, m, stride = len(keys), self._objs_per_page, self._obj_stride
+        k = self._out.take()
+        host = self._out.host[k][: n * m * stride]
+        if self._io is not None:
+            with torch.cuda.stream(self._io.stream):
+                dev = self._out.device[: n * m * stride]
+                self.gather(dev, page_ids)
+                host.copy_(dev, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record()
+            ev.synchronize()
+        else:
+            tk.gather_pages_ref(host, self._k_bufs, self._v_bufs, page_ids, self._page_size, stride)
+        addrs = strided(self._out.bufs[k].address, n * m, stride).reshape(n, m)
+        # the store's scheduler keeps these writes off directories a load batch is reading
+        exact = stride == int(self._store.layout.object_nbytes[0])  # 4 KiB multiples
+        return bool(self._store.write_pages(keys, addrs, exact).all())
+
