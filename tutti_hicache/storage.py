@@ -72,7 +72,7 @@ class TuttiStorage(HiCacheStorage):
         self._metrics_lock = threading.Lock()
         self._metrics = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [],
                          "backup_bandwidth": []}
-        self._warned: set[str] = set()
+        self._warned: set[str] = set()  # under _metrics_lock
         self._stats_file = StatsFile(self.cfg.stats_file)
 
     # ------------------------------------------------------------ attach
@@ -104,8 +104,9 @@ class TuttiStorage(HiCacheStorage):
 
     # ----------------------------------------------------------- queries
     def batch_exists(self, keys: List[str], extra_info=None) -> int:
+        store = self.store  # once: close() on the scheduler thread may set it to None
         try:
-            return self.store.prefix_len(list(keys)) if self.store is not None else 0
+            return store.prefix_len(list(keys)) if store is not None else 0
         except Exception:
             logger.exception("tutti: batch_exists failed; reporting a miss")
             return 0
@@ -124,13 +125,14 @@ class TuttiStorage(HiCacheStorage):
 
     def _io(self, op: str, keys, addresses, aligned: bool) -> List[bool]:
         keys = list(keys)
-        if self.store is None:
+        store = self.store  # once: close() on the scheduler thread may set it to None
+        if store is None:
             self._warn_once("noattach", "tutti: storage called before register_mem_pool_host")
             return [False] * len(keys)
         try:
             t0 = time.perf_counter()
             addrs = addresses()
-            fn = self.store.read_pages if op == "get" else self.store.write_pages
+            fn = store.read_pages if op == "get" else store.write_pages
             ok = fn(keys, addrs, aligned)
             self._record(op, int(ok.sum()), time.perf_counter() - t0)
             self._dump_stats()
@@ -202,8 +204,9 @@ class TuttiStorage(HiCacheStorage):
 
     def _dump_stats(self, force: bool = False) -> None:
         """tutti_stats_file: counters as JSON, at most once a second (never raises)."""
-        if self.store is not None:
-            self._stats_file.dump(self.store.stats(), force)
+        store = self.store  # once: close() on the scheduler thread may set it to None
+        if store is not None and self._stats_file.path:  # no file: the counters are not needed
+            self._stats_file.dump(store.stats(), force)
 
     def get_stats(self):
         with self._metrics_lock:
@@ -229,8 +232,10 @@ class TuttiStorage(HiCacheStorage):
                 del v[:-4096]  # bounded when nobody polls (metrics disabled)
 
     def _warn_once(self, tag: str, msg: str, *args) -> None:
-        if tag not in self._warned:
+        with self._metrics_lock:
+            first = tag not in self._warned
             self._warned.add(tag)
+        if first:
             logger.warning(msg, *args)
 
 
