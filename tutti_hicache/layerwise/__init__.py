@@ -131,7 +131,7 @@ class LayerwiseKV:
     @property
     def threads(self) -> tuple:
         """The loader's and the offloader's threads."""
-        return self._loader.thread, self._offloader.thread
+        return self._loader.worker.thread, self._offloader.worker.thread
 
     # ------------------------------------------------------------ lookup / load
     def lookup(self, keys: list) -> int:
@@ -153,7 +153,7 @@ class LayerwiseKV:
 
     def drain_loads(self) -> None:
         """Wait until every started load has finished and released its read hold."""
-        self._loader.drain()
+        self._loader.worker.drain()
 
     # ------------------------------------------------------------ offload
     def offload(self, keys: list, device_indices, ready_events: list) -> bool:
@@ -170,16 +170,16 @@ class LayerwiseKV:
     def reset(self) -> None:
         """Quiesce: finish queued loads and offloads. Data on disk is kept."""
         self._loader.cancel_all()
-        self._loader.drain()
-        self._offloader.drain()
+        self._loader.worker.drain()
+        self._offloader.worker.drain()
         self._offloader.clear_results()
         self.counter.reset()
 
     def close(self) -> None:
         self.reset()
         self._stats.dump(force=True)
-        self._loader.close()
-        self._offloader.close()
+        self._loader.worker.stop()
+        self._offloader.worker.stop()
         self.store.close()
         self.stage.close()
         self.out.close()

@@ -11,7 +11,7 @@ At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's t
         layer's requests wait at the devices behind this one's), per-layer checksums verified
         as pages land, one H2D copy and one scatter kernel on the I/O stream, one CUDA event
         -> counter.complete(index, layer); any failure -> counter.fail(index) (never a hang)
-    loader.read_ahead, loader.windows_opened, loader.drain(), loader.close()
+    loader.read_ahead, loader.windows_opened, loader.worker (drain, stop, thread)
 
 The stream holds the batch's directories for reads (the scheduler's lease) from its first read
 to its last layer, except for slack-table windows lent to writes while the reads run two layers
@@ -58,7 +58,7 @@ class Loader:
         self.read_ahead = max(1, min(cfg.read_ahead, cfg.stage_depth - 1))
         self.windows_opened = 0
         self._queued: dict[str, tuple] = {}
-        self._worker = Worker("tutti-load", self._run)
+        self.worker = Worker("tutti-load", self._run)  # drain(): every started load finished
 
     # ------------------------------------------------------------ [scheduler]
     def load(self, rid: str, keys: list, device_indices) -> bool:
@@ -100,19 +100,8 @@ class Loader:
         if self._cuda:
             ready = torch.cuda.Event()
             ready.record()
-        self._worker.put((index, entries, page_ids, ready, input_tokens))
+        self.worker.put((index, entries, page_ids, ready, input_tokens))
         return index
-
-    def drain(self) -> None:
-        """Wait until every started load has finished (its read hold released)."""
-        self._worker.drain()
-
-    def close(self) -> None:
-        self._worker.stop()
-
-    @property
-    def thread(self):
-        return self._worker.thread
 
     # --------------------------------------------------------------- [loader]
     def _run(self, job) -> None:

@@ -9,7 +9,7 @@ At a glance ([scheduler] = SGLang's scheduler thread; [offloader] = this module'
         directories a load is reading)
     off.num_completed() / off.pop_completed() -> ok            [scheduler] FIFO results
     off.backlog                                                pages queued and not yet written
-    off.clear_results(), off.drain(), off.close()
+    off.clear_results(), off.worker (drain, stop, thread)
 
 Thread-safety: the backlog is changed by offload() on the scheduler thread and by the offloader
 thread when a job ends, so both go through one lock (check and reserve are one step). The
@@ -65,7 +65,7 @@ class Offloader:
         self._lock = threading.Lock()  # the backlog
         self._backlog = 0
         self._results: deque = deque()
-        self._worker = Worker("tutti-offload", self._run)
+        self.worker = Worker("tutti-offload", self._run)
 
     @property
     def backlog(self) -> int:
@@ -98,7 +98,7 @@ class Offloader:
                 self._backlog -= len(todo)
             raise
         self._results.append(job)
-        self._worker.put(job)
+        self.worker.put(job)
         return True
 
     def num_completed(self) -> int:
@@ -114,16 +114,6 @@ class Offloader:
 
     def clear_results(self) -> None:
         self._results.clear()
-
-    def drain(self) -> None:
-        self._worker.drain()
-
-    def close(self) -> None:
-        self._worker.stop()
-
-    @property
-    def thread(self):
-        return self._worker.thread
 
     def gather(self, dev, page_ids) -> None:
         """Every layer of pages `page_ids` into device staging `dev` (on the current stream)."""
