@@ -48,7 +48,7 @@ def _kv_transfer(transfers):
 
 
 class TuttiLinker(UnifiedCacheLinker):
-    """SGLang's external-linker contract on LayerwiseKV (see layerwise.py for the pipeline)."""
+    """SGLang's external-linker contract on LayerwiseKV (see layerwise/ for the pipeline)."""
 
     def __init__(self, server_args, params, *, components=None, extra_config=None,
                  forward_stream=None, **kwargs):
