@@ -37,7 +37,7 @@ from .scan import Scanner
 from .scheduler import Gate
 from .slot_io import SlotIO
 from .identity import with_geometry
-from .store import PageInfo, drop_entries
+from .store import PageInfo, drop_entries, log_damaged
 
 
 def namespaces(dirs: list[str]) -> dict[str, list[str]]:
@@ -125,7 +125,7 @@ class ExistingNamespace:
             checked += len(part)
         bad_headers = sorted(self._scan.bad_header_slots)
         if repair:
-            drop_entries(self._index, [e for _, e in bad])
+            log_damaged(drop_entries(self._index, [e for _, e in bad])[0])
             held = self._rows.owned
             own = [e.slot for _, e in bad if e.owned] + \
                 [s for s in bad_headers if int(self._ns.placement.locate([s])[1][0]) in held]

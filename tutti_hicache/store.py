@@ -55,7 +55,7 @@ from .scheduler import Gate, Policy
 from .slot_io import SlotIO
 from .writes import Writes
 
-__all__ = ["ObjectStore", "PageInfo", "PagePlan", "LayerStream", "drop_entries"]
+__all__ = ["ObjectStore", "PageInfo", "PagePlan", "LayerStream", "drop_entries", "log_damaged"]
 logger = logging.getLogger("tutti_hicache.store")
 
 
@@ -78,22 +78,28 @@ class ReadCounts:
     stale_foreign: int = 0  # another process's slot changed under us (re-scanned, a miss)
 
 
-def drop_entries(index: SlotIndex, bad_entries) -> tuple[int, int]:
+def drop_entries(index: SlotIndex, bad_entries) -> tuple[list, int]:
     """Forget entries whose bytes failed their checksum (call with the index lock held).
-    Returns (damaged: own slots, logged; stale: other processes' slots, which the usual cause
-    is that their owner reused them since our last re-scan)."""
-    damaged = stale = 0
+    Returns (damaged: [(slot, key)] of own slots, for log_damaged; stale: how many were other
+    processes' slots, which the usual cause is that their owner reused them since our last
+    re-scan)."""
+    damaged, stale = [], 0
     for e in bad_entries:
         key = index.by_slot.get(e.slot)
         if e.owned:
-            damaged += 1
-            logger.warning("tutti: checksum mismatch in slot %d (key %s): dropped, "
-                           "served as a miss", e.slot, key)
+            damaged.append((e.slot, key))
         else:
             stale += 1
         if key is not None and index.entries.get(key) is e:
             index.drop(key)
     return damaged, stale
+
+
+def log_damaged(damaged: list) -> None:
+    """One warning per own slot drop_entries dropped (logged outside the index lock)."""
+    for slot, key in damaged:
+        logger.warning("tutti: checksum mismatch in slot %d (key %s): dropped, served as a miss",
+                       slot, key)
 
 
 class ObjectStore:
@@ -221,8 +227,9 @@ class ObjectStore:
     def _drop_corrupt(self, bad_entries) -> None:
         with self._lock:
             damaged, stale = drop_entries(self._index, bad_entries)
-            self._stats.checksum_failures += damaged
+            self._stats.checksum_failures += len(damaged)
             self._stats.stale_foreign += stale
+        log_damaged(damaged)
         if stale:
             self._scan.request()
 
