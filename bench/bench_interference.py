@@ -13,19 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import threading
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tutti_hicache.config import TuttiConfig  # noqa: E402
-from tutti_hicache.engine import extension  # noqa: E402
-from tutti_hicache.layout import PageGeometry  # noqa: E402
-from tutti_hicache.store import ObjectStore  # noqa: E402
+from tutti_hicache.config import TuttiConfig
+from tutti_hicache.engine import extension
+from tutti_hicache.layout import PageGeometry
+from tutti_hicache.store import ObjectStore
 
 GEOM = PageGeometry("mha", 8, 64, 8 * 128 * 2, 8 * 128 * 2)  # "small": 2 MiB pages
 

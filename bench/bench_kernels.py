@@ -15,19 +15,15 @@ SMs from ``tutti_hicache.green``; it reports the compute's slowdown and the scat
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 DRY_RUN = "--dry-run" in sys.argv
 if DRY_RUN:
     os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -46,17 +42,9 @@ TINY = {"llama3-8b": (False, 4, 2, 8), "mla-576": (True, 4, 1, 24)}
 
 
 def load_kernels():
-    """``tutti_hicache.triton_kernels`` when installed, else the repository's ``triton_kernels/`` by path."""
-    try:
-        return importlib.import_module("tutti_hicache.triton_kernels")
-    except ImportError:
-        spec = importlib.util.spec_from_file_location(
-            "_tutti_triton_kernels", ROOT / "triton_kernels" / "__init__.py",
-            submodule_search_locations=[str(ROOT / "triton_kernels")])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
+    """The kernels (the installed package ``tutti_kernels``), imported after TRITON_INTERPRET is set."""
+    import tutti_kernels
+    return tutti_kernels
 
 
 REPEATS = 1

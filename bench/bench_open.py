@@ -11,17 +11,14 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tutti_hicache.config import TuttiConfig  # noqa: E402
-from tutti_hicache.engine import extension  # noqa: E402
-from tutti_hicache.layout import PageGeometry, SlotLayout  # noqa: E402
-from tutti_hicache.store import ObjectStore  # noqa: E402
+from tutti_hicache.config import TuttiConfig
+from tutti_hicache.engine import extension
+from tutti_hicache.layout import PageGeometry, SlotLayout
+from tutti_hicache.store import ObjectStore
 
 GEOM = PageGeometry("mla", 1, 16, 256, 0)  # one 4 KiB object: an 8 KiB slot
 

@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import sys
 import tempfile
 import threading
 import time
@@ -30,11 +28,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tutti_hicache.config import TuttiConfig  # noqa: E402
-from tutti_hicache.layerwise import LayerCounter, LayerwiseKV  # noqa: E402
-from tutti_hicache.layout import PageGeometry  # noqa: E402
+from tutti_hicache.config import TuttiConfig
+from tutti_hicache.layerwise import LayerCounter, LayerwiseKV
+from tutti_hicache.layout import PageGeometry
 
 ENGINE, VERIFY, STAGE_DEPTH, THREADS = "auto", True, TuttiConfig().stage_depth, 16
 LLAMA = dict(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, mlp=14336, page=64)

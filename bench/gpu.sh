@@ -47,7 +47,7 @@ family_store() {  # L3 -> host restore: tutti vs raw O_DIRECT vs SGLang's file, 
     case "$m" in array-*) echo "store: bench store takes one directory, $m has several" >&2; rc=2; continue ;; esac
     dir=$(media_dirs "$m") || { rc=1; continue; }
     echo "== medium $m: $dir ($(findmnt -no SOURCE,FSTYPE --target "$dir" | xargs))"
-    bench_run "$m" python3 -m tutti_hicache.cli bench store --medium "$dir" "$@" \
+    bench_run "$m" python3 -P -m tutti_hicache.cli bench store --medium "$dir" "$@" \
       --json "$OUT/store_$m${TAG:+_$TAG}.json" || rc=$?
   done
   bench/media.sh teardown
@@ -72,7 +72,7 @@ family_kernels() {  # scatter/gather bandwidth vs a D2D copy, and interference w
 
 family_profile() {  # per-layer compute windows -> the scheduler's slack table (no media)
   setup
-  bench_run - python3 -m tutti_hicache.cli profile "$@" --out "$OUT/profile${TAG:+_$TAG}.json"
+  bench_run - python3 -P -m tutti_hicache.cli profile "$@" --out "$OUT/profile${TAG:+_$TAG}.json"
 }
 
 family_e2e() {

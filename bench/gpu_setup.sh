@@ -20,9 +20,7 @@ if ! (cd /tmp && python3 -c "import tutti_hicache._engine") 2>/dev/null; then
   python3 -m pip install -q --no-build-isolation --no-deps . \
     > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; return 1 2>/dev/null || exit 1; }
 fi
-# The checkout shadows the installed package when run from here: give it the built extension
-# and the kernels at their installed name.
-cp "$(cd /tmp && python3 -c 'import tutti_hicache._engine as e; print(e.__file__)')" tutti_hicache/
-ln -sfn ../triton_kernels tutti_hicache/triton_kernels
-python3 -c "import tutti_hicache._engine as e, torch; print('tutti engine: uring' if e.uring_compiled() else 'posix only', '| torch', torch.__version__, torch.cuda.get_device_name())"
+# From here on, Python runs with -P (or a script path) so the checkout's tutti_hicache/ (source
+# only) never shadows the installed package: bench scripts import the installed one.
+python3 -P -c "import tutti_hicache._engine as e, torch; print('tutti engine: uring' if e.uring_compiled() else 'posix only', '| torch', torch.__version__, torch.cuda.get_device_name())"
 (cd /tmp && python3 -c "import sglang; print('sglang', sglang.__version__)") 2>&1 | tail -1

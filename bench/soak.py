@@ -38,13 +38,11 @@ import traceback
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tutti_hicache.config import TuttiConfig  # noqa: E402
-from tutti_hicache.engine import extension  # noqa: E402
-from tutti_hicache.identity import make_identity  # noqa: E402
-from tutti_hicache.layout import PageGeometry  # noqa: E402
-from tutti_hicache.testdata import page_content  # noqa: E402
+from tutti_hicache.config import TuttiConfig
+from tutti_hicache.engine import extension
+from tutti_hicache.identity import make_identity
+from tutti_hicache.layout import PageGeometry
+from tutti_hicache.testing.pagedata import page_content
 
 # cumulative counters, one row per worker in shared memory
 FIELDS = ("write_ops", "write_pages", "write_refused", "write_bytes", "read_ops", "read_pages",

@@ -12,7 +12,7 @@
 #                      on machines where `pip install torch==X` would pick a CUDA build.
 #
 # Idempotent: re-running installs only what is missing. torchvision is NOT installed (PyPI's wheels
-# need CUDA torch); tests stub it (tutti_hicache/_sglang_harness.py).
+# need CUDA torch); tests stub it (tutti_hicache/testing/).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -131,7 +131,7 @@ main() {
   fi
   # Import check through the harness: a bare `import sglang` needs the torchvision stub.
   (cd "$REPO" && "$VENV/bin/python" -c 'import torch
-from tutti_hicache._sglang_harness import ensure_sglang
+from tutti_hicache.testing.sglang import ensure_sglang
 print("torch", torch.__version__, "sglang", ensure_sglang(), "imports OK")')
   log "done: activate with . $VENV/bin/activate"
 }

@@ -1,8 +1,9 @@
-"""Shared test setup: markers `gpu` and `sglang`, the `sglang` fixture, the `store_dirs` fixture.
+"""Shared test setup: Triton's interpreter without CUDA, skips for the `gpu` and `sglang` markers, the
+`sglang` fixture, the `store_dirs` fixture.
 
 SGLang is never imported at collection: tests that need it take the `sglang` fixture (or call
 `require_sglang()`), which imports it on first use (torchvision stub included, see
-tutti_hicache._sglang_harness) and skips with the reason when it is not installed.
+tutti_hicache.testing.sglang) and skips with the reason when it is not installed.
 """
 
 from __future__ import annotations
@@ -17,8 +18,14 @@ import pytest
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
-    config.addinivalue_line("markers", "sglang: needs SGLang installed (skipped without it)")
+    """Without CUDA the Triton kernels run in Triton's interpreter. Set here, once, before any test
+    module imports triton, so every test sees the same mode whatever the collection order (the
+    markers themselves are declared in pyproject.toml)."""
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -46,16 +53,16 @@ def require_sglang() -> str:
     """
     if importlib.util.find_spec("sglang") is None:
         pytest.skip("sglang is not installed (scripts/setup_env.sh installs it)")
-    from tutti_hicache import _sglang_harness
+    from tutti_hicache.testing import sglang as _sglang_harness
 
     return _sglang_harness.ensure_sglang()
 
 
 @pytest.fixture
 def sglang():
-    """The harness module (tutti_hicache._sglang_harness) with SGLang imported; skips without it."""
+    """The harness module (tutti_hicache.testing.sglang) with SGLang imported; skips without it."""
     require_sglang()
-    from tutti_hicache import _sglang_harness
+    from tutti_hicache.testing import sglang as _sglang_harness
 
     return _sglang_harness
 

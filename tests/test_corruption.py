@@ -15,7 +15,7 @@ import random
 import numpy as np
 import pytest
 
-from tutti_hicache.testdata import page_content
+from tutti_hicache.testing.pagedata import page_content
 from tutti_hicache import header
 from tutti_hicache.cli import main as cli_main
 from tutti_hicache.config import TuttiConfig

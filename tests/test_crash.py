@@ -47,7 +47,7 @@ try:
 except ImportError:  # standalone runs do not need pytest
     pytest = None
 
-from tutti_hicache.testdata import page_content
+from tutti_hicache.testing.pagedata import page_content
 from tutti_hicache.config import TuttiConfig
 from tutti_hicache.engine import engine_for, extension
 from tutti_hicache.layout import PageGeometry
@@ -196,7 +196,7 @@ def _set_page(pool, start: int, key: str) -> None:
 
 def _storage_child(dirs, trial: int, rng: random.Random, progress, started_w) -> None:
     import torch
-    from tutti_hicache import _sglang_harness as h
+    from tutti_hicache.testing import sglang as h
     torch.set_num_threads(1)
     st, pool = _storage(h, dirs, *POOLS[trial % len(POOLS)])
     idx = pool.alloc(POOL_PAGES * PAGE)
@@ -216,7 +216,7 @@ def _storage_child(dirs, trial: int, rng: random.Random, progress, started_w) ->
 
 
 def _storage_check(dirs, t: Trial) -> None:
-    from tutti_hicache import _sglang_harness as h
+    from tutti_hicache.testing import sglang as h
     st, pool = _storage(h, dirs, *POOLS[t.trial % len(POOLS)], verify=t.verify)
     try:
         keys = sorted(st.store.entries())
@@ -415,8 +415,8 @@ def main(argv=None) -> int:
     base = a.dir or tempfile.mkdtemp(prefix="tutti-crash-")
     modes = ["store", "storage"] if a.mode == "both" else [a.mode]
     if "storage" in modes:
-        from tutti_hicache import _sglang_harness
-        _sglang_harness.ensure_sglang()
+        from tutti_hicache.testing import sglang
+        sglang.ensure_sglang()
     results = []
     t0 = time.time()
     try:

@@ -144,7 +144,7 @@ def test_output_ids_cumulative_or_incremental():
 
 @pytest.mark.sglang
 def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
-    from tutti_hicache._sglang_harness import ensure_sglang
+    from tutti_hicache.testing.sglang import ensure_sglang
     ensure_sglang()
     from sglang.srt.server_args import ServerArgs
 

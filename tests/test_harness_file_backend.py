@@ -187,7 +187,7 @@ def test_dense_controller_class(sglang):
 
 
 def test_page_keys_are_distinct_hex():
-    from tutti_hicache._sglang_harness import make_page_keys
+    from tutti_hicache.testing.sglang import make_page_keys
 
     keys = make_page_keys(300, seed=1)
     assert len(set(keys)) == 300 and all(len(k) == 64 and int(k, 16) >= 0 for k in keys)

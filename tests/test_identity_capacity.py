@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from tutti_hicache.testdata import page_content
+from tutti_hicache.testing.pagedata import page_content
 from tutti_hicache.config import SETTINGS, TuttiConfig
 
 torch = pytest.importorskip("torch")

@@ -1,25 +1,19 @@
 """Scatter/gather kernels against their plain-torch references.
 
-Without CUDA the kernels run in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1``, set below before
-triton is imported). With CUDA they run compiled on "cuda" tensors; run with ``TRITON_INTERPRET=1`` there to
+Without CUDA the kernels run in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1``, which
+tests/conftest.py sets at configuration, before any test module imports triton). With CUDA they run
+compiled on "cuda" tensors; run with ``TRITON_INTERPRET=1`` there to
 also cover the interpreter ("cpu", and "cuda" through the interpreter's per-layer fallback).
 Pools are poisoned with a sentinel byte so that unwritten and over-written bytes both show.
 """
 
 import os
+import re
 
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import importlib  # noqa: E402
-import importlib.util  # noqa: E402
-import re  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
+import tutti_kernels as tk
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICES = (["cpu"] if INTERPRET else []) + (["cuda"] if torch.cuda.is_available() else [])
@@ -28,23 +22,6 @@ TOTAL_PAGES = 40  # pages in each pool; tests touch at most 33 of them
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.uint8]  # uint8: fp8 as SGLang stores it
 # (pages in the batch, page id dtype, obj_stride padding in bytes)
 BATCHES = [(1, torch.int32, 0), (3, torch.int64, 48), (7, torch.int32, 0), (33, torch.int64, 4096 - 256)]
-
-
-def _load_kernels():
-    """``tutti_hicache.triton_kernels`` when installed, else the repository's ``triton_kernels/`` by path."""
-    try:
-        return importlib.import_module("tutti_hicache.triton_kernels")
-    except ImportError:
-        root = Path(__file__).resolve().parents[1] / "triton_kernels"
-        spec = importlib.util.spec_from_file_location(
-            "_tutti_triton_kernels", root / "__init__.py", submodule_search_locations=[str(root)])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
-
-
-tk = _load_kernels()
 
 
 def random_bytes(nbytes, seed):

@@ -30,7 +30,7 @@ def test_hook_targets_exist_in_the_installed_sglang(sglang):
 
 PLUGIN_SCRIPT = textwrap.dedent("""
     import argparse, sys, tempfile
-    from tutti_hicache import _sglang_harness as h
+    from tutti_hicache.testing import sglang as h
     h.ensure_sglang()
     from importlib.metadata import entry_points
     assert any(ep.value == "tutti_hicache.plugin:register"

@@ -214,7 +214,7 @@ def test_failure_injector_never_escapes(sglang, tmp_path, monkeypatch):
 
 def _mp_worker(kind, tp_rank, dirs, seed, q):
     try:
-        from tutti_hicache import _sglang_harness as h
+        from tutti_hicache.testing import sglang as h
         h.ensure_sglang()
         from tutti_hicache.storage import is_storage_writer
         layout = "layer_first"

@@ -21,7 +21,7 @@ from . import __version__
 
 
 def _bench_spec(a):
-    from .bench_store import BenchSpec
+    from .benchmarks.store import BenchSpec
     return BenchSpec(medium=a.medium, geometry=a.geometry, pages=a.pages, layout=a.layout,
                      engine=a.engine, io_mode=a.io_mode, queue_depth=a.queue_depth,
                      threads=a.threads, with_file=not a.no_file, keep=False, seed=a.seed,
@@ -29,7 +29,7 @@ def _bench_spec(a):
 
 
 def cmd_bench_store(a) -> int:
-    from .bench_store import run, table
+    from .benchmarks.store import run, table
     try:
         res = run(_bench_spec(a))
     except ValueError as e:  # a spec this machine cannot run (nothing written)
@@ -45,7 +45,7 @@ def cmd_bench_store(a) -> int:
 
 
 def cmd_demo(a) -> int:
-    from .bench_store import run, table
+    from .benchmarks.store import run, table
     base = a.dir or tempfile.mkdtemp(prefix="tutti-demo-", dir=_default_demo_dir())
     a.medium = base
     print(f"tutti demo: {a.pages} pages of a '{a.geometry}' model under {base}\n"
@@ -165,7 +165,7 @@ def cmd_cost(a) -> int:
 
 
 def _add_bench_args(p, pages: int, geometry: str) -> None:
-    from .bench_store import GEOMETRIES
+    from .benchmarks.store import GEOMETRIES
     from .config import SETTINGS
     default = {s.name: s for s in SETTINGS}
     p.add_argument("--geometry", default=geometry, choices=sorted(GEOMETRIES))

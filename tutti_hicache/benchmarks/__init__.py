@@ -1,3 +1,8 @@
-"""Benchmarks shipped with the package (the way kvikio ships its own): the pure parts of the
-end-to-end server benchmark (`e2e`: workload, summaries, reports), importable from the runner
-scripts in the repository's bench/ folder and from the tests alike."""
+"""Benchmarks shipped with the package (the way kvikio ships its own), importable from the runner
+scripts in the repository's bench/ folder, the CLI and the tests alike:
+
+    store   `tutti-hicache bench store` and `demo`: L3 -> host-pool restore beside the raw medium
+            and SGLang's `file` backend, through SGLang's real controller methods
+    rawio   the raw O_DIRECT reference every figure is set against
+    e2e     the pure parts of the end-to-end server benchmark (workload, summaries, reports)
+"""

@@ -186,7 +186,7 @@ class Loader:
             self._scatter(dev[layer * per_layer:(layer + 1) * per_layer], layer, ids)
 
     def _scatter(self, staging, layer: int, page_ids) -> None:
-        from .. import triton_kernels as tk
+        import tutti_kernels as tk
         fn = tk.scatter_layer if self._cuda else tk.scatter_layer_ref
         v_buf = None if self._v_bufs is None else self._v_bufs[layer]
         fn(staging, self._k_bufs[layer], v_buf, page_ids, self._page_size, self._obj_stride)

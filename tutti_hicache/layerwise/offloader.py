@@ -117,7 +117,7 @@ class Offloader:
 
     def gather(self, dev, page_ids) -> None:
         """Every layer of pages `page_ids` into device staging `dev` (on the current stream)."""
-        from .. import triton_kernels as tk
+        import tutti_kernels as tk
         tk.gather_pages(dev, self._k_bufs, self._v_bufs, page_ids, self._page_size,
                         self._obj_stride)
 
@@ -142,7 +142,7 @@ class Offloader:
                             offload_seconds=time.perf_counter() - t0)
 
     def _offload_chunk(self, keys: list, page_ids) -> bool:
-        from .. import triton_kernels as tk
+        import tutti_kernels as tk
         n, m, stride = len(keys), self._objs_per_page, self._obj_stride
         k = self._out.take()
         host = self._out.host[k][: n * m * stride]

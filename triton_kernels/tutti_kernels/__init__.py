@@ -1,7 +1,8 @@
 """Triton kernels that move KV objects between SGLang's paged device pools and contiguous staging.
 
-Installed as ``tutti_hicache.triton_kernels`` (the bare name ``triton_kernels`` belongs to another package), so
-modules here import each other relatively and never import ``tutti_hicache``.
+The package ``tutti_kernels``, rooted in the repository's ``triton_kernels/`` folder (the bare name
+``triton_kernels`` belongs to sglang-kernel's package); its modules import each other relatively and never
+import ``tutti_hicache``.
 
 * ``scatter_layer`` / ``scatter_pages``: staging -> pool (restore).
 * ``gather_layer`` / ``gather_pages``: pool -> staging (offload).

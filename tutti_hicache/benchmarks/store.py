@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import _sglang_harness as H
-from .benchmarks.rawio import drop_page_cache, raw_read_GBps, write_raw_file  # noqa: F401
-from .config import TuttiConfig
+from ..config import TuttiConfig
+from ..testing import sglang as H
+from .rawio import drop_page_cache, raw_read_GBps, write_raw_file  # noqa: F401
 
 _DEFAULTS = TuttiConfig()
 
@@ -103,7 +103,7 @@ def _timed(fn, lat: list):
 
 
 def _tutti_backend(spec: BenchSpec, store_dir: str, pool, verify: bool):
-    from .storage import TuttiStorage
+    from ..storage import TuttiStorage
     extra = {"tutti_dirs": [store_dir], "tutti_capacity_gb": 1024.0, "tutti_engine": spec.engine,
              "tutti_io_mode": spec.io_mode, "tutti_queue_depth": spec.queue_depth,
              "tutti_threads": spec.threads, "tutti_verify": verify, **spec.extra}
@@ -216,7 +216,7 @@ def run(spec: BenchSpec) -> dict:
         p = pool.page_size
         src, dst = pool.alloc(spec.pages * p), pool.alloc(spec.pages * p)
         keys = H.make_page_keys(spec.pages, spec.seed)
-        from .hostmap import HostMap
+        from ..hostmap import HostMap
         hm = HostMap.from_pool(pool)
         nbytes = spec.pages * hm.geometry.page_nbytes
         res = {"spec": asdict(spec), "sglang": version, "bytes": nbytes,
