@@ -29,8 +29,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip `gpu` tests without CUDA and `sglang` tests without SGLang, with the reason."""
-    gpu_items = [item for item in items if "gpu" in item.keywords]
+    """Skip `gpu` tests without CUDA and `sglang` tests without SGLang, with the reason. By marker,
+    not keyword: a test's keywords also hold its directories' names (tests/gpu/, tests/sglang/)."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_items:
         import torch
 
@@ -41,7 +42,7 @@ def pytest_collection_modifyitems(config, items):
     if importlib.util.find_spec("sglang") is None:
         skip = pytest.mark.skip(reason="sglang is not installed (scripts/setup_env.sh installs it)")
         for item in items:
-            if "sglang" in item.keywords:
+            if item.get_closest_marker("sglang"):
                 item.add_marker(skip)
 
 
