@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 pytestmark = pytest.mark.sglang
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_version_gate():

@@ -68,7 +68,7 @@ def test_unwritable_dir(tmp_path):
 
 
 def test_settings_doc_is_in_sync():
-    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "settings.md")) as f:
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "settings.md")) as f:
         doc = f.read()
     assert settings_markdown() in doc, "regenerate docs/settings.md from config.settings_markdown()"
     for s in SETTINGS:
