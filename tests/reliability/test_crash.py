@@ -373,6 +373,7 @@ if pytest is not None:
             self._real.close()
             self._on_close()
 
+    @pytest.mark.slow  # the held re-scan waits out its 2 s hold
     def test_close_during_a_rescan_is_quiet(tmp_path, caplog):
         import threading
         dirs = [tmp_path / "a", tmp_path / "b"]
