@@ -1,5 +1,8 @@
-"""Config: precedence, validation errors that name the key, directory checks."""
+"""Config: precedence, validation errors that name the key (every setting, generated from
+SETTINGS: wrong types through the SGLang adapter, below the minimum, bad environment values,
+non-finite numbers), directory checks."""
 
+import math
 import os
 
 import pytest
@@ -59,14 +62,6 @@ def test_check_dirs(tmp_path):
     assert new.is_dir() and (new.stat().st_mode & 0o777) == 0o700
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
-def test_unwritable_dir(tmp_path):
-    d = tmp_path / "ro"
-    d.mkdir(mode=0o500)
-    with pytest.raises(ValueError, match="not writable"):
-        check_dirs(TuttiConfig(dirs=(str(d),)))
-
-
 def test_settings_doc_is_in_sync():
     with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "settings.md")) as f:
         doc = f.read()
@@ -80,3 +75,97 @@ def test_directory_without_o_direct_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(engine, "probe_o_direct", lambda d: False)
     with pytest.raises(ValueError, match="tutti_dirs: the filesystem of .* refuses O_DIRECT"):
         check_dirs(TuttiConfig(dirs=(str(tmp_path),)))
+
+
+# ------------------------------------------------ every setting, generated from SETTINGS
+def _wrong_values(s):
+    return {
+        "str": [5, 1.5, None, ["x"]],
+        "choice": [5, None, "no-such-choice", ["auto"]],
+        "int": ["many", 1.5, True, None, [1], "1e3"],
+        "float": ["lots", True, None, [1.0], {}],
+        "bool": ["maybe", 2, None, [True], 0.5],
+        "dirs": [3, [3], [""], {"a": 1}, True],
+    }[s.kind]
+
+
+WRONG = [(s.name, v) for s in SETTINGS for v in _wrong_values(s)]
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("name,value", WRONG, ids=[f"{n}-{i}" for i, (n, _) in enumerate(WRONG)])
+def test_wrong_type_is_a_value_error_naming_the_key(sglang, tmp_path, name, value):
+    from tutti_hicache.storage import TuttiStorage
+    extra = {"tutti_dirs": [str(tmp_path)], f"tutti_{name}": value}
+    with pytest.raises(ValueError, match=f"tutti_{name}"):
+        TuttiStorage(sglang.make_storage_config(extra_config=extra), {})
+
+
+BELOW = [(s.name, s.minimum - (1 if s.kind == "int" else 1e-3))
+         for s in SETTINGS if s.minimum is not None]
+
+
+@pytest.mark.parametrize("name,value", BELOW, ids=[n for n, _ in BELOW])
+def test_out_of_range_is_a_value_error_naming_the_key(name, value):
+    with pytest.raises(ValueError, match=f"tutti_{name}"):
+        TuttiConfig.from_sources({"tutti_dirs": ["/x"], f"tutti_{name}": value}, env={})
+
+
+ENV_BAD = [(s.name, {"int": "many", "float": "lots", "bool": "maybe", "choice": "bogus"}[s.kind])
+           for s in SETTINGS if s.kind in ("int", "float", "bool", "choice")]
+
+
+@pytest.mark.parametrize("name,value", ENV_BAD, ids=[n for n, _ in ENV_BAD])
+def test_bad_environment_value_names_the_variable(name, value):
+    var = f"TUTTI_HICACHE_{name.upper()}"
+    with pytest.raises(ValueError, match=var):
+        TuttiConfig.from_sources({"tutti_dirs": ["/x"]}, env={var: value})
+
+
+NON_FINITE = [(s.name, v) for s in SETTINGS if s.kind == "float"
+              for v in (math.inf, math.nan, "inf", "nan")]
+
+
+@pytest.mark.parametrize("name,value", NON_FINITE,
+                         ids=[f"{n}-{v}" for n, v in NON_FINITE])
+def test_non_finite_numbers_are_refused(name, value):
+    with pytest.raises(ValueError, match=f"tutti_{name}"):
+        TuttiConfig.from_sources({"tutti_dirs": ["/x"], f"tutti_{name}": value}, env={})
+
+
+@pytest.mark.sglang
+def test_missing_and_unusable_directories(sglang, tmp_path):
+    from tutti_hicache.storage import TuttiStorage
+    h = sglang
+    new = tmp_path / "not" / "yet" / "there"
+    st = TuttiStorage(h.make_storage_config(extra_config={"tutti_dirs": [str(new)]}), {})
+    assert new.is_dir() and new.stat().st_mode & 0o777 == 0o700
+    st.close()
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for d in (afile, afile / "below"):
+        with pytest.raises(ValueError, match="tutti_dirs"):
+            TuttiStorage(h.make_storage_config(extra_config={"tutti_dirs": [str(d)]}), {})
+    with pytest.raises(ValueError, match="tutti_dirs"):
+        TuttiStorage(h.make_storage_config(extra_config={}), {})
+
+
+@pytest.mark.sglang
+def test_unwritable_directory(sglang, tmp_path, mount_tmpfs):
+    from tutti_hicache.storage import TuttiStorage
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mounted = False
+    if os.geteuid() == 0:  # root writes through modes: a read-only filesystem it is
+        err = mount_tmpfs(ro, "ro,size=1m")  # unmounted after the test
+        if err:
+            pytest.skip(f"cannot mount a read-only tmpfs: {err}")
+        mounted = True
+    else:
+        ro.chmod(0o500)
+    try:
+        with pytest.raises(ValueError, match="tutti_dirs.*not writable"):
+            TuttiStorage(sglang.make_storage_config(extra_config={"tutti_dirs": [str(ro)]}), {})
+    finally:
+        if not mounted:
+            ro.chmod(0o700)
