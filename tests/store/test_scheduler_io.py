@@ -60,13 +60,12 @@ class Recorder:
         return self._call("r" if op == "read" else "w", op, file, *a)
 
     def read_stream(self, file, *a):
-        stream = self.real_engine.read_stream(file, *a)
         if self.store is None:
-            return stream
+            return self.real_engine.read_stream(file, *a)
         rec = ["r", {self._dir(int(f)) for f in np.unique(file)}, time.monotonic(), None]
         with self.lock:
-            self.log.append(rec)
-        return RecordedStream(stream, rec, self.lock)
+            self.log.append(rec)  # from before its first request can go out
+        return RecordedStream(self.real_engine.read_stream(file, *a), rec, self.lock)
 
 
 class RecordedStream:
