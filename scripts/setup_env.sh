@@ -121,7 +121,7 @@ main() {
   if [[ -f $REPO/pyproject.toml ]]; then
     # Editable: tests run from the repository root, whose tutti_hicache/ would otherwise shadow an
     # installed copy and its compiled extension.
-    # The build requirements in the venv too: tests/test_build.py configures a clean build with them.
+    # The build requirements in the venv too: tests/engine/test_build.py configures a clean build with them.
     log "build requirements: scikit-build-core pybind11"
     vpip -c "$constraints" "scikit-build-core>=0.10" "pybind11>=2.12"
     log "project: -e $REPO[test]"

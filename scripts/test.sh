@@ -5,8 +5,8 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
-STORAGE_TESTS=(tests/test_storage_sglang.py tests/test_harness_file_backend.py
-  tests/test_plugin_and_patches.py tests/test_cli.py)
+STORAGE_TESTS=(tests/sglang/test_storage_sglang.py tests/sglang/test_harness_file_backend.py
+  tests/sglang/test_plugin_and_patches.py tests/sglang/test_cli.py)
 
 scripts/setup_env.sh --sglang 0.5.23 --venv "$REPO/.venv"
 echo "== tests, SGLang 0.5.23 =="

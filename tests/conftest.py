@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -29,8 +31,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip `gpu` tests without CUDA and `sglang` tests without SGLang, with the reason."""
-    gpu_items = [item for item in items if "gpu" in item.keywords]
+    """Skip `gpu` tests without CUDA and `sglang` tests without SGLang, with the reason. By marker,
+    not keyword: a test's keywords also hold its directories' names (tests/gpu/, tests/sglang/)."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_items:
         import torch
 
@@ -41,7 +44,7 @@ def pytest_collection_modifyitems(config, items):
     if importlib.util.find_spec("sglang") is None:
         skip = pytest.mark.skip(reason="sglang is not installed (scripts/setup_env.sh installs it)")
         for item in items:
-            if "sglang" in item.keywords:
+            if item.get_closest_marker("sglang"):
                 item.add_marker(skip)
 
 
@@ -89,3 +92,31 @@ def store_dirs(request, tmp_path):
         yield [path]
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def mount_tmpfs():
+    """mount_tmpfs(path, options) mounts a tmpfs there (root only) and returns "" or mount's error;
+    every mount is undone after the test."""
+    mounted = []
+
+    def mount(path, options):
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "none", str(path)],
+                           capture_output=True, text=True)
+        if r.returncode:
+            return r.stderr.strip() or f"mount exited {r.returncode}"
+        mounted.append(path)
+        return ""
+
+    yield mount
+    for path in reversed(mounted):
+        _umount(path)
+
+
+def _umount(mnt):
+    """io_uring drops its file references asynchronously after close: retry, then detach."""
+    for _ in range(50):
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.1)
+    subprocess.run(["umount", "-l", str(mnt)], check=True)

@@ -23,6 +23,7 @@ def records(caplog):
     return [r for r in caplog.records if r.name == "tutti_hicache.green"]
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch (about 2 s)
 def test_import_touches_neither_cuda_nor_cuda_python():
     code = ("import sys, torch, tutti_hicache.green; "
             "assert not any(m == 'cuda' or m.startswith('cuda.') for m in sys.modules), 'cuda-python imported'; "

@@ -110,6 +110,7 @@ good_headers = st.builds(
 
 
 # ------------------------------------------------------------------------------ round trip
+@pytest.mark.slow  # 500-1200 examples: seconds each on 2 cores
 @settings(max_examples=n(500), **SETTINGS)
 @given(key=keys, slot=st.integers(0, 2**62), seq=st.integers(0, header.MAX_SEQ - 1), checksum=U64,
        units=st.lists(U64, min_size=N_UNITS, max_size=N_UNITS), created=U64)
@@ -133,6 +134,7 @@ def test_pack_refuses_too_many_units():
 
 
 # ------------------------------------------------------------------------- arbitrary bytes
+@pytest.mark.slow  # 500-1200 examples: seconds each on 2 cores
 @settings(max_examples=n(500), **SETTINGS)
 @given(data=st.binary(min_size=HEADER_NBYTES, max_size=HEADER_NBYTES), slot=SLOTS)
 @example(data=bytes(HEADER_NBYTES), slot=0)
@@ -157,6 +159,7 @@ def test_magic_prefixed_garbage(prefix, slot):
 
 
 # -------------------------------------------------------------------------- mutated headers
+@pytest.mark.slow  # 500-1200 examples: seconds each on 2 cores
 @settings(max_examples=n(800), **SETTINGS)
 @given(raw=good_headers, flips=st.lists(st.tuples(st.integers(0, HEADER_NBYTES - 1),
                                                   st.integers(0, 7)), min_size=1, max_size=8))
@@ -183,6 +186,7 @@ FIELDS = {
 }
 
 
+@pytest.mark.slow  # 500-1200 examples: seconds each on 2 cores
 @settings(max_examples=n(1200), **SETTINGS)
 @given(raw=good_headers, names=st.sets(st.sampled_from(sorted(FIELDS)), min_size=1, max_size=4),
        data=st.data())
@@ -202,6 +206,7 @@ def test_resealed_field_changes_follow_the_format(raw, names, data):
     assert_valid_means_roundtrip(raw, slot)
 
 
+@pytest.mark.slow  # 500-1200 examples: seconds each on 2 cores
 @settings(max_examples=n(500), **SETTINGS)
 @given(raw=good_headers, key=st.binary(min_size=1, max_size=256))
 def test_resealed_arbitrary_key_bytes(raw, key):

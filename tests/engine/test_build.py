@@ -19,7 +19,7 @@ import pytest
 
 from tutti_hicache.engine import extension
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SYSTEM_HEADERS = re.compile(r"^/usr/(local/)?include/(liburing|xxhash\.h|xxh3\.h)")
 
 

@@ -240,6 +240,7 @@ def _spawn(kind, tp_rank, dirs, seed):
     return p, q
 
 
+@pytest.mark.slow  # spawned processes re-import SGLang (about 10 s)
 def test_mla_writer_rank_and_reader_rank_share_pages(sglang, tmp_path):
     """MLA is rank-replicated: tp0 writes, tp1 (another process) finds and reads the same pages."""
     h = sglang
@@ -264,6 +265,7 @@ def test_mla_writer_rank_and_reader_rank_share_pages(sglang, tmp_path):
         p.join(60)
 
 
+@pytest.mark.slow  # spawned processes re-import SGLang (about 10 s)
 def test_mha_tp_ranks_share_directories_without_cross_talk(sglang, tmp_path):
     """Two MHA tp ranks (two processes) store the same keys with different head shards."""
     h = sglang

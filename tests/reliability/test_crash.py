@@ -17,8 +17,8 @@ Per trial: pages acknowledged before the kill, pages present after, failed reads
 Invariants, every trial: failed reads == 0, mismatches == 0, and no header the reopen scan
 could not trust (bad headers == 0: no torn header either).
 
-    TUTTI_CRASH_TRIALS=200 pytest -q tests/test_crash.py      # more trials in the suite
-    python tests/test_crash.py --trials 1000 [--mode store|storage|both] [--dir D] [--seed S]
+    TUTTI_CRASH_TRIALS=200 pytest -q tests/reliability/test_crash.py      # more trials in the suite
+    python tests/reliability/test_crash.py --trials 1000 [--mode store|storage|both] [--dir D] [--seed S]
                                [--json trials.json]
 """
 
@@ -373,6 +373,7 @@ if pytest is not None:
             self._real.close()
             self._on_close()
 
+    @pytest.mark.slow  # the held re-scan waits out its 2 s hold
     def test_close_during_a_rescan_is_quiet(tmp_path, caplog):
         import threading
         dirs = [tmp_path / "a", tmp_path / "b"]

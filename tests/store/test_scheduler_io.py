@@ -1,6 +1,7 @@
-"""The scheduler with real I/O: a store's reads and writes from two threads never overlap on a
-directory (checked on the engine calls themselves), refusal at the backlog bound, and the
-linker pipeline opening slack-table write windows while its reads are ahead of the forward."""
+"""The scheduler with real I/O: a store's reads (submit calls and layer-wise read streams) and
+writes from two threads never overlap on a directory (checked on the engine calls themselves),
+refusal at the backlog bound, and the linker pipeline opening slack-table write windows while its
+reads are ahead of the forward."""
 
 import threading
 import time
@@ -27,7 +28,8 @@ def make_store(dirs, engine=None, **extra):
 
 class Recorder:
     """Wraps the engine (give it to the store): once start(store) is called, logs (kind,
-    devices, start, end) of every submit call."""
+    devices, start, end) of every submit call, and of every read stream ("r", from its creation
+    until its join or cancel returned; end None while it is open)."""
 
     def __init__(self, real_engine):
         self.store, self.log, self.lock = None, [], threading.Lock()
@@ -56,6 +58,50 @@ class Recorder:
 
     def submit(self, op, file, *a):
         return self._call("r" if op == "read" else "w", op, file, *a)
+
+    def read_stream(self, file, *a):
+        if self.store is None:
+            return self.real_engine.read_stream(file, *a)
+        rec = ["r", {self._dir(int(f)) for f in np.unique(file)}, time.monotonic(), None]
+        with self.lock:
+            self.log.append(rec)  # from before its first request can go out
+        return RecordedStream(self.real_engine.read_stream(file, *a), rec, self.lock)
+
+
+class RecordedStream:
+    """A read stream whose log record ends when its join or cancel returns."""
+
+    def __init__(self, stream, rec, lock):
+        self.stream, self.rec, self.lock = stream, rec, lock
+
+    def __getattr__(self, name):  # allow(), wait()
+        return getattr(self.stream, name)
+
+    def _ended(self, out):
+        with self.lock:
+            self.rec[3] = time.monotonic()
+        return out
+
+    def cancel(self):
+        return self._ended(self.stream.cancel())
+
+    def join(self):
+        try:
+            return self.stream.join()
+        finally:
+            self._ended(None)
+
+
+def assert_no_overlap(log):
+    """No write ran on a directory while a read (a submit call or an open stream) was in flight."""
+    reads = [x for x in log if x[0] == "r"]
+    writes = [x for x in log if x[0] == "w"]
+    assert reads and writes
+    for _, rd, r0, r1 in reads:
+        r1 = float("inf") if r1 is None else r1  # a stream never joined holds on
+        for _, wd, w0, w1 in writes:
+            if rd & wd:
+                assert w1 <= r0 or r1 <= w0, "a write ran on a directory while a read was in flight"
 
 
 def pages(n, seed):
@@ -100,13 +146,72 @@ def test_reads_and_writes_never_overlap_on_a_directory(tmp_path):
     for t in ts:
         t.join()
     assert not errors
-    reads = [x for x in rec.log if x[0] == "r"]
-    writes = [x for x in rec.log if x[0] == "w"]
-    assert reads and writes
-    for _, rd, r0, r1 in reads:
-        for _, wd, w0, w1 in writes:
-            if rd & wd:
-                assert w1 <= r0 or r1 <= w0, "a write ran on a directory while a read was in flight"
+    assert_no_overlap(rec.log)
+    store.close()
+
+
+def test_layer_streams_and_writes_never_overlap_on_a_directory(tmp_path):
+    """The same invariant on the layer-wise path: a stream_layers read holds its directories
+    from the stream's first request until it is joined, and writes wait."""
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    rec = Recorder(engine_for(store_config(dirs)))
+    store = make_store(dirs, engine=rec, tutti_write_window_ms=1.0)
+    rbuf, raddr = pages(32, 1)
+    keys = [f"r{i:063d}" for i in range(32)]
+    assert store.write_pages(keys, raddr, True).all()
+    want = np.frombuffer(rbuf, np.uint8).reshape(32, len(GEOM.object_nbytes), 4096)
+    rec.start(store)
+    stop = threading.Event()
+    wbuf, waddr = pages(16, 2)
+    errors = []
+    stride = store.layer_object_stride()
+    per_layer = 2 * stride  # K and V of one layer
+    dst = extension().AlignedBuffer(GEOM.num_layers * 32 * per_layer)
+    got = np.frombuffer(dst, np.uint8).reshape(GEOM.num_layers, 32, 2, stride)
+    dsts = [dst.address + np.uint64(layer * 32 * per_layer) + np.arange(32, dtype=np.uint64) * np.uint64(per_layer)
+            for layer in range(GEOM.num_layers)]
+    streams = []
+
+    def reader():
+        while not stop.is_set():
+            entries = store.pin(keys)
+            try:
+                plan = store.plan_pages(entries)
+                chunks = [(layer, slice(None)) for layer in range(GEOM.num_layers)]
+                with store.stream_layers(plan, chunks, dsts) as s:
+                    for layer in range(GEOM.num_layers):
+                        s.allow(layer + 1)
+                        if not s.wait(layer).all():
+                            errors.append("stream")
+                streams.append(1)
+                for layer in range(GEOM.num_layers):
+                    k, v = GEOM.layer_objects(layer)
+                    if not (np.array_equal(got[layer, :, 0], want[:, k])
+                            and np.array_equal(got[layer, :, 1], want[:, v])):
+                        errors.append(f"bytes of layer {layer}")
+            finally:
+                store.unpin(entries)
+
+    def writer():
+        k = 0
+        while not stop.is_set():
+            ks = [f"w{k:04d}{j:059d}" for j in range(16)]
+            k += 1
+            if not store.write_pages(ks, waddr, True).all():
+                errors.append("write")
+            store.forget(ks)
+
+    ts = [threading.Thread(target=reader), threading.Thread(target=writer)]
+    for t in ts:
+        t.start()
+    time.sleep(1.5)
+    stop.set()
+    for t in ts:
+        t.join()
+    assert not errors, errors[:5]
+    assert streams
+    assert all(x[3] is not None for x in rec.log if x[0] == "r"), "a stream was never joined"
+    assert_no_overlap(rec.log)
     store.close()
 
 

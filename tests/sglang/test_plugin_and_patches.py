@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 pytestmark = pytest.mark.sglang
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_version_gate():
@@ -62,6 +62,7 @@ PLUGIN_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a subprocess that imports SGLang with the plugin (about 10 s)
 def test_plugin_makes_tutti_a_backend_name(sglang, tmp_path):
     env = dict(os.environ, SGLANG_PLUGINS="tutti")
     r = subprocess.run([sys.executable, "-c", PLUGIN_SCRIPT], capture_output=True, text=True,

@@ -15,6 +15,7 @@ def test_demo_verifies_every_byte(sglang, tmp_path, capsys):
     assert "all restored bytes verified" in out and "SGLang file restore" in out
 
 
+@pytest.mark.slow  # a benchmark run (three backends, read and write)
 def test_bench_store_json_keys(sglang, tmp_path):
     out = tmp_path / "r.json"
     assert main(["bench", "store", "--medium", str(tmp_path), "--geometry", "small",
