@@ -120,7 +120,6 @@ def test_reads_and_writes_never_overlap_on_a_directory(tmp_path):
     assert store.write_pages(keys, raddr, True).all()
     rec.start(store)
     stop = threading.Event()
-    wbuf, waddr = pages(16, 2)
     errors = []
 
     def reader():
@@ -128,6 +127,16 @@ def test_reads_and_writes_never_overlap_on_a_directory(tmp_path):
         while not stop.is_set():
             if not store.read_pages(keys, daddr, True).all():
                 errors.append("read")
+
+    run_beside_a_writer(store, reader, stop, errors)
+    assert not errors
+    assert_no_overlap(rec.log)
+    store.close()
+
+
+def run_beside_a_writer(store, reader, stop, errors, seconds=1.5):
+    """`reader` and a writer of 16-page batches (each forgotten again) on `store` for `seconds`."""
+    wbuf, waddr = pages(16, 2)
 
     def writer():
         k = 0
@@ -141,13 +150,10 @@ def test_reads_and_writes_never_overlap_on_a_directory(tmp_path):
     ts = [threading.Thread(target=reader), threading.Thread(target=writer)]
     for t in ts:
         t.start()
-    time.sleep(1.5)
+    time.sleep(seconds)
     stop.set()
     for t in ts:
         t.join()
-    assert not errors
-    assert_no_overlap(rec.log)
-    store.close()
 
 
 def test_layer_streams_and_writes_never_overlap_on_a_directory(tmp_path):
@@ -162,7 +168,6 @@ def test_layer_streams_and_writes_never_overlap_on_a_directory(tmp_path):
     want = np.frombuffer(rbuf, np.uint8).reshape(32, len(GEOM.object_nbytes), 4096)
     rec.start(store)
     stop = threading.Event()
-    wbuf, waddr = pages(16, 2)
     errors = []
     stride = store.layer_object_stride()
     per_layer = 2 * stride  # K and V of one layer
@@ -192,22 +197,7 @@ def test_layer_streams_and_writes_never_overlap_on_a_directory(tmp_path):
             finally:
                 store.unpin(entries)
 
-    def writer():
-        k = 0
-        while not stop.is_set():
-            ks = [f"w{k:04d}{j:059d}" for j in range(16)]
-            k += 1
-            if not store.write_pages(ks, waddr, True).all():
-                errors.append("write")
-            store.forget(ks)
-
-    ts = [threading.Thread(target=reader), threading.Thread(target=writer)]
-    for t in ts:
-        t.start()
-    time.sleep(1.5)
-    stop.set()
-    for t in ts:
-        t.join()
+    run_beside_a_writer(store, reader, stop, errors)
     assert not errors, errors[:5]
     assert streams
     assert all(x[3] is not None for x in rec.log if x[0] == "r"), "a stream was never joined"
