@@ -19,8 +19,10 @@ worker pools), so one thread's write batch never waits behind another thread's r
 from __future__ import annotations
 
 import errno
+import importlib.util
 import logging
 import os
+import sys
 import tempfile
 from types import ModuleType
 
@@ -32,8 +34,14 @@ _fallback_logged = False
 
 
 def extension() -> ModuleType:
+    """The compiled module: the installed one, or the file named by TUTTI_EXTENSION (a sanitizer
+    build that scripts/sanitize.sh made outside the package; the installed one stays as it is)."""
     global _ext
     if _ext is None:
+        path = os.environ.get("TUTTI_EXTENSION")
+        if path:
+            _ext = _load_extension_file(path)
+            return _ext
         try:
             from . import _engine  # type: ignore[attr-defined]
         except ImportError as e:
@@ -42,6 +50,17 @@ def extension() -> ModuleType:
                 f"with `pip install .` (needs a C++17 compiler and cmake): {e}") from e
         _ext = _engine
     return _ext
+
+
+def _load_extension_file(path: str) -> ModuleType:
+    """Load `path` as tutti_hicache._engine, so a later `from . import _engine` gets it too."""
+    spec = importlib.util.spec_from_file_location(f"{__package__}._engine", path)
+    if spec is None or not os.path.isfile(path):
+        raise ImportError(f"TUTTI_EXTENSION={path!r}: not a compiled extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    sys.modules[spec.name] = module
+    return module
 
 
 _DEFAULTS = TuttiConfig()

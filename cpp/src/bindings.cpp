@@ -181,6 +181,12 @@ PYBIND11_MODULE(_engine, m) {
     m.attr("URING_VENDORED_VERSION") = v;
   else
     m.attr("URING_VENDORED_VERSION") = py::none();
+  // The sanitizer this module was built under ("address", "thread"), None in a normal build.
+#ifdef TUTTI_SANITIZER
+  m.attr("SANITIZER") = TUTTI_SANITIZER;
+#else
+  m.attr("SANITIZER") = py::none();
+#endif
   m.def("checksum_groups", &checksum_groups, py::arg("addr"), py::arg("nbytes"),
         py::arg("group_start"), py::arg("threads") = 1);
   m.def("memcpy_batch", &memcpy_batch, py::arg("dst"), py::arg("src"), py::arg("nbytes"),

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <deque>
 
+#include "tutti/detail/kernel_access.hpp"
 #include "tutti/detail/plan.hpp"
 #include "tutti/detail/stream.hpp"
 
@@ -126,14 +127,26 @@ class Ring {
   void enter(unsigned want, AtomicCounters& c);
   // Drain available completions: whole ops end(idx, 0 | -errno), partial ones are requeued.
   template <class End>
-  void reap(Plan& plan, Flight& f, AtomicCounters& c, End&& end);
+  void reap(Op op, Plan& plan, Flight& f, AtomicCounters& c, End&& end);
+  // For the sanitizers (kernel_access.hpp): the kernel moves `n` bytes of op `o`'s current iovecs.
+  static void kernel_moves(Op op, const Plan& plan, const IoOp& o, int64_t n);
 
   io_uring ring_{};
   unsigned depth_;
   bool files_ok_ = false;
   bool bufs_ok_ = false;
   std::vector<int> file_err_;  // per registered file: 0, or -errno of its failed update
+  uint64_t* wake_target_ = nullptr;  // where the armed read on a stream's eventfd lands
 };
+
+void Ring::kernel_moves(Op op, const Plan& plan, const IoOp& o, int64_t n) {
+  for (uint32_t k = 0; k < o.iov_count && n > 0; ++k) {
+    const iovec& v = plan.iovs[o.iov_begin + k];
+    const size_t len = std::min(v.iov_len, static_cast<size_t>(n));
+    kernel_access(v.iov_base, len, op == Op::kRead);
+    n -= static_cast<int64_t>(len);
+  }
+}
 
 void Ring::prep(io_uring_sqe* sqe, Op op, const Plan& plan, const IoOp& o, int fd,
                 bool fixed_file) {
@@ -157,6 +170,10 @@ void Ring::prep(io_uring_sqe* sqe, Op op, const Plan& plan, const IoOp& o, int f
     io_uring_prep_writev(sqe, fd, &plan.iovs[o.iov_begin], o.iov_count, off);
   }
   if (fixed_file) sqe->flags |= IOSQE_FIXED_FILE;
+  if constexpr (kKernelAccessChecked) {
+    kernel_access(&v, o.iov_count * sizeof(iovec), false);
+    kernel_moves(op, plan, o, o.nbytes - o.done);
+  }
 }
 
 template <class End>
@@ -196,12 +213,14 @@ void Ring::enter(unsigned want, AtomicCounters& c) {
 }
 
 template <class End>
-void Ring::reap(Plan& plan, Flight& f, AtomicCounters& c, End&& end) {
+void Ring::reap(Op op, Plan& plan, Flight& f, AtomicCounters& c, End&& end) {
   io_uring_cqe* cqe;
   unsigned head, seen = 0;
   io_uring_for_each_cqe(&ring_, head, cqe) {
     seen++;
     if (cqe->user_data == kWake) {
+      if (cqe->res > 0) kernel_access(wake_target_, sizeof(uint64_t), true);
+      wake_target_ = nullptr;
       f.wake_armed = false;
       continue;
     }
@@ -209,6 +228,9 @@ void Ring::reap(Plan& plan, Flight& f, AtomicCounters& c, End&& end) {
     uint32_t idx = static_cast<uint32_t>(cqe->user_data);
     IoOp& o = plan.ops[idx];
     int res = cqe->res;
+    if constexpr (kKernelAccessChecked) {
+      if (res > 0) kernel_moves(op, plan, o, res);
+    }
     if (res == -EAGAIN || res == -EINTR) {
       c.requeues++;
       f.requeue.push_back(idx);
@@ -239,7 +261,7 @@ void Ring::run(Op op, Plan& plan, const Batch& b, Completion* on_done, const Fil
     const bool more = f.next < nops || !f.requeue.empty();
     // Wait for all when nothing else is pending; otherwise refill at the low-water mark.
     enter(more ? f.inflight - std::min(f.inflight, low_water) : f.inflight, c);
-    reap(plan, f, c, end);
+    reap(op, plan, f, c, end);
   }
 }
 
@@ -274,7 +296,9 @@ void Ring::run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicC
     if (!more && !cancelled && f.next < nops && !f.wake_armed) {
       // the next chunk may be allowed any moment: a read on the eventfd ends the wait then
       if (io_uring_sqe* sqe = io_uring_get_sqe(&ring_)) {
-        io_uring_prep_read(sqe, s.wake_fd(), s.wake_buf(), sizeof(uint64_t), 0);
+        wake_target_ = s.wake_buf();
+        kernel_access(wake_target_, sizeof(uint64_t), true);
+        io_uring_prep_read(sqe, s.wake_fd(), wake_target_, sizeof(uint64_t), 0);
         io_uring_sqe_set_data64(sqe, kWake);
         f.wake_armed = true;
       }
@@ -284,14 +308,14 @@ void Ring::run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicC
     enter(more ? f.inflight - std::min(f.inflight, high_water)
                : static_cast<unsigned>(std::min<size_t>(f.inflight, s.ops_left_oldest())),
           c);
-    reap(plan, f, c, end);
+    reap(Op::kRead, plan, f, c, end);
   }
   if (f.wake_armed) {  // complete our own read on the eventfd before the ring serves others
     uint64_t one = 1;
     if (::write(s.wake_fd(), &one, sizeof one) < 0) { /* counter full: the read completes */ }
     while (f.wake_armed) {
       enter(1, c);
-      reap(plan, f, c, end);
+      reap(Op::kRead, plan, f, c, end);
     }
   }
 }
