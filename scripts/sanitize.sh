@@ -11,8 +11,8 @@
 # and the tests load the instrumented module through TUTTI_EXTENSION (tutti_hicache/engine.py),
 # which each run checks by its SANITIZER attribute. Reports go to log files (a report aborts the
 # process, and pytest's capture would swallow one written to stderr), printed here at the end.
-# LeakSanitizer is off: CPython frees nothing at exit by design. scripts/tsan.supp suppresses
-# races inside uninstrumented libraries only (CPython, torch), never our code.
+# LeakSanitizer is off: CPython frees nothing at exit by design. scripts/tsan.supp is for races
+# inside uninstrumented libraries only (CPython, torch; none needed so far), never our code.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV="$REPO/.venv"
@@ -39,7 +39,7 @@ log() { printf '[sanitize %3ds] %s\n' "$SECONDS" "$*" >&2; }
 runtime() {
   local lib
   lib=$(g++ -print-file-name="lib$1.so")
-  [[ $lib == /* && -e $lib ]] || { echo "sanitize.sh: g++ has no lib$1.so" >&2; exit 2; }
+  [[ $lib == /* && -e $lib ]] || { echo "sanitize.sh: g++ has no lib$1.so" >&2; return 1; }
   readlink -f "$lib"
 }
 
@@ -65,14 +65,15 @@ run_variant() {
   case $variant in
     address)
       # libstdc++ too: ASan intercepts __cxa_throw, and finds it only if it is loaded at start.
-      lib="$(runtime asan) $(runtime stdc++)"
+      lib=$(runtime asan) && lib="$lib $(runtime stdc++)" || return 1
       export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=1:detect_stack_use_after_return=1:strict_string_checks=1:check_initialization_order=1:log_path=$logs/asan"
       export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$logs/ubsan" ;;
     thread)
-      lib=$(runtime tsan)
+      lib=$(runtime tsan) || return 1
       # GCC 12's TSan runtime assumes the kernel's classic address layout: without ASLR the
       # interpreter's and torch's mappings stay in it (with it, a remap of its shadow fails).
       norandom="setarch $(uname -m) -R"
+      $norandom true 2>/dev/null || { log "WARNING: setarch -R refused here; TSan runs with ASLR"; norandom=""; }
       # Torch's OpenMP workers synchronise in uninstrumented code: one thread keeps them out.
       export OMP_NUM_THREADS=1
       export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=4:suppressions=$REPO/scripts/tsan.supp:log_path=$logs/tsan" ;;
