@@ -128,8 +128,6 @@ class Ring {
   // Drain available completions: whole ops end(idx, 0 | -errno), partial ones are requeued.
   template <class End>
   void reap(Op op, Plan& plan, Flight& f, AtomicCounters& c, End&& end);
-  // For the sanitizers (kernel_access.hpp): the kernel moves `n` bytes of op `o`'s current iovecs.
-  static void kernel_moves(Op op, const Plan& plan, const IoOp& o, int64_t n);
 
   io_uring ring_{};
   unsigned depth_;
@@ -138,15 +136,6 @@ class Ring {
   std::vector<int> file_err_;  // per registered file: 0, or -errno of its failed update
   uint64_t* wake_target_ = nullptr;  // where the armed read on a stream's eventfd lands
 };
-
-void Ring::kernel_moves(Op op, const Plan& plan, const IoOp& o, int64_t n) {
-  for (uint32_t k = 0; k < o.iov_count && n > 0; ++k) {
-    const iovec& v = plan.iovs[o.iov_begin + k];
-    const size_t len = std::min(v.iov_len, static_cast<size_t>(n));
-    kernel_access(v.iov_base, len, op == Op::kRead);
-    n -= static_cast<int64_t>(len);
-  }
-}
 
 void Ring::prep(io_uring_sqe* sqe, Op op, const Plan& plan, const IoOp& o, int fd,
                 bool fixed_file) {
@@ -170,10 +159,7 @@ void Ring::prep(io_uring_sqe* sqe, Op op, const Plan& plan, const IoOp& o, int f
     io_uring_prep_writev(sqe, fd, &plan.iovs[o.iov_begin], o.iov_count, off);
   }
   if (fixed_file) sqe->flags |= IOSQE_FIXED_FILE;
-  if constexpr (kKernelAccessChecked) {
-    kernel_access(&v, o.iov_count * sizeof(iovec), false);
-    kernel_moves(op, plan, o, o.nbytes - o.done);
-  }
+  kernel_moves(&v, o.iov_count, o.nbytes - o.done, op == Op::kRead);
 }
 
 template <class End>
@@ -228,9 +214,7 @@ void Ring::reap(Op op, Plan& plan, Flight& f, AtomicCounters& c, End&& end) {
     uint32_t idx = static_cast<uint32_t>(cqe->user_data);
     IoOp& o = plan.ops[idx];
     int res = cqe->res;
-    if constexpr (kKernelAccessChecked) {
-      if (res > 0) kernel_moves(op, plan, o, res);
-    }
+    if (res > 0) kernel_moves(&plan.iovs[o.iov_begin], o.iov_count, res, op == Op::kRead);
     if (res == -EAGAIN || res == -EINTR) {
       c.requeues++;
       f.requeue.push_back(idx);
