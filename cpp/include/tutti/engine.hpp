@@ -24,6 +24,8 @@ enum class Op : int { kRead = 0, kWrite = 1 };
 
 /// n requests; the arrays stay the caller's and must live until submit() returns. A request
 /// outside these ranges ends with -EBADF (file) or -EINVAL, the rest of the batch runs.
+/// Requests run concurrently: two reads into overlapping memory race (which bytes land there
+/// is unspecified), as does a read into memory that another request writes from.
 struct Batch {
   const int64_t* file = nullptr;    ///< index from Engine::open_file
   const int64_t* offset = nullptr;  ///< byte offset in the file, >= 0
