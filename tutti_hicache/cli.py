@@ -67,8 +67,10 @@ def _default_demo_dir() -> str:
 
 
 def cmd_inspect(a) -> int:
-    from .fsck import ExistingNamespace, namespaces
+    from .fsck import ExistingNamespace, namespaces, quarantined
     failed = 0
+    for line in quarantined(a.dirs):
+        print(line)
     for name, dirs in namespaces(a.dirs).items():
         try:
             store = ExistingNamespace(dirs, name)
@@ -92,8 +94,10 @@ def cmd_inspect(a) -> int:
 
 
 def cmd_fsck(a) -> int:
-    from .fsck import ExistingNamespace, namespaces
+    from .fsck import ExistingNamespace, namespaces, quarantined
     bad = 0
+    for line in quarantined(a.dirs):  # set aside by attach: no longer served, not damage now
+        print(line)
     for name, dirs in namespaces(a.dirs).items():
         try:
             store = ExistingNamespace(dirs, name, writer=a.repair)

@@ -3,6 +3,8 @@
 At a glance:
     namespaces(dirs) -> {name: [dir, ...]}      tutti-<fingerprint> namespaces under dirs, each
                                                 with its directories in placement.json's order
+    quarantined(dirs) -> [line]                 namespaces attach set aside (heal.py): path,
+                                                reason, segment bytes awaiting reclaim
     ns = ExistingNamespace(dirs, name, writer=False)
         the namespace as it is: geometry and placement from its metadata files, capacity from
         the segment files it has; headers scanned once into an index. writer (fsck --repair):
@@ -29,6 +31,7 @@ import numpy as np
 from . import header
 from .config import TuttiConfig
 from .engine import engine_for, extension
+from .heal import QUARANTINE, quarantines
 from .index import SlotIndex
 from .layout import PageGeometry, Placement, SlotLayout, strided
 from .namespace import FileTable, Namespace, existing_capacity, namespace_dirs
@@ -42,15 +45,25 @@ from .store import PageInfo, drop_entries, log_damaged
 
 def namespaces(dirs: list[str]) -> dict[str, list[str]]:
     """fingerprint dir name -> its namespace dirs ordered by placement.json's dir_index."""
-    found: dict[str, dict[int, str]] = {}
+    found: dict[str, dict] = {}
     for d in dirs:
         for name in sorted(os.listdir(d)):
             ns = os.path.join(d, name)
             pj = os.path.join(ns, "placement.json")
-            if name.startswith("tutti-") and os.path.exists(pj):
-                with open(pj) as f:
-                    found.setdefault(name, {})[json.load(f)["dir_index"]] = d
+            if name.startswith("tutti-") and QUARANTINE not in name and os.path.exists(pj):
+                try:
+                    with open(pj) as f:
+                        index = (0, int(json.load(f)["dir_index"]))
+                except (OSError, ValueError, KeyError, TypeError):
+                    index = (1, len(found.get(name, ())))  # damaged: after the intact ones
+                found.setdefault(name, {})[index] = d
     return {k: [v[i] for i in sorted(v)] for k, v in found.items()}
+
+
+def quarantined(dirs: list[str]) -> list[str]:
+    """One line per quarantined namespace under dirs (what attach set aside, and why)."""
+    return [f"quarantined: {q} ({reason}); {nbytes / 2**20:.1f} MiB of segments, reclaimed as "
+            f"the store grows" for q, reason, nbytes in quarantines(dirs)]
 
 
 def _read_json(path: str) -> dict:

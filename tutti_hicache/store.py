@@ -8,6 +8,7 @@ At a glance:
     store.pin(keys) / store.unpin(entries)        hold pages against eviction (layer-wise loads)
     store.plan_pages(entries), store.stream_layers(plan, chunks, dsts)   layer_reads.py
     store.clear(); store.close(); store.stats()
+    store.rehome_wait(timeout) -> bool           pages of set-aside namespaces re-homed (rehome.py)
     store.locate(key) -> (segment path, slot offset)       where a present key's slot lives
     store.entries() -> {key: PageInfo}                      read-only snapshot of the index
 
@@ -16,7 +17,9 @@ on-disk order (SlotLayout); `aligned` says every address and object size is a mu
 (zero copy), otherwise pages go through an aligned bounce buffer (slot_io.py).
 
 On disk: <dir>/tutti-<fingerprint>/seg-<row>.dat, one "row" of segments = the same segment
-number in every directory (namespace.py). A writer process owns the rows it holds an exclusive
+number in every directory (namespace.py). Attach heals the namespace's own files instead of
+refusing to start (heal.py): damaged metadata is rebuilt, a changed directory list is mapped or
+set aside. A writer process owns the rows it holds an exclusive
 flock on (rows.py; allocation and eviction only there); every process reads every row, and
 re-scans the headers of rows that other processes changed when a lookup misses (scan.py).
 Publication order per write batch (writes.py, slot_io.py): tombstone headers of reused slots
@@ -33,11 +36,12 @@ is taken again to reserve; scans learn under the index lock once per 16384 heade
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping, NamedTuple
+from typing import Mapping, NamedTuple, Optional
 
 import numpy as np
 
@@ -47,8 +51,10 @@ from .engine import engine_for
 from .identity import with_geometry
 from .index import SlotIndex
 from .layer_reads import LayerReads, LayerStream, PagePlan
-from .layout import PageGeometry, Placement, SlotLayout
+from .heal import quarantines, reclaim, resolve
+from .layout import PageGeometry, SlotLayout
 from .namespace import FileTable, Namespace, check_dirs
+from .rehome import Rehome
 from .rows import Rows
 from .scan import Scanner
 from .scheduler import Gate, Policy
@@ -114,7 +120,6 @@ class ObjectStore:
         self.identity = with_geometry(identity, geometry)
         self.fingerprint = header.fingerprint(self.identity)
         self.writer = writer
-        self.placement = Placement(len(cfg.dirs), self.layout.slot_nbytes, cfg.segment_bytes)
         if geometry.units > header.MAX_UNITS:
             raise ValueError(f"tutti: {geometry.num_layers} layers exceed the {header.MAX_UNITS} "
                              "per-layer checksums a slot header holds")
@@ -122,7 +127,11 @@ class ObjectStore:
         if self.capacity_slots < 1:
             raise ValueError(f"tutti_capacity_gb: {cfg.capacity_gb} GB holds no slot of "
                              f"{self.layout.slot_nbytes} bytes")
-        self._ns = Namespace(cfg, self.fingerprint, self.placement, self.capacity_slots)
+        healed = resolve(cfg, self.fingerprint, self.identity, self.layout.slot_nbytes)
+        self.placement = healed.placement  # a recorded segment size wins over the config's
+        self._ns = Namespace(cfg, self.fingerprint, self.placement, self.capacity_slots,
+                             dirs=healed.dirs)
+        reclaim(self._ns.dirs, 0, self.capacity_slots * self.layout.slot_nbytes)
         self.ns_dirs, self.n_rows = self._ns.dirs, self._ns.n_rows
         self.engine = engine or engine_for(cfg)
         self.gate = Gate(Policy(default_window=cfg.write_window_ms / 1e3,
@@ -133,6 +142,7 @@ class ObjectStore:
         self._index = SlotIndex()
         self._stats = ReadCounts()
         self._closed = False
+        self._rehome: Optional[Rehome] = None
         self._files = FileTable(self.engine, self._ns, writable=writer)
         self._io = SlotIO(self.engine, self._files, self.layout, self.placement, cfg, self.gate,
                           self.fingerprint)
@@ -143,7 +153,6 @@ class ObjectStore:
                                   cfg.verify)
         self._writes = Writes(self._index, self._lock, self._rows, self._scan, self._io,
                               geometry.page_nbytes)  # no part holds the store: freed at once
-        self._ns.create(self.identity)
         self._open()
 
     def _open(self) -> None:
@@ -154,10 +163,22 @@ class ObjectStore:
         if self.writer:
             self._rows.register()
         for r in rows:
-            if self._files.open_row(r, create=False):
-                self._rows.adopt(r)
+            try:
+                if self._files.open_row(r, create=False):
+                    self._rows.adopt(r)
+            except OSError as e:  # an unopenable segment: its slots are misses, attach goes on
+                logger.warning("tutti: cannot open segment row %d: %s", r, e)
         self._scan.scan_rows(rows, grant=True)
         self._scan.start(self._release_excess if self.writer else None)
+        set_aside = [q for q, _, _ in quarantines([os.path.dirname(d) for d in self.ns_dirs],
+                                                  os.path.basename(self.ns_dirs[0]))]
+        if self.writer and set_aside:  # their pages come back by key, in the background
+            self._rehome = Rehome(set_aside, self.layout, self.fingerprint,
+                                  self._writes.write_pages, self._io.checksums).start()
+
+    def rehome_wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the pages of set-aside namespaces are re-homed (True: done or none)."""
+        return self._rehome is None or self._rehome.wait(timeout)
 
     # ------------------------------------------------------------------ lookups
     def prefix_len(self, keys: list[str]) -> int:
@@ -315,6 +336,8 @@ class ObjectStore:
             if self._closed:
                 return
             self._closed = True
+        if self._rehome is not None:
+            self._rehome.stop()  # the chunk in flight finishes; the next attach resumes
         self._scan.stop()  # a re-scan in flight finishes before the engine goes
         self.engine.close()
         self._rows.close()
@@ -328,6 +351,7 @@ class ObjectStore:
             s.update({f"sched_{k}": v for k, v in self.gate.stats.items()})
             s.update(pages=len(self._index), evictions=self._index.evictions,
                      capacity_slots=self.capacity_slots, slot_nbytes=self.layout.slot_nbytes,
+                     rehomed_pages=self._rehome.pages if self._rehome else 0,
                      owned_rows=len(self._rows.owned))
         s["engine"] = self.engine.name
         s.update({f"engine_{k}": v for k, v in self.engine.counters().items()})

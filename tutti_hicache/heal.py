@@ -1,0 +1,291 @@
+"""Attach-time healing: the store never refuses to start because of its own files.
+
+At a glance:
+    resolve(cfg, fingerprint, identity, slot_nbytes) -> Resolved
+        .dirs          namespace dirs in stripe order (by each directory's placement.json marker)
+        .placement     the Placement the namespace uses (a recorded segment size is kept)
+        .quarantined   namespace dirs set aside this time (renamed <ns>.quarantine-<stamp>)
+        .notes         what was healed (also logged as one warning naming the namespace)
+    reclaim(ns_dirs, need, capacity_bytes, where, floor) -> bytes freed
+                   delete quarantined segment files (newest first: rehome.py reads them oldest
+                   first) until this namespace's live and quarantined files plus `need` fit in
+                   the capacity (and `where` has room for `need`)
+    quarantines(dirs, name=None) -> [(path, reason, segment bytes)]   for fsck and inspect
+
+A cache's contents are disposable, the server is not: damaged, truncated, foreign or missing
+metadata, a changed directory list or segment size never fail attach. Rules (docs/design.md 3.1):
+  - identity.json is rebuilt from the identity (the directory name is its fingerprint);
+  - placement.json markers that agree with the directory count and slot size map each directory
+    to its stripe (a reordered tutti_dirs keeps every page); a missing, damaged or outvoted marker
+    is rebuilt (its own position if free, else the first free stripe); a recorded segment size
+    wins over tutti_segment_gb;
+  - a directory count or slot size that differs (a directory added or removed, another layout)
+    cannot locate any page: every namespace dir is renamed aside, the namespace starts fresh, and
+    a writer re-homes the set-aside pages by key in the background (rehome.py);
+  - non-files where files belong (a segment, metadata or the namespace itself a directory or the
+    reverse, `writers` not a directory) are removed; stale *.tmp files too.
+Nothing here can serve wrong KV: every slot header names its slot number, key and checksum, so a
+slot found at a position its placement does not predict reads as "no page" (scan.py).
+Concurrent attaches of one namespace (MLA ranks) run one at a time under an flock on
+<first dir>/tutti-<fingerprint>.lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .config import PREFIX, TuttiConfig
+from .layout import Placement
+
+logger = logging.getLogger("tutti_hicache.store")
+QUARANTINE = ".quarantine-"
+_FIELDS = ("n_dirs", "slot_nbytes", "slots_per_segment", "dir_index")
+
+
+@dataclass
+class Resolved:
+    dirs: list[str]
+    placement: Placement
+    quarantined: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def resolve(cfg: TuttiConfig, fingerprint: bytes, identity: dict, slot_nbytes: int) -> Resolved:
+    """Check (and heal) the namespace's metadata in every directory; see the module docstring."""
+    name = "tutti-" + fingerprint.hex()
+    paths = [os.path.join(d, name) for d in cfg.dirs]
+    fd = _lock(os.path.join(cfg.dirs[0], name + ".lock"))
+    try:
+        r = _resolve(paths, identity, slot_nbytes, cfg.segment_bytes)
+    finally:
+        os.close(fd)
+    if r.notes:
+        logger.warning("tutti: namespace %s: %s", name, "; ".join(r.notes))
+    return r
+
+
+def _resolve(paths: list[str], identity: dict, slot_nbytes: int, segment_bytes: int) -> Resolved:
+    n = len(paths)
+    want = Placement(n, slot_nbytes, segment_bytes)
+    notes: list[str] = []
+    for ns in paths:
+        if os.path.lexists(ns) and (os.path.islink(ns) or not os.path.isdir(ns)):
+            _remove(ns)
+            notes.append(f"{ns} was not a directory: removed")
+    markers = [_marker(ns) if os.path.isdir(ns) else (None, "new") for ns in paths]
+    present = [ns for ns in paths if os.path.isdir(ns)]
+    if present:
+        notes += [f"{ns} was missing: recreated empty" for ns in paths if ns not in present]
+    groups = collections.Counter((m["n_dirs"], m["slot_nbytes"], m["slots_per_segment"])
+                                 for m, _ in markers if m is not None)
+    ours = (n, slot_nbytes, want.slots_per_segment)
+    top = max(groups.values(), default=0)
+    best = [g for g, c in groups.items() if c == top]
+    chosen = ours if not groups or ours in best else (best[0] if len(best) == 1 else None)
+    quarantined: list[str] = []
+    if chosen is None or chosen[:2] != ours[:2]:
+        why = (f"its directories disagree on their placement ({sorted(groups)})" if chosen is None
+               else f"it was written over {chosen[0]} directories with {chosen[1]}-byte slots, "
+                    f"now {n} directories with {slot_nbytes}-byte slots")
+        quarantined = [_quarantine(ns, why) for ns in present]
+        notes.append(f"{why}: its pages cannot be located, so it was set aside "
+                     f"({', '.join(quarantined)}, reclaimed as the store grows) and starts empty")
+        markers, chosen = [(None, "new")] * n, ours
+    placement = Placement(n, slot_nbytes, chosen[2] * slot_nbytes)
+    # the configuration the markers last saw: a kept order or segment size is said once
+    seen = {"tutti_dirs": [os.path.dirname(p) for p in paths], "tutti_segment_bytes": segment_bytes}
+    news = any(m is not None and {k: m.get(k) for k in seen} != seen for m, _ in markers)
+    if chosen[2] != want.slots_per_segment and news:
+        notes.append(f"keeps its segment size of {chosen[2]} slots ({PREFIX}segment_gb applies "
+                     f"to new namespaces)")
+    order = _stripe_order(markers, chosen, notes, paths)
+    dirs = [paths[i] for i in order]
+    if order != list(range(n)) and not quarantined and news:
+        notes.append(f"{PREFIX}dirs order changed: directories mapped by their placement.json")
+    for j, ns in enumerate(dirs):
+        _heal_files(ns, identity, {"n_dirs": n, "slot_nbytes": slot_nbytes,
+                                   "slots_per_segment": chosen[2], "dir_index": j, **seen},
+                    markers[order[j]], notes)
+    return Resolved(dirs, placement, quarantined, notes)
+
+
+def _stripe_order(markers, chosen, notes: list[str], paths: list[str]) -> list[int]:
+    """order[stripe] = config position of the directory holding that stripe. Markers of the
+    chosen placement claim their stripe (one whose claim is its own position first); the rest
+    take their own position if free, else the first free stripe (headers check every slot)."""
+    n = len(markers)
+    order: list = [None] * n
+    valid = [i for i, (m, _) in enumerate(markers) if m is not None and
+             (m["n_dirs"], m["slot_nbytes"], m["slots_per_segment"]) == chosen]
+    for i in sorted(valid, key=lambda i: (markers[i][0]["dir_index"] != i, i)):
+        j = markers[i][0]["dir_index"]
+        if order[j] is None:
+            order[j] = i
+    rest = [i for i in range(n) if i not in order]
+    for i in rest:
+        m, why = markers[i]
+        if why != "new":
+            notes.append(f"{paths[i]}/placement.json "
+                         f"{'disagreed with the others' if m is not None else why}: rebuilt")
+        if order[i] is None:
+            order[i] = i
+    for i in [i for i in rest if i not in order]:
+        order[order.index(None)] = i
+    return order
+
+
+def _marker(ns: str):
+    """(placement.json as a dict, "") when it is well-formed, else (None, what is wrong)."""
+    m, why = _read(os.path.join(ns, "placement.json"))
+    if m is None:
+        return None, why
+    if not isinstance(m, dict) or any(type(m.get(k)) is not int for k in _FIELDS):
+        return None, "lacks a field"
+    if min(m["n_dirs"], m["slot_nbytes"], m["slots_per_segment"]) < 1 or \
+            not 0 <= m["dir_index"] < m["n_dirs"]:
+        return None, "holds an impossible value"
+    return m, ""
+
+
+def _read(path: str):
+    if not os.path.lexists(path):
+        return None, "missing"
+    try:
+        with open(path) as f:
+            return json.load(f), ""
+    except (OSError, ValueError) as e:
+        return None, f"damaged ({type(e).__name__})"
+
+
+def _heal_files(ns: str, identity: dict, marker: dict, old_marker, notes: list[str]) -> None:
+    """Make ns hold exactly this identity.json and placement.json; remove what cannot be ours."""
+    os.makedirs(ns, mode=0o700, exist_ok=True)
+    have, why = _read(os.path.join(ns, "identity.json"))
+    identity = json.loads(json.dumps(identity))  # as JSON reads it back (tuples are lists)
+    if have != identity:
+        if why != "missing" or os.listdir(ns):  # a new namespace dir is no news
+            notes.append(f"{ns}/identity.json {why or 'foreign'}: rebuilt")
+        _write(os.path.join(ns, "identity.json"), identity)
+    if old_marker[0] != marker:
+        _write(os.path.join(ns, "placement.json"), marker)
+    for entry in os.listdir(ns):
+        path = os.path.join(ns, entry)
+        if entry.endswith(".tmp"):
+            _remove(path)
+        elif entry.startswith("seg-") and entry.endswith(".dat") and \
+                (os.path.islink(path) or not os.path.isfile(path)):
+            _remove(path)
+            notes.append(f"{path} was not a regular file: removed")
+        elif entry == "writers" and (os.path.islink(path) or not os.path.isdir(path)):
+            _remove(path)
+            notes.append(f"{path} was not a directory: removed (writers re-register)")
+
+
+def _write(path: str, obj: dict) -> None:
+    """Replace path atomically with obj as JSON (0600)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, sort_keys=True, indent=1)
+    os.replace(tmp, path)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _lock(path: str) -> int:
+    if os.path.lexists(path) and (os.path.islink(path) or not os.path.isfile(path)):
+        _remove(path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _quarantine(ns: str, reason: str) -> str:
+    """Rename ns aside (<ns>.quarantine-<stamp>) with a quarantine.json saying why."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}-{time.monotonic_ns()}"
+    dst = ns + QUARANTINE + stamp
+    try:
+        os.rename(ns, dst)
+    except OSError as e:
+        raise ValueError(f"{PREFIX}dirs: cannot set aside the damaged namespace {ns}: "
+                         f"{e.strerror}") from None
+    with contextlib.suppress(OSError):
+        _write(os.path.join(dst, "quarantine.json"), {"reason": reason, "time": time.time()})
+    return dst
+
+
+# ----------------------------------------------------------------------------- reclaim
+def _segments(d: str) -> list[tuple[str, int]]:
+    out = []
+    with contextlib.suppress(OSError):
+        for e in os.listdir(d):
+            if e.startswith("seg-") and e.endswith(".dat"):
+                with contextlib.suppress(OSError):
+                    out.append((os.path.join(d, e), os.path.getsize(os.path.join(d, e))))
+    return sorted(out)
+
+
+def quarantines(dirs, name: str | None = None) -> list[tuple[str, str, int]]:
+    """(path, reason, bytes of segment files) of each quarantined namespace under dirs (of
+    namespace `name` only, when given), oldest first."""
+    out = []
+    for d in dirs:
+        with contextlib.suppress(OSError):
+            for e in sorted(os.listdir(d)):
+                base, sep, _ = e.partition(QUARANTINE)
+                if not sep or not base.startswith("tutti-") or (name and base != name):
+                    continue
+                q = os.path.join(d, e)
+                info, why = _read(os.path.join(q, "quarantine.json"))
+                reason = info.get("reason", "?") if isinstance(info, dict) else why
+                out.append((q, str(reason), sum(s for _, s in _segments(q))))
+    return sorted(out, key=lambda t: os.path.basename(t[0]))
+
+
+def reclaim(ns_dirs: list[str], need: int, capacity_bytes: int, where: str = "",
+            floor: int = 0) -> int:
+    """Delete quarantined segment files of this namespace (those in `where` first, oldest first)
+    until live + quarantined + need <= capacity_bytes and `where` has need + floor bytes free;
+    quarantine dirs left without segments are removed. Returns the bytes freed."""
+    parents = [os.path.dirname(ns) for ns in ns_dirs]
+    qs = quarantines(parents, os.path.basename(ns_dirs[0]))
+    if not qs:
+        return 0
+    root = os.path.dirname(os.path.dirname(where)) + os.sep if where else None
+    files = [(p, s) for q, _, _ in qs for p, s in _segments(q)][::-1]  # newest end first:
+    files.sort(key=lambda f: not root or not f[0].startswith(root))  # re-homing reads from the front
+    over = sum(s for ns in ns_dirs for _, s in _segments(ns)) + sum(s for _, s in files) + \
+        need - capacity_bytes
+    freed = 0
+    for path, size in files:
+        short = 0
+        if root and path.startswith(root):
+            st = os.statvfs(root)
+            short = need + floor - st.f_bavail * st.f_frsize
+        if over <= 0 and short <= 0:
+            break
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            over -= size
+            freed += size
+    for q, _, _ in qs:
+        if not _segments(q):
+            shutil.rmtree(q, ignore_errors=True)
+    return freed
