@@ -1,7 +1,7 @@
 """Attach-time healing: the store never refuses to start because of its own files.
 
 At a glance:
-    resolve(cfg, fingerprint, identity, slot_nbytes) -> Resolved
+    resolve(cfg, fingerprint, identity, layout) -> Resolved
         .dirs          namespace dirs in stripe order (by each directory's placement.json marker)
         .placement     the Placement the namespace uses (a recorded segment size is kept)
         .quarantined   namespace dirs set aside this time (renamed <ns>.quarantine-<stamp>)
@@ -35,6 +35,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -44,7 +45,8 @@ import time
 from dataclasses import dataclass, field
 
 from .config import PREFIX, TuttiConfig
-from .layout import Placement
+from .layout import Placement, SlotLayout
+from .witness import NONE, witness
 
 logger = logging.getLogger("tutti_hicache.store")
 QUARANTINE = ".quarantine-"
@@ -59,13 +61,13 @@ class Resolved:
     notes: list[str] = field(default_factory=list)
 
 
-def resolve(cfg: TuttiConfig, fingerprint: bytes, identity: dict, slot_nbytes: int) -> Resolved:
+def resolve(cfg: TuttiConfig, fingerprint: bytes, identity: dict, layout: SlotLayout) -> Resolved:
     """Check (and heal) the namespace's metadata in every directory; see the module docstring."""
     name = "tutti-" + fingerprint.hex()
     paths = [os.path.join(d, name) for d in cfg.dirs]
     fd = _lock(os.path.join(cfg.dirs[0], name + ".lock"))
     try:
-        r = _resolve(paths, identity, slot_nbytes, cfg.segment_bytes)
+        r = _resolve(paths, identity, layout, fingerprint, cfg.segment_bytes)
     finally:
         os.close(fd)
     if r.notes:
@@ -73,63 +75,82 @@ def resolve(cfg: TuttiConfig, fingerprint: bytes, identity: dict, slot_nbytes: i
     return r
 
 
-def _resolve(paths: list[str], identity: dict, slot_nbytes: int, segment_bytes: int) -> Resolved:
-    n = len(paths)
+def _resolve(paths: list[str], identity: dict, layout: SlotLayout, fingerprint: bytes,
+             segment_bytes: int) -> Resolved:
+    n, slot_nbytes = len(paths), layout.slot_nbytes
     want = Placement(n, slot_nbytes, segment_bytes)
     notes: list[str] = []
     for ns in paths:
         if os.path.lexists(ns) and (os.path.islink(ns) or not os.path.isdir(ns)):
             _remove(ns)
             notes.append(f"{ns} was not a directory: removed")
-    markers = [_marker(ns) if os.path.isdir(ns) else (None, "new") for ns in paths]
     present = [ns for ns in paths if os.path.isdir(ns)]
-    if present:
-        notes += [f"{ns} was missing: recreated empty" for ns in paths if ns not in present]
+    markers = [_marker(ns) if ns in present else (None, "new") for ns in paths]
+    wit = [witness(ns, layout, fingerprint, n) if ns in present else NONE for ns in paths]
     groups = collections.Counter((m["n_dirs"], m["slot_nbytes"], m["slots_per_segment"])
                                  for m, _ in markers if m is not None)
     ours = (n, slot_nbytes, want.slots_per_segment)
     top = max(groups.values(), default=0)
     best = [g for g, c in groups.items() if c == top]
     chosen = ours if not groups or ours in best else (best[0] if len(best) == 1 else None)
+    told_n = {w.n_dirs for w in wit if w.n_dirs}
+    told_sps = {w.slots_per_segment for w in wit if w.slots_per_segment}
+    if len(told_n) == 1 or len(told_sps) == 1 or any(w != NONE for w in wit):
+        base = chosen or ours  # valid headers at our slot size: the slot size is ours
+        chosen = (told_n.pop() if len(told_n) == 1 else base[0], slot_nbytes,
+                  told_sps.pop() if len(told_sps) == 1 else base[2])
     quarantined: list[str] = []
     if chosen is None or chosen[:2] != ours[:2]:
         why = (f"its directories disagree on their placement ({sorted(groups)})" if chosen is None
                else f"it was written over {chosen[0]} directories with {chosen[1]}-byte slots, "
                     f"now {n} directories with {slot_nbytes}-byte slots")
         quarantined = [_quarantine(ns, why) for ns in present]
-        notes.append(f"{why}: its pages cannot be located, so it was set aside "
-                     f"({', '.join(quarantined)}, reclaimed as the store grows) and starts empty")
-        markers, chosen = [(None, "new")] * n, ours
+        notes.append(f"{why}: its pages cannot be located in place, so it was set aside as "
+                     f"{', '.join(quarantined)} and starts empty; a writer re-homes the set-aside "
+                     f"pages by key in the background (what is left is reclaimed as the store "
+                     f"grows)")
+        markers, wit, chosen = [(None, "new")] * n, [NONE] * n, ours
+    elif present:
+        notes += [f"{ns} was missing: recreated empty" for ns in paths if ns not in present]
     placement = Placement(n, slot_nbytes, chosen[2] * slot_nbytes)
     # the configuration the markers last saw: a kept order or segment size is said once
-    seen = {"tutti_dirs": [os.path.dirname(p) for p in paths], "tutti_segment_bytes": segment_bytes}
+    seen = _seen(paths, segment_bytes)
     news = any(m is not None and {k: m.get(k) for k in seen} != seen for m, _ in markers)
     if chosen[2] != want.slots_per_segment and news:
         notes.append(f"keeps its segment size of {chosen[2]} slots ({PREFIX}segment_gb applies "
                      f"to new namespaces)")
-    order = _stripe_order(markers, chosen, notes, paths)
+    order = _stripe_order(markers, [w.stripe for w in wit], chosen, notes, paths)
     dirs = [paths[i] for i in order]
     if order != list(range(n)) and not quarantined and news:
         notes.append(f"{PREFIX}dirs order changed: directories mapped by their placement.json")
     for j, ns in enumerate(dirs):
-        _heal_files(ns, identity, {"n_dirs": n, "slot_nbytes": slot_nbytes,
-                                   "slots_per_segment": chosen[2], "dir_index": j, **seen},
+        marker = {"n_dirs": n, "slot_nbytes": slot_nbytes, "slots_per_segment": chosen[2],
+                  "dir_index": j}
+        _heal_files(ns, identity, {**marker, "check": list(marker.values()), **seen},
                     markers[order[j]], notes)
     return Resolved(dirs, placement, quarantined, notes)
 
 
-def _stripe_order(markers, chosen, notes: list[str], paths: list[str]) -> list[int]:
-    """order[stripe] = config position of the directory holding that stripe. Markers of the
-    chosen placement claim their stripe (one whose claim is its own position first); the rest
-    take their own position if free, else the first free stripe (headers check every slot)."""
+def _stripe_order(markers, stripes, chosen, notes: list[str], paths: list[str]) -> list[int]:
+    """order[stripe] = config position of the directory holding that stripe. What a directory's
+    slot headers say comes first (witness.py), then markers of the chosen placement (one whose
+    claim is its own position first); the rest take their own position if free, else the first
+    free stripe (headers check every slot, so a wrong guess costs misses, never wrong bytes)."""
     n = len(markers)
     order: list = [None] * n
-    valid = [i for i, (m, _) in enumerate(markers) if m is not None and
-             (m["n_dirs"], m["slot_nbytes"], m["slots_per_segment"]) == chosen]
-    for i in sorted(valid, key=lambda i: (markers[i][0]["dir_index"] != i, i)):
-        j = markers[i][0]["dir_index"]
-        if order[j] is None:
+    claims = [(stripes[i], i, "headers") for i in range(n) if stripes[i] is not None]
+    claims += [(m["dir_index"], i, "marker") for i, (m, _) in enumerate(markers)
+               if m is not None and stripes[i] is None and
+               (m["n_dirs"], m["slot_nbytes"], m["slots_per_segment"]) == chosen]
+    for j, i, _ in sorted(claims, key=lambda c: (c[2] != "headers", c[0] != c[1], c[1])):
+        if j < n and order[j] is None and i not in order:
             order[j] = i
+    for j, i in enumerate(order):
+        m, why = markers[i] if i is not None else (None, "")
+        if i is not None and why not in ("", "new"):
+            notes.append(f"{paths[i]}/placement.json {why}: rebuilt")
+        elif i is not None and m is not None and m["dir_index"] != j:
+            notes.append(f"{paths[i]}/placement.json disagreed with its slot headers: rebuilt")
     rest = [i for i in range(n) if i not in order]
     for i in rest:
         m, why = markers[i]
@@ -143,8 +164,17 @@ def _stripe_order(markers, chosen, notes: list[str], paths: list[str]) -> list[i
     return order
 
 
+def _seen(paths: list[str], segment_bytes: int) -> dict:
+    """What a marker records of the configuration that wrote it (tutti_dirs, segment size), so
+    a kept order or segment size is reported once, not at every attach."""
+    listed = json.dumps([[os.path.dirname(p) for p in paths], segment_bytes]).encode()
+    return {"configured": hashlib.sha256(listed).hexdigest()[:16]}
+
+
 def _marker(ns: str):
-    """(placement.json as a dict, "") when it is well-formed, else (None, what is wrong)."""
+    """(placement.json as a dict, "") when it is well-formed and agrees with itself, else
+    (None, what is wrong). A marker holds its four numbers twice ("check"), so a flipped digit
+    reads as damage, not as another placement."""
     m, why = _read(os.path.join(ns, "placement.json"))
     if m is None:
         return None, why
@@ -153,6 +183,8 @@ def _marker(ns: str):
     if min(m["n_dirs"], m["slot_nbytes"], m["slots_per_segment"]) < 1 or \
             not 0 <= m["dir_index"] < m["n_dirs"]:
         return None, "holds an impossible value"
+    if "check" in m and m["check"] != [m[k] for k in _FIELDS]:  # older markers have none
+        return None, "disagrees with itself"
     return m, ""
 
 

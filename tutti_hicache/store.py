@@ -127,7 +127,7 @@ class ObjectStore:
         if self.capacity_slots < 1:
             raise ValueError(f"tutti_capacity_gb: {cfg.capacity_gb} GB holds no slot of "
                              f"{self.layout.slot_nbytes} bytes")
-        healed = resolve(cfg, self.fingerprint, self.identity, self.layout.slot_nbytes)
+        healed = resolve(cfg, self.fingerprint, self.identity, self.layout)
         self.placement = healed.placement  # a recorded segment size wins over the config's
         self._ns = Namespace(cfg, self.fingerprint, self.placement, self.capacity_slots,
                              dirs=healed.dirs)

@@ -3,7 +3,8 @@
 test_random_damage_to_every_file: a store of 50 pages over two directories is closed, then random
 bytes are flipped in EVERY file the store wrote (identity.json and placement.json of both
 directories, every segment file, headers and payloads alike, the attach lock, a writer-registry
-entry; an empty file gets random bytes appended). Attach must succeed; every key is restored and
+entry; an empty file gets random bytes appended; half the JSON flips hit a digit, so the file
+stays JSON with another number: another directory count, stripe index or segment size). Attach must succeed; every key is restored and
 each page served is compared byte for byte (a miss is fine, a wrong byte fails); new pages must
 round-trip. Seeded (TUTTI_HEAL_SEED), TUTTI_HEAL_TRIALS trials; failures print the flips.
 The rest pin single rules: markers map reordered directories, a recorded segment size is kept,
@@ -16,6 +17,7 @@ import json
 import logging
 import os
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -42,12 +44,16 @@ def damage_every_file(rng: random.Random, dirs) -> list:
             Path(path).write_bytes(junk)
             log.append((path, "appended", junk))
             continue
+        digits = [m.start() for m in re.finditer(rb"(?<=: )[0-9]", Path(path).read_bytes())] \
+            if path.endswith(".json") else []  # the first digit of each number
         for _ in range(rng.randint(1, 4)):
+            bit = rng.randrange(8)
             if path.endswith(".dat") and rng.random() < 0.5 and size >= SLOT:
                 pos = rng.randrange(size // SLOT) * SLOT + rng.randrange(HEADER_NBYTES)
+            elif digits and rng.random() < 0.5:  # still JSON, another number (n_dirs 2 -> 3)
+                pos, bit = rng.choice(digits), 0
             else:
                 pos = rng.randrange(size)
-            bit = rng.randrange(8)
             damage.flip(path, pos, bit)
             log.append((os.path.relpath(path, os.path.dirname(dirs[0])), pos, bit))
     return log
@@ -66,6 +72,7 @@ def test_random_damage_to_every_file(tmp_path, trial):
     log = damage_every_file(rng, dirs)
     s = ObjectStore(cfg_for(dirs), GEOM, IDENT)  # must not raise, whatever was flipped
     try:
+        assert s.rehome_wait(60)
         ok, wrong = read_all(s, ks)
         assert not wrong, (SEED, trial, wrong, log)
         assert_new_pages_round_trip(s)
