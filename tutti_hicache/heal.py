@@ -27,7 +27,7 @@ metadata, a changed directory list or segment size never fail attach. Rules (doc
 Nothing here can serve wrong KV: every slot header names its slot number, key and checksum, so a
 slot found at a position its placement does not predict reads as "no page" (scan.py).
 Concurrent attaches of one namespace (MLA ranks) run one at a time under an flock on
-<first dir>/tutti-<fingerprint>.lock.
+<the alphabetically first dir>/tutti-<fingerprint>.lock.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def resolve(cfg: TuttiConfig, fingerprint: bytes, identity: dict, layout: SlotLa
     """Check (and heal) the namespace's metadata in every directory; see the module docstring."""
     name = "tutti-" + fingerprint.hex()
     paths = [os.path.join(d, name) for d in cfg.dirs]
-    fd = _lock(os.path.join(cfg.dirs[0], name + ".lock"))
+    fd = _lock(os.path.join(min(cfg.dirs), name + ".lock"))  # whatever the list's order
     try:
         r = _resolve(paths, identity, layout, fingerprint, cfg.segment_bytes)
     finally:

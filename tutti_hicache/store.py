@@ -129,6 +129,7 @@ class ObjectStore:
                              f"{self.layout.slot_nbytes} bytes")
         healed = resolve(cfg, self.fingerprint, self.identity, self.layout)
         self.placement = healed.placement  # a recorded segment size wins over the config's
+        self.quarantined = healed.quarantined  # namespace dirs this attach set aside
         self._ns = Namespace(cfg, self.fingerprint, self.placement, self.capacity_slots,
                              dirs=healed.dirs)
         reclaim(self._ns.dirs, 0, self.capacity_slots * self.layout.slot_nbytes)

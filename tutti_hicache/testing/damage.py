@@ -9,6 +9,8 @@ attach-healing tests of both SGLang paths and the store.
     namespace_dirs(dirs) -> [path]      each dir's live tutti-* namespace (not quarantines)
     store_files(dirs) -> [path]         every regular file the store wrote under dirs
     flip(path, pos, bit)                xor one bit of a file in place
+    damage_every_file(rng, dirs, slot_nbytes) -> log
+                                        flip 1-4 random bytes of every file under dirs
 
 The store is written over two directories <root>/a and <root>/b; <root>/c is a spare one.
 """
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +33,34 @@ def flip(path, pos: int, bit: int = 0) -> None:
         b = f.read(1)[0]
         f.seek(pos)
         f.write(bytes([b ^ (1 << bit)]))
+
+
+def damage_every_file(rng: random.Random, dirs, slot_nbytes: int) -> list:
+    """Flip 1-4 random bytes of every file under dirs: in segments half of them inside a slot
+    header, in JSON files half of them in a number's first digit (the file stays JSON with
+    another number: another directory count, stripe or segment size); an empty file gets 1-16
+    random bytes. Returns what was done, for the failure message."""
+    log = []
+    for path in store_files(dirs):
+        size = os.path.getsize(path)
+        if size == 0:
+            junk = bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
+            Path(path).write_bytes(junk)
+            log.append((path, "appended", junk))
+            continue
+        digits = [m.start() for m in re.finditer(rb"(?<=: )[0-9]", Path(path).read_bytes())] \
+            if path.endswith(".json") else []
+        for _ in range(rng.randint(1, 4)):
+            bit = rng.randrange(8)
+            if path.endswith(".dat") and rng.random() < 0.5 and size >= slot_nbytes:
+                pos = rng.randrange(size // slot_nbytes) * slot_nbytes + rng.randrange(4096)
+            elif digits and rng.random() < 0.5:
+                pos, bit = rng.choice(digits), 0
+            else:
+                pos = rng.randrange(size)
+            flip(path, pos, bit)
+            log.append((os.path.relpath(path, os.path.dirname(dirs[0])), pos, bit))
+    return log
 
 
 def namespace_dirs(dirs) -> list[str]:
