@@ -45,7 +45,7 @@ from .store import PageInfo, drop_entries, log_damaged
 
 def namespaces(dirs: list[str]) -> dict[str, list[str]]:
     """fingerprint dir name -> its namespace dirs ordered by placement.json's dir_index."""
-    found: dict[str, dict] = {}
+    found: dict[str, list] = {}
     for d in dirs:
         for name in sorted(os.listdir(d)):
             ns = os.path.join(d, name)
@@ -53,11 +53,21 @@ def namespaces(dirs: list[str]) -> dict[str, list[str]]:
             if name.startswith("tutti-") and QUARANTINE not in name and os.path.exists(pj):
                 try:
                     with open(pj) as f:
-                        index = (0, int(json.load(f)["dir_index"]))
+                        index = int(json.load(f)["dir_index"])
                 except (OSError, ValueError, KeyError, TypeError):
-                    index = (1, len(found.get(name, ())))  # damaged: after the intact ones
-                found.setdefault(name, {})[index] = d
-    return {k: [v[i] for i in sorted(v)] for k, v in found.items()}
+                    index = None  # damaged: takes a free position, in the order given
+                found.setdefault(name, []).append((index, d))
+    out = {}
+    for name, entries in found.items():
+        order: list = [None] * len(entries)
+        rest = []
+        for index, d in entries:
+            if index is not None and 0 <= index < len(order) and order[index] is None:
+                order[index] = d
+            else:
+                rest.append(d)
+        out[name] = [o if o is not None else rest.pop(0) for o in order]
+    return out
 
 
 def quarantined(dirs: list[str]) -> list[str]:

@@ -141,3 +141,18 @@ def test_fsck_and_inspect_list_quarantines(tmp_path, capsys, caplog):
         assert not wrong and ok.sum() == 10 and not quarantines([a])  # a held slots 0, 2, ...
     finally:
         s.close()
+
+
+def test_fsck_reports_damaged_metadata_that_attach_then_heals(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    s = ObjectStore(cfg_for([a, b]), GEOM, IDENT)
+    write(s, keys_of(20))
+    ns = s.ns_dirs
+    s.close()
+    damage.flip(os.path.join(ns[0], "placement.json"), 0)  # no longer JSON
+    capsys.readouterr()
+    assert cli_main(["fsck", str(a), str(b)]) == 1  # reported, without a traceback
+    assert "cannot check" in capsys.readouterr().out
+    ObjectStore(cfg_for([a, b]), GEOM, IDENT).close()  # attach rebuilds it
+    assert cli_main(["fsck", str(a), str(b)]) == 0
+    assert "20 pages checked, 0 bad payloads, 0 unreadable headers" in capsys.readouterr().out
