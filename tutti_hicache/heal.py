@@ -65,11 +65,15 @@ def resolve(cfg: TuttiConfig, fingerprint: bytes, identity: dict, layout: SlotLa
     """Check (and heal) the namespace's metadata in every directory; see the module docstring."""
     name = "tutti-" + fingerprint.hex()
     paths = [os.path.join(d, name) for d in cfg.dirs]
-    fd = _lock(os.path.join(min(cfg.dirs), name + ".lock"))  # whatever the list's order
     try:
-        r = _resolve(paths, identity, layout, fingerprint, cfg.segment_bytes)
-    finally:
-        os.close(fd)
+        fd = _lock(os.path.join(min(cfg.dirs), name + ".lock"))  # whatever the list's order
+        try:
+            r = _resolve(paths, identity, layout, fingerprint, cfg.segment_bytes)
+        finally:
+            os.close(fd)
+    except OSError as e:  # permissions changed under the store dirs: the operator's to fix
+        raise ValueError(f"{PREFIX}dirs: cannot repair the namespace {name} in "
+                         f"{e.filename or list(cfg.dirs)}: {e.strerror}") from None
     if r.notes:
         logger.warning("tutti: namespace %s: %s", name, "; ".join(r.notes))
     return r
