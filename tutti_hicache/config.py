@@ -131,7 +131,9 @@ class TuttiConfig:
     revision: str = setting("",
         "Weights revision, part of the identity: a weight update never replays stale KV.")
     model: str = setting("", "Model identity override (default: SGLang's model_name).")
-    segment_gb: float = setting(1.0, "Size of one preallocated segment file.", minimum=1.0 / 1024)
+    segment_gb: float = setting(1.0, "Size of one preallocated segment file (an existing "
+                                   "namespace keeps the size it was created with).",
+                                   minimum=1.0 / 1024)
     durability: str = setting("none",
         "none: crash-consistent against process kills (payload before header, O_DIRECT); sync: "
         "also fdatasync before and after publishing headers (power-loss safe, slower).",
