@@ -11,9 +11,9 @@ A namespace set aside by heal.resolve (a directory added or removed, another slo
 metadata) cannot be read in place: its placement no longer locates the pages. Its pages are
 still self-describing: every slot header carries the key, the fingerprint and the checksum, and
 slots sit at multiples of the slot size in every segment file whatever the old placement was.
-So each quarantined segment file is read 64 slots at a time (plain preads, page cache dropped
-after), each header is checked as a scan checks it (but trusting its own slot number), each
-payload is checked against the header's page checksum, and only pages that pass go through the
+So each quarantined segment file is read 64 slots (at most 64 MiB) at a time (plain preads,
+page cache dropped after), each header is checked as a scan checks it (but trusting its own slot
+number), each payload against the header's page checksum, and only pages that pass go through the
 store's ordinary write path (dedupe, reserve, publication order): a re-homed page holds exactly
 the bytes that were written under its key, or is not re-homed. A file is deleted once read, a
 quarantine once empty, so the disk holds about one capacity plus a segment row meanwhile
@@ -39,7 +39,8 @@ from .engine import extension
 from .layout import HEADER_NBYTES, SlotLayout
 
 logger = logging.getLogger("tutti_hicache.store")
-CHUNK = 64  # slots per read
+CHUNK = 64  # slots per read, at most
+CHUNK_BYTES = 64 << 20  # and at most this many bytes (a Llama-3-8B slot is 8 MiB)
 
 
 class Rehome:
@@ -110,7 +111,7 @@ class Rehome:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return
-        buf = extension().AlignedBuffer(CHUNK * slot)
+        buf = extension().AlignedBuffer(max(1, min(CHUNK, CHUNK_BYTES // slot)) * slot)
         arr = np.frombuffer(buf, dtype=np.uint8)
         try:
             off = 0
