@@ -6,10 +6,11 @@ At a glance:
         .placement     the Placement the namespace uses (a recorded segment size is kept)
         .quarantined   namespace dirs set aside this time (renamed <ns>.quarantine-<stamp>)
         .notes         what was healed (also logged as one warning naming the namespace)
-    reclaim(ns_dirs, need, capacity_bytes, where, floor) -> bytes freed
+    reclaim(ns_dirs, need, capacity_bytes, where, floor, slack) -> bytes freed
                    delete quarantined segment files (newest first: rehome.py reads them oldest
                    first) until this namespace's live and quarantined files plus `need` fit in
-                   the capacity (and `where` has room for `need`)
+                   the capacity (+ slack, one segment row, while a re-home runs) and `where`
+                   has room for `need`
     quarantines(dirs, name=None) -> [(path, reason, segment bytes)]   for fsck and inspect
 
 A cache's contents are disposable, the server is not: damaged, truncated, foreign or missing
@@ -295,11 +296,28 @@ def quarantines(dirs, name: str | None = None) -> list[tuple[str, str, int]]:
     return sorted(out, key=lambda t: os.path.basename(t[0]))
 
 
+def _rehoming(q: str) -> bool:
+    """True while some process re-homes quarantine q (rehome.py holds an flock on it)."""
+    try:
+        fd = os.open(q, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def reclaim(ns_dirs: list[str], need: int, capacity_bytes: int, where: str = "",
-            floor: int = 0) -> int:
-    """Delete quarantined segment files of this namespace (those in `where` first, oldest first)
-    until live + quarantined + need <= capacity_bytes and `where` has need + floor bytes free;
-    quarantine dirs left without segments are removed. Returns the bytes freed."""
+            floor: int = 0, slack: int = 0) -> int:
+    """Delete quarantined segment files of this namespace (those on `where`'s filesystem first,
+    newest first) until live + quarantined + need <= capacity_bytes (+ slack while one of them is
+    being re-homed: the file in flight is still on disk while its pages land in new segments)
+    and `where` has need + floor bytes free; empty quarantine dirs are removed. Returns the
+    bytes freed."""
     parents = [os.path.dirname(ns) for ns in ns_dirs]
     qs = quarantines(parents, os.path.basename(ns_dirs[0]))
     if not qs:
@@ -308,7 +326,7 @@ def reclaim(ns_dirs: list[str], need: int, capacity_bytes: int, where: str = "",
     files = [(p, s) for q, _, _ in qs for p, s in _segments(q)][::-1]  # newest end first:
     files.sort(key=lambda f: not root or not f[0].startswith(root))  # re-homing reads from the front
     over = sum(s for ns in ns_dirs for _, s in _segments(ns)) + sum(s for _, s in files) + \
-        need - capacity_bytes
+        need - capacity_bytes - (slack if any(_rehoming(q) for q, _, _ in qs) else 0)
     freed = 0
     for path, size in files:
         short = 0

@@ -123,7 +123,7 @@ class Namespace:
     def create_segment(self, path: str, n_slots: int) -> None:
         nbytes = n_slots * self.placement.slot_nbytes
         reclaim(self.dirs, nbytes, self.capacity_slots * self.placement.slot_nbytes, path,
-                self.free_space_floor)
+                self.free_space_floor, len(self.dirs) * self.placement.segment_file_nbytes)
         st = os.statvfs(os.path.dirname(path))
         free = st.f_bavail * st.f_frsize
         if free < nbytes:
