@@ -295,6 +295,7 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
     if args.offload_stream:
         c = max(contexts)
         info["offload_stream"] = offload_stream(lw, model, keys, c, int(c * 0.9) // page, args.offload_stream)
+    info["write_windows"] = lw.windows.snapshot()
     lw.close()
     return info
 
@@ -347,31 +348,42 @@ class OffloadStream:
 
 
 def offload_stream(lw: LayerwiseKV, model, keys: list, c: int, pages: int, limit: int) -> dict:
-    """TTFT at (C, h=0.9) with a continuous offload stream, scheduler off vs on (alternating)."""
+    """TTFT at (C, h=0.9) with a continuous offload stream: scheduler off; on without write windows;
+    on with the windows learned online (alternating, same process and media); and the stream's
+    write rate with no prefill running. The online windows start from nothing (no slack table):
+    they learn from the forwards of the points above."""
     page = model.s["page"]
     page_bytes = lw.store.layout.geometry.page_nbytes
     stream = OffloadStream(lw, model, limit)
-    alone = [prefill(model, c, pages * page, restore_fn(lw, model, keys, pages), lw.counter) for _ in range(2)]
+    restore = restore_fn(lw, model, keys, pages)
+    alone = [prefill(model, c, pages * page, restore, lw.counter) for _ in range(2)]
+    modes = [("off", False, "off"), ("on", True, "off"), ("online", True, "online")]
     runs = []
-    for enabled in (False, True, False, True):
+    for name, enabled, windows in modes * 2:
         lw.drain_loads()  # the last restore has released its read hold before the switch
-        lw.store.gate.enabled = enabled
-        t0 = time.perf_counter()
-        (ttft, bub), written, secs = stream.during(
-            lambda: prefill(model, c, pages * page, restore_fn(lw, model, keys, pages), lw.counter))
-        runs.append(dict(scheduler=enabled, ttft_s=ttft, bubble_s=bub, written_pages=written,
-                         write_GBps=written * page_bytes / secs / 1e9))
-        print(f"  scheduler {'on' if enabled else 'off'}: TTFT {ttft:.3f}s, {written} pages written "
-              f"in {time.perf_counter() - t0:.1f}s", flush=True)
-    lw.store.gate.enabled = True
-    out = {"C": c, "h": 0.9, "ttft_alone_s": min(t for t, _ in alone), "runs": runs, "refused_offloads": stream.refused}
-    for enabled in (False, True):
-        sel = [r["ttft_s"] for r in runs if r["scheduler"] == enabled]
-        out[f"ttft_scheduler_{'on' if enabled else 'off'}_s"] = min(sel)
-        out[f"vs_alone_scheduler_{'on' if enabled else 'off'}"] = min(sel) / out["ttft_alone_s"]
-    print(f"  offload stream C={c} h=0.9: alone {out['ttft_alone_s']:.3f}s, scheduler off "
-          f"{out['ttft_scheduler_off_s']:.3f}s ({out['vs_alone_scheduler_off']:.2f}x), on "
-          f"{out['ttft_scheduler_on_s']:.3f}s ({out['vs_alone_scheduler_on']:.2f}x); {runs}", flush=True)
+        lw.store.gate.enabled, lw.windows.mode = enabled, windows
+        opened = lw.windows_opened
+        (ttft, bub), written, secs = stream.during(lambda: prefill(model, c, pages * page, restore, lw.counter))
+        runs.append(dict(mode=name, scheduler=enabled, windows=windows, ttft_s=ttft, bubble_s=bub,
+                         written_pages=written, write_GBps=written * page_bytes / secs / 1e9,
+                         windows_opened=lw.windows_opened - opened))
+        print(f"  {name:6s}: TTFT {ttft:.3f}s, {written} pages written in {secs:.1f}s, "
+              f"{runs[-1]['windows_opened']} windows", flush=True)
+    lw.store.gate.enabled, lw.windows.mode = True, "online"
+    lw.drain_loads()
+    _, idle_pages, idle_s = stream.during(lambda: time.sleep(1.0))
+    out = {"C": c, "h": 0.9, "ttft_alone_s": min(t for t, _ in alone), "runs": runs,
+           "refused_offloads": stream.refused, "idle_write_GBps": idle_pages * page_bytes / idle_s / 1e9,
+           "windows": lw.windows.snapshot()}
+    for name, _, _ in modes:
+        sel = [r for r in runs if r["mode"] == name]
+        out[f"ttft_{name}_s"] = min(r["ttft_s"] for r in sel)
+        out[f"vs_alone_{name}"] = out[f"ttft_{name}_s"] / out["ttft_alone_s"]
+        out[f"write_GBps_{name}"] = sum(r["write_GBps"] for r in sel) / len(sel)
+    print(f"  offload stream C={c} h=0.9: alone {out['ttft_alone_s']:.3f}s; " + ", ".join(
+        f"{n} {out[f'ttft_{n}_s']:.3f}s ({out[f'vs_alone_{n}']:.2f}x, {out[f'write_GBps_{n}']:.2f} GB/s)"
+        for n, _, _ in modes) + f"; no prefill {out['idle_write_GBps']:.2f} GB/s; windows {out['windows']}",
+        flush=True)
     return out
 
 
@@ -391,7 +403,7 @@ def main():
                     help="layer chunks read at once; a list (e.g. 1,2) measures each at every point")
     ap.add_argument("--offload-stream", type=int, default=0, metavar="PAGES",
                     help="also TTFT at the largest C, h=0.9 with a continuous offload stream (at most PAGES "
-                         "pages per request), scheduler off vs on")
+                         "pages per request): scheduler off, on, on with online write windows")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
     global ENGINE, VERIFY, STAGE_DEPTH, THREADS

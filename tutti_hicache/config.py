@@ -155,8 +155,13 @@ class TuttiConfig:
         "Queued write bytes (MiB) above which new stores are refused at once (batch_set_v1 / "
         "offload return False).", minimum=1)
     slack_table: str = setting("",
-        "Linker: slack table file from `tutti-hicache profile`; without one, writes run only when"
-        " no read is pending.")
+        "Linker: slack table file from `tutti-hicache profile`: the seed of the online write "
+        "windows (tutti_write_windows=online) or the windows themselves (=table).")
+    write_windows: str = setting("online",
+        "Linker: write windows between layer reads. online: learned from the server's own "
+        "forwards (per-layer compute from CUDA events), seeded by tutti_slack_table if given; "
+        "table: the slack table alone; off: writes run only when no read is pending.",
+        choices=("online", "table", "off"))
     stats_file: str = setting("",
         "Write the backend's counters (hits, misses, bytes, checksum failures, engine calls) as "
         "JSON to this file, at most once a second and at close ({pid} is replaced).")

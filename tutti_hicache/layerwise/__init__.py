@@ -44,6 +44,7 @@ from .loader import Loader, LoadFailed
 from .offloader import Offloader
 from .staging import Staging
 from .stats import LinkerStats
+from .windows import LayerTimes, Windows
 
 __all__ = ["LayerwiseKV", "LayerCounter", "LoadFailed"]
 
@@ -57,10 +58,12 @@ class LayerwiseKV:
         self.page_size = page_size
         self.num_layers = geometry.num_layers
         self.writer = writer
-        self.counter = LayerCounter(self.num_layers)
-        self.store = ObjectStore(cfg, geometry, identity, writer=writer)
         self.device = self.k_bufs[0].device
         self.cuda = self.device.type == "cuda"
+        self.times = LayerTimes(self.cuda)
+        self.counter = LayerCounter(self.num_layers, self.times if cfg.write_windows == "online"
+                                    else None)
+        self.store = ObjectStore(cfg, geometry, identity, writer=writer)
         self.io = self._io_stream()
         self.obj_stride = self.store.layer_object_stride()
         per_page_layer = geometry.objects_per_layer * self.obj_stride
@@ -72,9 +75,11 @@ class LayerwiseKV:
         self.out = Staging(self.out_pages * per_page, 2, self.device, self.cuda)
         self.store.register_memory(self.stage.regions() + self.out.regions())
         self.slack = SlackTable.load(cfg.slack_table) if cfg.slack_table else None
-        self._stats = LinkerStats(self.store, cfg.stats_file)
+        self.windows = Windows(cfg.write_windows, self.slack, self.times,
+                               sum(geometry.object_nbytes[:geometry.objects_per_layer]) // page_size)
+        self._stats = LinkerStats(self.store, cfg.stats_file, self.windows)
         self._loader = Loader(self.store, self.counter, self.stage, self.stage_pages, self.k_bufs,
-                              self.v_bufs, page_size, self.io, cfg, self.slack, self._stats)
+                              self.v_bufs, page_size, self.io, cfg, self.windows, self._stats)
         self._offloader = Offloader(self.store, self.out, self.out_pages, self.k_bufs, self.v_bufs,
                                     page_size, self.io, writer, cfg.offload_backlog_pages,
                                     self._stats)

@@ -1,8 +1,8 @@
 """The load pipeline of the layer-wise path: queued pages -> the device pool, layer by layer.
 
 At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's thread):
-    loader = Loader(store, counter, stage, stage_pages, k_bufs, v_bufs, page_size, io, cfg, slack,
-                    stats)
+    loader = Loader(store, counter, stage, stage_pages, k_bufs, v_bufs, page_size, io, cfg,
+                    windows, stats)
     loader.load(rid, keys, device_indices) -> bool     [scheduler] pin and queue; no I/O
     loader.cancel(rid) -> bool, loader.cancel_all()    [scheduler] unpin queued pages
     loader.start(input_tokens) -> index                [scheduler] hand every queued page over:
@@ -11,24 +11,27 @@ At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's t
         layer's requests wait at the devices behind this one's), per-layer checksums verified
         as pages land, one H2D copy and one scatter kernel on the I/O stream, one CUDA event
         -> counter.complete(index, layer); any failure -> counter.fail(index) (never a hang)
-    loader.read_ahead, loader.windows_opened, loader.worker (drain, stop, thread)
+    loader.read_ahead, loader.windows_opened, loader.read_Bps, loader.worker (drain, stop, thread)
 
 The stream holds the batch's directories for reads (the scheduler's lease) from its first read
-to its last layer, except for slack-table windows lent to writes while the reads run two layers
-ahead of the forward. Thread-safety: _queued belongs to the scheduler thread; the staging ring
-to the loader thread; the load queue is a Queue.
+to its last layer, except for write windows (windows.py: learned online from the forward, or a
+slack table) lent to writes while the reads run two layers ahead of the forward.
+Thread-safety: _queued belongs to the scheduler thread; the staging ring to the loader thread;
+the load queue is a Queue.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 
 import torch
 
 from ..config import TuttiConfig
 from ..layout import strided
 from .counter import LayerCounter
+from .windows import Windows
 from .staging import Staging
 from .stats import LinkerStats
 from .worker import Worker
@@ -42,7 +45,7 @@ class LoadFailed(RuntimeError):
 
 class Loader:
     def __init__(self, store, counter: LayerCounter, stage: Staging, stage_pages: int,
-                 k_bufs: list, v_bufs, page_size: int, io, cfg: TuttiConfig, slack,
+                 k_bufs: list, v_bufs, page_size: int, io, cfg: TuttiConfig, windows: Windows,
                  stats: LinkerStats):
         self._store, self._counter, self._stage = store, counter, stage
         self.stage_pages = stage_pages  # pages of one layer per ring slot
@@ -52,7 +55,8 @@ class Loader:
         self._obj_stride = store.layer_object_stride()
         self._io = io  # green.IOStream on a CUDA device; None on CPU (plain copies)
         self._cuda = io is not None
-        self._slack = slack
+        self._windows = windows
+        self._rates: deque = deque(maxlen=16)  # bytes/s of recent loads
         self._stats = stats
         self._page_nbytes = self._num_layers * self._k_objs * self._obj_stride  # staged, per page
         self.read_ahead = max(1, min(cfg.read_ahead, cfg.stage_depth - 1))
@@ -96,6 +100,7 @@ class Loader:
         ps = self._page_size
         page_ids = torch.cat([di[::ps] // ps for _, di in items])
         index = self._counter.update_producer()
+        self._counter.describe(index, input_tokens, len(entries) * ps)
         ready = None
         if self._cuda:
             ready = torch.cuda.Event()
@@ -110,6 +115,7 @@ class Loader:
         try:
             self._load(index, entries, page_ids, ready, input_tokens)
             seconds = time.perf_counter() - t0  # the first read to the last layer handed over
+            self._rates.append(len(entries) * self._page_nbytes / max(seconds, 1e-9))
             self._stats.first_load(seconds)
             self._stats.add(loads=1, load_pages=len(entries),
                             load_bytes=len(entries) * self._page_nbytes, load_seconds=seconds)
@@ -126,7 +132,8 @@ class Loader:
         and the queue never drains between layers; each chunk lands, is verified, copied and
         scattered in layer order."""
         plan = self._store.plan_pages(entries)
-        window = self._window(input_tokens, len(entries) * self._page_size)
+        prefix = len(entries) * self._page_size
+        self._windows.learn()  # the forwards that ran since the last load
         if ready is not None:
             self._io.stream.wait_event(ready)
         n, per_page = len(entries), self._k_objs * self._obj_stride
@@ -154,14 +161,19 @@ class Loader:
                 if rows.stop < n:
                     continue
                 self._counter.complete(index, layer, self._mark())
-                if window > 0 and layer + 1 < self._num_layers and layer - self._counter.waited >= 2:
-                    self.windows_opened += 1
-                    stream.lend(window)  # settles what was admitted, then one write window
+                if layer + 1 < self._num_layers and layer - self._counter.waited >= 2:
+                    window = self._windows.window(input_tokens, prefix, self.read_Bps)
+                    if window > 0:
+                        self.windows_opened += 1
+                        stream.lend(window)  # settles what was admitted, then one write window
 
-    def _window(self, input_tokens: int, prefix_tokens: int) -> float:
-        if self._slack is None:
-            return 0.0
-        return self._slack.window(input_tokens, prefix_tokens)[0]
+    @property
+    def read_Bps(self) -> float:
+        """The best of the recent loads' rates (a load held back by the forward reads slower than
+        the medium); before any load, the slack table's read rate, else 0 (no windows)."""
+        if self._rates:
+            return max(self._rates)
+        return self._windows.seed_read_Bps
 
     def _copy_chunk(self, k: int, layer: int, n: int, page_ids) -> None:
         """Ring slot k holds layer `layer` of n pages: to the device pool (H2D + scatter)."""
