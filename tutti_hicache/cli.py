@@ -194,7 +194,7 @@ def cmd_cost(a) -> int:
         rows = [cost.CostRow("given", 0, 0, a.throughput, cost.cost_per_million(
             a.throughput, a.gpus, a.dram_gb, a.ssd_gb, *prices), written,
             endurance.per_million(written))]
-    print(cost.table(rows, endurance))
+    print(cost.table(rows, endurance, a.ssd_drives))
     return 0
 
 
@@ -230,6 +230,8 @@ def _add_wear_args(c) -> None:
                    help="price of one drive ($)")
     c.add_argument("--ssd-drive-tb", type=float, default=cost.DEFAULT_DRIVE_TB,
                    help="capacity of one drive (TB = 10^12 bytes)")
+    c.add_argument("--ssd-drives", type=float, default=1.0,
+                   help="drives sharing the writes (for the DWPD column)")
 
 
 def main(argv=None) -> int:

@@ -7,6 +7,7 @@ At a glance:
     Endurance(dwpd, warranty_years, drive_usd, drive_tb)   a drive's rating and price
         .usd_per_tb_written          replacement cost of writing 10^12 bytes
         .per_million(bytes_per_mtok) -> $ per 1M tokens: the wear term
+        .dwpd_at(bytes_per_s, drives) -> drive writes per day of each drive at that rate
         .years_at(dwpd) -> years the rated endurance lasts at a measured drive-writes-per-day
     format_write_amplification(geometry, reused=True) -> bytes a page write puts on the drive
         per byte of KV (payload, header, the tombstone of a reused slot) on the zero-copy path
@@ -68,6 +69,10 @@ class Endurance:
         """$ per 1M tokens of replacing drives worn by bytes_per_mtok written per 1M tokens."""
         return bytes_per_mtok / self.rated_bytes * self.drive_usd
 
+    def dwpd_at(self, bytes_per_s: float, drives: float = 1.0) -> float:
+        """Drive writes per day of each of `drives` such drives sharing bytes_per_s."""
+        return bytes_per_s * 86400.0 / (drives * self.drive_tb * TB)
+
     def years_at(self, dwpd: float) -> Optional[float]:
         """Years until the rated endurance is used up at `dwpd` measured (None at 0)."""
         return self.dwpd * self.warranty_years / dwpd if dwpd > 0 else None
@@ -95,6 +100,11 @@ class CostRow:
     @property
     def total_usd_per_mtok(self) -> float:
         return self.usd_per_mtok + self.wear_usd_per_mtok
+
+    @property
+    def written_bytes_per_s(self) -> float:
+        """At this throughput, sustained."""
+        return self.written_bytes_per_mtok * self.tokens_per_s / 1e6
 
 
 def prefill_geometry(shape: dict) -> PageGeometry:
@@ -135,14 +145,17 @@ def measured_rate(stats: dict) -> tuple[float, Optional[float]]:
     return (w["physical_bytes"] / seconds if seconds > 0 else 0.0), w["write_amplification"]
 
 
-def table(rows: list[CostRow], endurance: Endurance) -> str:
+def table(rows: list[CostRow], endurance: Endurance, drives: float = 1.0) -> str:
+    """The cost table; DWPD: each of `drives` drives' writes per day at the row's throughput."""
     e = endurance
     lines = [f"SSD wear: ${e.drive_usd:.0f} per {e.drive_tb:g} TB drive rated {e.dwpd:g} DWPD for "
-             f"{e.warranty_years:g} years = ${e.usd_per_tb_written:.4f} per TB written",
+             f"{e.warranty_years:g} years = ${e.usd_per_tb_written:.4f} per TB written; DWPD: "
+             f"each of {drives:g} drive(s) at the row's throughput, sustained",
              f"{'config':<16} {'C':>7} {'h':>6} {'tokens/s':>12} {'$ per 1M tokens':>16} "
-             f"{'GB written/1M':>14} {'wear $/1M':>10} {'total $/1M':>11}"]
+             f"{'GB written/1M':>14} {'DWPD':>7} {'wear $/1M':>10} {'total $/1M':>11}"]
     for r in rows:
         lines.append(f"{r.config:<16} {r.C:>7} {r.h:>6} {r.tokens_per_s:>12.0f} "
                      f"{r.usd_per_mtok:>16.4f} {r.written_bytes_per_mtok / 1e9:>14.3f} "
+                     f"{e.dwpd_at(r.written_bytes_per_s, drives):>7.2f} "
                      f"{r.wear_usd_per_mtok:>10.4f} {r.total_usd_per_mtok:>11.4f}")
     return "\n".join(lines)

@@ -142,23 +142,22 @@ class Wear:
         self._flush_lock = threading.Lock()
         self._last_flush = time.monotonic()
         self._capacity = [0] * n
-        self._warned: set = set()  # under _flush_lock
+        self._warned: set = set()  # tags warned once (a racing duplicate is harmless)
 
     # ----------------------------------------------------------------- counting
     def wrote(self, kind: str, files: np.ndarray, results: np.ndarray) -> None:
         """Count one engine write batch: results [len(files) * k] (nbytes or -errno), k requests
         per entry of files in order (the aligned payload path submits a page's objects)."""
         files = np.asarray(files, dtype=np.int64)
-        if not len(files):
-            return
-        done = np.maximum(np.asarray(results, dtype=np.int64), 0).reshape(len(files), -1)
-        self._add(_COL[kind], self._dirs_of(files), done.sum(axis=1))
+        if len(files):
+            done = np.maximum(np.asarray(results, dtype=np.int64), 0)
+            self._add(_COL[kind], files, lambda: done.reshape(len(files), -1).sum(axis=1))
 
     def stored(self, files: np.ndarray, page_nbytes: int) -> None:
         """Count the logical bytes of pages published in these files (one entry per page)."""
         files = np.asarray(files, dtype=np.int64)
         if len(files):
-            self._add(LOGICAL, self._dirs_of(files), np.full(len(files), page_nbytes, np.int64))
+            self._add(LOGICAL, files, lambda: np.full(len(files), page_nbytes, np.int64))
 
     def wrote_meta(self, nbytes: Sequence[int]) -> None:
         """Count metadata bytes written, one entry per directory."""
@@ -168,9 +167,18 @@ class Wear:
             self._session += add
             self._pending += add
 
-    def _add(self, col: int, dirs: np.ndarray, nbytes: np.ndarray) -> None:
-        # bincount sums in float64: exact below 2^53 bytes (9 PB) per batch
-        per_dir = np.bincount(dirs, weights=nbytes, minlength=len(self.ns_dirs)).astype(np.int64)
+    def _add(self, col: int, files: np.ndarray, nbytes: Callable[[], np.ndarray]) -> None:
+        """Add nbytes() per file to column col of the files' directories. Never raises: the
+        bytes are already written, and counting them must not turn a write into a failure."""
+        try:
+            # bincount sums in float64: exact below 2^53 bytes (9 PB) per batch
+            per_dir = np.bincount(self._dirs_of(files), weights=nbytes(),
+                                  minlength=len(self.ns_dirs)).astype(np.int64)
+        except Exception as e:  # a bug here: log once, keep storing
+            if "count" not in self._warned:
+                self._warned.add("count")
+                logger.error("tutti: wear counters cannot count a write batch: %r", e)
+            return
         with self._lock:
             self._session[:, col] += per_dir
             self._pending[:, col] += per_dir

@@ -240,6 +240,17 @@ def test_unit_counter_is_exact_under_threads(tmp_path):
     assert w.snapshot()["devices"][0]["payload_bytes"] == 4 * 500 * 64 * 3 * 4096
 
 
+def test_a_counting_error_never_fails_the_write(tmp_path, caplog):
+    def broken(files):
+        raise IndexError("no such handle")
+
+    w = Wear([str(tmp_path)], broken)
+    with caplog.at_level(logging.ERROR, logger="tutti_hicache.store"):
+        w.wrote("header", np.array([3]), np.array([4096]))  # does not raise
+    assert "cannot count" in caplog.text
+    assert w.snapshot()["physical_bytes"] == 0
+
+
 def test_drive_writes_per_day_at_the_measured_rate(tmp_path):
     s = ObjectStore(cfg_for([tmp_path], slots=16, tutti_drive_capacity_gb=0.5), GEOM, IDENT)
     src = Pages(4, seed=1)
@@ -293,7 +304,7 @@ def test_cost_from_a_prefill_run_adds_the_wear_term(capsys):
                         "prefill_layerwise_array4_h200.json")
     with open(path) as f:
         r = json.load(f)
-    assert main(["cost", "--from-json", path, "--ssd-dwpd", "3"]) == 0
+    assert main(["cost", "--from-json", path, "--ssd-dwpd", "3", "--ssd-drives", "4"]) == 0
     lines = capsys.readouterr().out.splitlines()
     geo = prefill_geometry(r["shape"])
     x = next(x for m in r["media"].values() for x in m["runs"])
@@ -301,6 +312,7 @@ def test_cost_from_a_prefill_run_adds_the_wear_term(capsys):
     wear = written / (3 * 7.68e12 * 365 * 5) * 800
     assert wear == pytest.approx(Endurance(dwpd=3).per_million(written))
     row = next(ln for ln in lines if ln.startswith(x["config"]) and f" {x['C']} " in ln)
-    assert f"{written / 1e9:.3f}" in row and f"{wear:.4f}" in row
+    dwpd = written * x["C"] / x["ttft_s"] / 1e6 * 86400 / (4 * 7.68e12)  # sustained, per drive
+    assert f"{written / 1e9:.3f}" in row and f"{wear:.4f}" in row and f" {dwpd:.2f} " in row
     assert "rated 3 DWPD for 5 years" in lines[0]
     assert all(ln.split()[-2] == "0.0000" for ln in lines if ln.startswith(("recompute", "dram")))
