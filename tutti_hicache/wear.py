@@ -38,6 +38,8 @@ I/O outside the first.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -252,11 +254,17 @@ class Wear:
             tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
             out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             try:
-                os.write(out, data)
-                os.fsync(out)
-            finally:
-                os.close(out)
-            os.replace(tmp, path)
+                try:
+                    if os.write(out, data) != len(data):
+                        raise OSError(errno.ENOSPC, "short write", tmp)
+                    os.fsync(out)
+                finally:
+                    os.close(out)
+                os.replace(tmp, path)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
             return total, cur["since"], len(data)
         finally:
             os.close(fd)  # drops the flock

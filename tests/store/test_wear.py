@@ -240,6 +240,22 @@ def test_unit_counter_is_exact_under_threads(tmp_path):
     assert w.snapshot()["devices"][0]["payload_bytes"] == 4 * 500 * 64 * 3 * 4096
 
 
+def test_a_failed_flush_keeps_its_bytes_for_the_next(tmp_path, caplog):
+    ns = tmp_path / "ns"
+    w = Wear([str(ns)], lambda files: np.zeros(len(files), dtype=np.int64))
+    w.wrote("payload", np.array([0, 0]), np.array([4096, 8192]))
+    with caplog.at_level(logging.WARNING, logger="tutti_hicache.store"):
+        assert not w.flush()  # the namespace directory is gone: nothing written, nothing lost
+    assert "cannot write the wear counters" in caplog.text
+    assert w.snapshot()["devices"][0]["lifetime"]["payload_bytes"] == 12288
+    ns.mkdir()
+    w.wrote("header", np.array([0]), np.array([4096]))
+    assert w.flush()
+    c = read_counters(str(ns / FILE_NAME))
+    assert (c["payload"], c["header"], c["meta"]) == (12288, 4096, os.path.getsize(ns / FILE_NAME))
+    assert os.listdir(ns) == [FILE_NAME]  # no temporary file left
+
+
 def test_a_counting_error_never_fails_the_write(tmp_path, caplog):
     def broken(files):
         raise IndexError("no such handle")
