@@ -150,6 +150,7 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float) 
         srv.stop()
     run["tutti_stats"] = tutti_stats(args.out_dir, config)
     run.update(restore_summary(run["tutti_stats"]))
+    run.update(wear_summary(run["tutti_stats"]))
     return run
 
 
@@ -169,13 +170,24 @@ def restore_summary(stats: list) -> dict:
     return out
 
 
+def wear_summary(stats: list) -> dict:
+    """Bytes tutti handed the drives over every server process of a run (each stats file holds one
+    process's session), the KV bytes stored, and their ratio: the write amplification."""
+    w = [s["wear"] for s in stats if "wear" in s]
+    if not w:
+        return {}
+    phys, logical = sum(x["physical_bytes"] for x in w), sum(x["logical_bytes"] for x in w)
+    return {"ssd_written_bytes": phys, "kv_stored_bytes": logical,
+            "write_amplification": phys / logical if logical else None}
+
+
 def scrape_metrics(url: str) -> list:
     import requests
     try:
         text = requests.get(url + "/metrics", timeout=10).text
     except requests.RequestException as e:
         return [f"unavailable: {e}"]
-    keys = ("prefetch", "backup", "cached_tokens", "hicache", "cache_hit")
+    keys = ("prefetch", "backup", "cached_tokens", "hicache", "cache_hit", "tutti_")
     return [ln for ln in text.splitlines() if not ln.startswith("#") and any(k in ln for k in keys)]
 
 

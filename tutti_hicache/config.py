@@ -165,6 +165,10 @@ class TuttiConfig:
     stats_file: str = setting("",
         "Write the backend's counters (hits, misses, bytes, checksum failures, engine calls) as "
         "JSON to this file, at most once a second and at close ({pid} is replaced).")
+    drive_capacity_gb: float = setting(0.0,
+        "Capacity of the drive behind each store directory, for the drive-writes-per-day "
+        "projection of the wear counters (GB = 10^9 bytes, as drives are rated); 0: the size of "
+        "the directory's filesystem (statvfs).", minimum=0.0)
     stage_mb: int = setting(256,
         "Linker: bytes of one pinned staging slot (one layer of up to this many MiB of pages per "
         "copy); memory does not grow with sequence length.", minimum=1)

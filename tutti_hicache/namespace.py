@@ -6,8 +6,9 @@ At a glance:
     Namespace(cfg, fingerprint, placement, capacity_slots)
         .dirs                               <dir>/tutti-<fingerprint>, one per store directory
         .n_rows                             segment rows that the capacity spans
-        .create(identity)                   make the dirs (0700) with identity.json and
-                                            placement.json (0600); refuse a changed placement
+        .create(identity) -> [nbytes]       make the dirs (0700) with identity.json and
+                                            placement.json (0600); refuse a changed placement;
+                                            returns the metadata bytes written per directory
         .existing_rows() -> [row]           rows with a segment file in some directory
         .segment_path(d, row), .row_dirs(row), .file_slots(d, row), .row_slots(row), .mtimes(row)
         .create_segment(path, n_slots)      O_EXCL + posix_fallocate, above the free-space floor
@@ -17,12 +18,13 @@ At a glance:
     FileTable(io_engine, namespace, writable)   engine file handles of the segment files
         .open_row(row, create) -> bool      open (with create: make) the row's files; idempotent
         .is_open(d, row), .slot_files(slots) -> (file, offset), .path(file), .paths()
+        .dirs_of(files) -> directory index of each handle; .ns_dirs
     lock_paths(paths) -> fds | None         exclusive non-blocking flocks on every path, or none
 
 A row is segment number r in every directory. Files are sized so that the sum over all files
 never exceeds the slots that fit in tutti_capacity_gb (the last row can end mid-row).
 Thread-safety: Namespace holds no mutable state. FileTable.open_row may run on several threads
-(growth, re-scans); each handle is opened once, under the table's own lock. slot_files reads
+(growth, re-scans); each handle is opened once, under the table's own lock. slot_files and dirs_of read
 the table without a lock: an entry only ever changes from "not open" to its handle.
 """
 
@@ -120,21 +122,25 @@ class Namespace:
         return out
 
     # ------------------------------------------------------------------- files
-    def create(self, identity: dict) -> None:
-        """Create namespace dirs with identity.json and placement.json; refuse a changed placement."""
+    def create(self, identity: dict) -> list[int]:
+        """Create namespace dirs with identity.json and placement.json; refuse a changed placement.
+        Returns the bytes written per directory (0 where both files were there: SSD wear)."""
         p = self.placement
         placement = {"n_dirs": len(self.dirs), "slot_nbytes": p.slot_nbytes,
                      "slots_per_segment": p.slots_per_segment, "dir_index": 0}
+        wrote = []
         for d, ns in enumerate(self.dirs):
             os.makedirs(ns, mode=0o700, exist_ok=True)
-            _write_once(os.path.join(ns, "identity.json"), identity)
+            _, n_ident = _write_once(os.path.join(ns, "identity.json"), identity)
             want = dict(placement, dir_index=d)
-            have = _write_once(os.path.join(ns, "placement.json"), want)
+            have, n_place = _write_once(os.path.join(ns, "placement.json"), want)
+            wrote.append(n_ident + n_place)
             if have != want:
                 raise ValueError(
                     f"tutti_dirs/tutti_segment_gb: the store in {ns} was written with "
                     f"{have}, now {want}; restore the previous tutti_dirs order and "
                     f"tutti_segment_gb, or remove {ns} to start empty")
+        return wrote
 
     def create_segment(self, path: str, n_slots: int) -> None:
         nbytes = n_slots * self.placement.slot_nbytes
@@ -195,6 +201,11 @@ class FileTable:
         self._lock = threading.Lock()  # opening a handle (check and set)
         self._table = np.full((len(ns.dirs), ns.n_rows), -1, dtype=np.int64)
         self._paths: dict[int, str] = {}
+        self._dir_of = np.zeros(0, dtype=np.int64)  # handle -> directory; replaced, never mutated
+
+    @property
+    def ns_dirs(self) -> list[str]:
+        return self._ns.dirs
 
     def open_row(self, row: int, create: bool) -> bool:
         """Open the row's files that exist (with create: make and fallocate missing ones).
@@ -214,6 +225,10 @@ class FileTable:
                 if self._table[d, row] < 0:
                     f = self._engine.open_file(path, self._writable, True)
                     self._paths[f] = path
+                    dir_of = np.zeros(max(len(self._dir_of), f + 1), dtype=np.int64)
+                    dir_of[:len(self._dir_of)] = self._dir_of
+                    dir_of[f] = d
+                    self._dir_of = dir_of  # before the handle is published in the table
                     self._table[d, row] = f
         return complete
 
@@ -224,6 +239,10 @@ class FileTable:
         """(engine file handle, byte offset in that file) of each slot."""
         d, row, off = self._ns.placement.locate(slots)
         return self._table[d, row], off
+
+    def dirs_of(self, files: np.ndarray) -> np.ndarray:
+        """Directory index of each engine file handle opened here (vectorized, no lock)."""
+        return self._dir_of[files]
 
     def path(self, file: int) -> str:
         return self._paths[int(file)]
@@ -258,17 +277,21 @@ def _existing_rows(ns_dirs: list[str]) -> list[int]:
     return sorted(rows)
 
 
-def _write_once(path: str, obj: dict) -> dict:
-    """Write obj as JSON (0600) unless the file exists; return what the file holds."""
+def _write_once(path: str, obj: dict) -> tuple[dict, int]:
+    """Write obj as JSON (0600) unless the file exists; return (what the file holds, bytes
+    written here)."""
+    wrote = 0
     if not os.path.exists(path):
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        data = json.dumps(obj, sort_keys=True, indent=1).encode()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, sort_keys=True, indent=1)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
+        wrote = len(data)
     try:
         with open(path) as f:
-            return json.load(f)
+            return json.load(f), wrote
     except (OSError, ValueError) as e:
         raise ValueError(f"tutti_dirs: {path} is damaged ({e}); remove its namespace directory "
                          "to start it empty") from None

@@ -7,7 +7,7 @@ At a glance:
     store.write_pages(keys, addrs, aligned) -> bool[n]
     store.pin(keys) / store.unpin(entries)        hold pages against eviction (layer-wise loads)
     store.plan_pages(entries), store.stream_layers(plan, chunks, dsts)   layer_reads.py
-    store.clear(); store.close(); store.stats()
+    store.clear(); store.close(); store.stats()      stats()["wear"]: bytes written per device
     store.locate(key) -> (segment path, slot offset)       where a present key's slot lives
     store.entries() -> {key: PageInfo}                      read-only snapshot of the index
 
@@ -143,7 +143,9 @@ class ObjectStore:
                                   cfg.verify)
         self._writes = Writes(self._index, self._lock, self._rows, self._scan, self._io,
                               geometry.page_nbytes)  # no part holds the store: freed at once
-        self._ns.create(self.identity)
+        self._wear = self._io.wear  # bytes handed to each drive (wear.py)
+        self._wear.wrote_meta(self._ns.create(self.identity))
+        self._wear.load()
         self._open()
 
     def _open(self) -> None:
@@ -264,7 +266,9 @@ class ObjectStore:
         A read-only store (writer=False) stores nothing. See writes.py."""
         if not self.writer:
             return np.zeros(len(keys), dtype=bool)
-        return self._writes.write_pages(keys, addrs, aligned)
+        ok = self._writes.write_pages(keys, addrs, aligned)
+        self._wear.maybe_flush()
+        return ok
 
     # ------------------------------------------------------------ maintenance
     def clear(self) -> int:
@@ -316,6 +320,7 @@ class ObjectStore:
                 return
             self._closed = True
         self._scan.stop()  # a re-scan in flight finishes before the engine goes
+        self._wear.flush()
         self.engine.close()
         self._rows.close()
 
@@ -330,8 +335,13 @@ class ObjectStore:
                      capacity_slots=self.capacity_slots, slot_nbytes=self.layout.slot_nbytes,
                      owned_rows=len(self._rows.owned))
         s["engine"] = self.engine.name
+        s["wear"] = self.wear()
         s.update({f"engine_{k}": v for k, v in self.engine.counters().items()})
         return s
+
+    def wear(self) -> dict:
+        """Bytes written per device by kind, logical bytes, drive writes per day (wear.py)."""
+        return self._wear.snapshot()
 
     def register_memory(self, regions: list[tuple[int, int]]) -> int:
         """Register host memory (the KV pool) with the engine for fixed-buffer I/O."""

@@ -6,7 +6,8 @@ At a glance:
     stats.add(loads=1, load_pages=n, ...)   [loader, offloader] count, then rewrite the file
                                             (at most once a second)
     stats.first_load(seconds)               the first load after start (kept once)
-    stats.snapshot() -> {**store.stats(), "linker": {...}}
+    stats.snapshot() -> {**store.stats(), "linker": {...}}   store.stats()["wear"]: the bytes
+                                            the offloads put on each drive (wear.py)
     stats.dump(force=True)                  at close
 
 Thread-safety: the loader and the offloader both count; one lock around the counters.
