@@ -18,7 +18,9 @@ At a glance:
     lw.cancel(rid), lw.drain_loads(), lw.reset(), lw.close()
     lw.stats() -> dict                      the store's counters plus the linker's (stats.py);
                                             tutti_stats_file writes them
-    lw.gpu_wait -> (on, reason)             which completion path loads take, and why
+    lw.gpu_wait -> (on, reason)             whether the GPU-wait path is available, and why
+    lw.gpu_wait_on, lw.trace                the path loads take, settable between loads; the
+                                            benchmark's per-chunk timings
 
 The parts: counter.py (LayerCounter), staging.py (pinned rings), loader.py (the load pipeline
 and its thread), offloader.py (the offload queue, its backlog and its thread), stats.py (the
@@ -137,6 +139,27 @@ class LayerwiseKV:
     @read_ahead.setter
     def read_ahead(self, n: int) -> None:
         self._loader.read_ahead = n
+
+    @property
+    def gpu_wait_on(self) -> bool:
+        """Whether loads take the GPU-wait path (settable between loads where it is available)."""
+        return self._loader.gates is not None
+
+    @gpu_wait_on.setter
+    def gpu_wait_on(self, on: bool) -> None:
+        if on and self._gates is None:
+            raise RuntimeError(f"GPU-side completion waits are off here: {self.gpu_wait[1]}")
+        self._loader.worker.drain()
+        self._loader.gates = self._gates if on else None
+
+    @property
+    def trace(self):
+        """None, or a list each load appends its per-chunk timings to (see Loader.trace)."""
+        return self._loader.trace
+
+    @trace.setter
+    def trace(self, value) -> None:
+        self._loader.trace = value
 
     @property
     def windows_opened(self) -> int:

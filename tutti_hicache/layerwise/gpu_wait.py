@@ -42,7 +42,7 @@ class Gate:
 class Plan:
     copy_done: list = field(default_factory=list)  # per chunk: its ring slot may be reused
     layer_done: list = field(default_factory=list)  # per layer: its last scatter ended
-    scatter_start: list = field(default_factory=list)  # per chunk, when tracing (timed events)
+    starts: list = field(default_factory=list)  # tracing: per chunk (copy, scatter) start events
     end: Optional[torch.cuda.Event] = None
 
 
@@ -90,15 +90,16 @@ def enqueue(plan: Plan, io, gate: Gate, chunks: list, slots: list, stage, nbytes
     with torch.cuda.stream(stream):
         for i, (layer, _rows) in enumerate(chunks):
             driver.wait_value32(io.device, handle, gate.device[0], i + 1)
+            copy_start = record(stream, True) if trace else None
             host = stage.host[slots[i]][: nbytes[i]]
             dev = stage.device[: nbytes[i]]
             dev.copy_(host, non_blocking=True)
-            plan.copy_done.append(_record(stream))
+            plan.copy_done.append(record(stream))
             if trace:
-                plan.scatter_start.append(_record(stream, timing=True))
+                plan.starts.append((copy_start, record(stream, True)))
             scatter(dev, layer, i, (gate.device[1], i + 1))
             if last_of_layer[i]:
-                plan.layer_done.append(_record(stream))
+                plan.layer_done.append(record(stream))
         plan.end = plan.layer_done[-1]
 
 
@@ -112,10 +113,11 @@ def close(plan: Plan, io, gate: Gate, nchunks: int, stage, slots: list) -> None:
     for c, ev in enumerate(plan.copy_done):
         stage.events[slots[c]] = ev
     if plan.end is None:
-        plan.end = _record(io.stream)
+        plan.end = record(io.stream)
 
 
-def _record(stream, timing: bool = False) -> torch.cuda.Event:
+def record(stream, timing: bool = False) -> torch.cuda.Event:
+    """An event recorded on stream now (timing: usable with elapsed_time)."""
     ev = torch.cuda.Event(enable_timing=timing)
     ev.record(stream)
     return ev

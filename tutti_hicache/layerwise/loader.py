@@ -65,7 +65,7 @@ class Loader:
         self._page_nbytes = self._num_layers * self._k_objs * self._obj_stride  # staged, per page
         self.read_ahead = max(1, min(cfg.read_ahead, cfg.stage_depth - 1))
         self.windows_opened = 0
-        self._gates = gates  # GPU-wait mode when set
+        self.gates = gates  # GPU-wait mode when set (between loads only)
         self.trace: Optional[list] = None
         self._queued: dict[str, tuple] = {}
         self.worker = Worker("tutti-load", self._run)  # drain(): every started load finished
@@ -147,7 +147,8 @@ class Loader:
         slots = [(self._stage.next + i) % depth for i in range(len(chunks))]  # take() order
         dsts = [strided(self._stage.bufs[k].address, rows.stop - rows.start, per_page)
                 for (_, rows), k in zip(chunks, slots)]
-        gate = self._gates.take() if self._gates is not None else None
+        gates = self.gates
+        gate = gates.take() if gates is not None else None
         gpu = gpu_wait.Plan() if gate is not None else None
         scatter_start: list = []
         try:
@@ -186,12 +187,13 @@ class Loader:
                         stream.lend(window)  # settles what was admitted, then one write window
                 if self.trace is not None:
                     self.trace.append({"mode": "gpu" if gpu is not None else "cpu",
+                                       "layers": [layer for layer, _ in chunks],
                                        "done_ns": stream.done_ns(),
-                                       "scatter_start": gpu.scatter_start if gpu else scatter_start})
+                                       "starts": gpu.starts if gpu else scatter_start})
         finally:
             if gate is not None:
                 gpu_wait.close(gpu, self._io, gate, len(chunks), self._stage, slots)
-                self._gates.retire(gate, gpu.end)
+                gates.retire(gate, gpu.end)
 
     def _enqueue(self, gpu: "gpu_wait.Plan", gate, index: int, chunks: list, slots: list,
                  page_ids) -> None:
@@ -224,14 +226,14 @@ class Loader:
             self._scatter(host, layer, page_ids)
             return
         with torch.cuda.stream(self._io.stream):
+            copy_start = gpu_wait.record(self._io.stream, True) if self.trace is not None else None
             dev = self._stage.device[: host.numel()]
             dev.copy_(host, non_blocking=True)
             ev = torch.cuda.Event()
             ev.record()
             self._stage.events[k] = ev  # the ring slot is free once this copy is done
-            if self.trace is not None:
-                trace.append(torch.cuda.Event(enable_timing=True))
-                trace[-1].record()
+            if copy_start is not None:
+                trace.append((copy_start, gpu_wait.record(self._io.stream, True)))
             self._scatter(dev, layer, page_ids)
 
     def warm(self, dev, gates: Optional[GateSlots] = None) -> None:
