@@ -83,8 +83,8 @@ def scatter_layer(staging, k_buf, v_buf, page_ids, page_size: int, obj_stride=No
     bufs = (k_buf,) if v_buf is None else (k_buf, v_buf)
     plan = plan_layer("scatter_layer", staging, bufs, page_ids, page_size, obj_stride, check_bounds,
                       _scatter_layer_kernel)
-    if gate is None:
-        launch_layer(_scatter_layer_kernel, plan)
+    if gate is None:  # every argument given: the compiled path does not rely on defaults
+        launch_layer(_scatter_layer_kernel, plan, gate_addr=0, gate_need=0, GATED=False)
         return
     address, need = gate
     if not isinstance(address, int) or address <= 0 or address % 4:

@@ -65,9 +65,10 @@ class LayerwiseKV:
         self.num_layers = geometry.num_layers
         self.writer = writer
         self.counter = LayerCounter(self.num_layers)
-        self.store = ObjectStore(cfg, geometry, identity, writer=writer)
         self.device = self.k_bufs[0].device
         self.cuda = self.device.type == "cuda"
+        self.gpu_wait = self._gpu_wait_mode(cfg.gpu_wait)  # before anything is opened
+        self.store = ObjectStore(cfg, geometry, identity, writer=writer)
         self.io = self._io_stream()
         self.obj_stride = self.store.layer_object_stride()
         per_page_layer = geometry.objects_per_layer * self.obj_stride
@@ -80,7 +81,6 @@ class LayerwiseKV:
         self.store.register_memory(self.stage.regions() + self.out.regions())
         self.slack = SlackTable.load(cfg.slack_table) if cfg.slack_table else None
         self._stats = LinkerStats(self.store, cfg.stats_file)
-        self.gpu_wait = self._gpu_wait_mode(cfg.gpu_wait)
         self._gates = GateSlots(self.io.device) if self.gpu_wait[0] else None
         self._loader = Loader(self.store, self.counter, self.stage, self.stage_pages, self.k_bufs,
                               self.v_bufs, page_size, self.io, cfg, self.slack, self._stats,
