@@ -2,7 +2,7 @@
 
 At a glance:
     available() -> (ok, reason)              the driver loads and cuInit succeeds (cached)
-    green_stream(device, num_sms) -> (CUstream handle, SMs)   a green context's stream
+    green_streams(device, num_sms, n) -> ([CUstream handles], SMs)   n streams of one green context
     HostWords(device, n)                     n zeroed int32 words of pinned, device-mapped host
                                              memory: .address (CPU), .device_address (GPU)
     wait_value32(device, stream, device_address, value)   the stream waits until the word,
@@ -21,7 +21,7 @@ import functools
 
 from .engine import extension
 
-__all__ = ["available", "green_stream", "HostWords", "wait_value32", "TERMINAL"]
+__all__ = ["available", "green_streams", "HostWords", "wait_value32", "TERMINAL"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -36,10 +36,11 @@ def available() -> tuple[bool, str]:
     return False, ext.cuda_reason()
 
 
-def green_stream(device: int, num_sms: int) -> tuple[int, int]:
-    """A stream of a new green context of at least num_sms SMs of `device` (never destroyed):
-    (CUstream handle for torch.cuda.ExternalStream, SMs it holds). Raises RuntimeError."""
-    return tuple(extension().green_stream(device, num_sms))
+def green_streams(device: int, num_sms: int, n: int = 1) -> tuple[list, int]:
+    """n streams of a new green context of at least num_sms SMs of `device` (never destroyed):
+    (CUstream handles for torch.cuda.ExternalStream, SMs it holds). Raises RuntimeError."""
+    handles, sms = extension().green_streams(device, num_sms, n)
+    return list(handles), int(sms)
 
 
 def HostWords(device: int, n: int):  # noqa: N802 (the C++ class)

@@ -1,5 +1,6 @@
 // pybind11 bindings of the optional CUDA part (tutti/cuda.hpp); importing them loads nothing.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "tutti/cuda.hpp"
 
@@ -12,16 +13,16 @@ void bind_cuda(py::module_& m) {
   m.def("cuda_reason", &cuda::reason, py::call_guard<py::gil_scoped_release>());
   m.def("cuda_driver_version", &cuda::driver_version);
   m.def(
-      "green_stream",
-      [](int device, unsigned min_sms) {
-        cuda::GreenStream g;
+      "green_streams",
+      [](int device, unsigned min_sms, unsigned n_streams) {
+        cuda::GreenStreams g;
         {
           py::gil_scoped_release release;
-          g = cuda::green_stream(device, min_sms);
+          g = cuda::green_streams(device, min_sms, n_streams);
         }
-        return py::make_tuple(g.stream, g.sm_count);
+        return py::make_tuple(g.streams, g.sm_count);
       },
-      py::arg("device"), py::arg("min_sms"));
+      py::arg("device"), py::arg("min_sms"), py::arg("n_streams") = 1);
   py::class_<cuda::HostWords>(m, "HostWords")
       .def(py::init<int, size_t>(), py::arg("device"), py::arg("n"))
       .def_property_readonly("address", &cuda::HostWords::host)

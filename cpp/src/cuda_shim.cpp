@@ -154,7 +154,7 @@ std::string reason() { return loaded().reason; }
 
 int driver_version() { return api().version; }
 
-GreenStream green_stream(int device, unsigned min_sms) {
+GreenStreams green_streams(int device, unsigned min_sms, unsigned n_streams) {
   const Api& a = api();
   if (a.GreenCtxStreamCreate == nullptr || a.DevSmResourceSplitByCount == nullptr)
     throw CudaError("the CUDA driver (" + std::to_string(a.version) +
@@ -172,9 +172,13 @@ GreenStream green_stream(int device, unsigned min_sms) {
   check(a.DevResourceGenerateDesc(&desc, &group, 1), "cuDevResourceGenerateDesc");
   CUgreenCtx green = nullptr;  // never destroyed (see green.py)
   check(a.GreenCtxCreate(&green, desc, dev, kGreenCtxDefaultStream), "cuGreenCtxCreate");
-  CUstream stream = nullptr;
-  check(a.GreenCtxStreamCreate(&stream, green, kStreamNonBlocking, 0), "cuGreenCtxStreamCreate");
-  return GreenStream{reinterpret_cast<uint64_t>(stream), group.u.sm.sm_count};
+  GreenStreams out{{}, group.u.sm.sm_count};
+  for (unsigned i = 0; i < n_streams; ++i) {
+    CUstream stream = nullptr;
+    check(a.GreenCtxStreamCreate(&stream, green, kStreamNonBlocking, 0), "cuGreenCtxStreamCreate");
+    out.streams.push_back(reinterpret_cast<uint64_t>(stream));
+  }
+  return out;
 }
 
 HostWords::HostWords(int device, size_t n) : n_(n) {

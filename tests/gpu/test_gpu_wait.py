@@ -100,9 +100,10 @@ def restore(lw, keys, rows, rid: str) -> bool:
     t.start()
     t.join(DEADLINE_S)
     assert result, "finish() hung"
-    io_done = torch.cuda.Event()
-    io_done.record(lw.io.stream)
-    poll([io_done], "the I/O stream")
+    ends = [torch.cuda.Event() for _ in range(2)]
+    for ev, stream in zip(ends, (lw.io.stream, lw.io.load_stream)):
+        ev.record(stream)
+    poll(ends, "the I/O streams")
     return result[0]
 
 

@@ -5,10 +5,10 @@ At a glance ([loader] thread):
     gates = GateSlots(device_index)
     gate = gates.take()                      a zeroed gate: .host (release, verified) for the
                                              read stream, .device (release, verified) for the GPU
-    enqueue(plan, io, gate, chunks, slots, stage, ...)   on the I/O stream, for chunk i: wait
+    enqueue(plan, stream, device, gate, chunks, ...)   on the load stream, for chunk i: wait
         until release >= i + 1; H2D copy of its ring slot; scatter gated on verified >= i + 1
         -> plan.copy_done[i], plan.layer_done[layer], plan.end
-    close(plan, io, gate, nchunks, stage, slots)   after the load's stream ended, always
+    close(plan, stream, gate, nchunks, stage, slots)   after the load's reads ended, always
     gates.retire(gate, plan.end)             the slot is reused once the GPU passed plan.end
 
 Why: the CPU no longer reacts to each layer's completion with launches (about 45 us of Python
@@ -78,18 +78,17 @@ class GateSlots:
                 ev.synchronize()
 
 
-def enqueue(plan: Plan, io, gate: Gate, chunks: list, slots: list, stage, nbytes: list,
-            scatter: Callable, last_of_layer: list, trace: bool = False) -> None:
-    """Enqueue every chunk's wait, copy and gated scatter on io.stream, in chunk order, filling
+def enqueue(plan: Plan, stream, device: int, gate: Gate, chunks: list, slots: list, stage,
+            nbytes: list, scatter: Callable, last_of_layer: list, trace: bool = False) -> None:
+    """Enqueue every chunk's wait, copy and gated scatter on `stream`, in chunk order, filling
     `plan` as it goes (a launch that raises leaves the events of what was enqueued).
     chunks[i] = (layer, rows); slots[i]: its ring slot; nbytes[i]: its staged bytes;
     scatter(dev, layer, i, gate=(address, need)) launches its scatter; last_of_layer[i]: chunk
     i ends its layer."""
-    stream = io.stream
     handle = stream.cuda_stream
     with torch.cuda.stream(stream):
         for i, (layer, _rows) in enumerate(chunks):
-            driver.wait_value32(io.device, handle, gate.device[0], i + 1)
+            driver.wait_value32(device, handle, gate.device[0], i + 1)
             copy_start = record(stream, True) if trace else None
             host = stage.host[slots[i]][: nbytes[i]]
             dev = stage.device[: nbytes[i]]
@@ -103,7 +102,7 @@ def enqueue(plan: Plan, io, gate: Gate, chunks: list, slots: list, stage, nbytes
         plan.end = plan.layer_done[-1]
 
 
-def close(plan: Plan, io, gate: Gate, nchunks: int, stage, slots: list) -> None:
+def close(plan: Plan, stream, gate: Gate, nchunks: int, stage, slots: list) -> None:
     """After a load, whatever happened: release every wait still enqueued (the terminal value,
     where the stream did not pass every chunk), hand each ring slot the event of its last copy
     (the next load reads into it after that), and mark where the load's GPU work ends."""
@@ -113,7 +112,7 @@ def close(plan: Plan, io, gate: Gate, nchunks: int, stage, slots: list) -> None:
     for c, ev in enumerate(plan.copy_done):
         stage.events[slots[c]] = ev
     if plan.end is None:
-        plan.end = record(io.stream)
+        plan.end = record(stream)
 
 
 def record(stream, timing: bool = False) -> torch.cuda.Event:

@@ -138,8 +138,8 @@ class Loader:
         scattered in layer order."""
         plan = self._store.plan_pages(entries)
         window = self._window(input_tokens, len(entries) * self._page_size)
-        if ready is not None:
-            self._io.stream.wait_event(ready)
+        gates = self.gates
+        cuda_stream = self._order_streams(gates is not None, ready)
         n, per_page = len(entries), self._k_objs * self._obj_stride
         chunks = [(layer, slice(c0, min(n, c0 + self.stage_pages)))
                   for layer in range(self._num_layers) for c0 in range(0, n, self.stage_pages)]
@@ -147,7 +147,6 @@ class Loader:
         slots = [(self._stage.next + i) % depth for i in range(len(chunks))]  # take() order
         dsts = [strided(self._stage.bufs[k].address, rows.stop - rows.start, per_page)
                 for (_, rows), k in zip(chunks, slots)]
-        gates = self.gates
         gate = gates.take() if gates is not None else None
         gpu = gpu_wait.Plan() if gate is not None else None
         scatter_start: list = []
@@ -169,7 +168,7 @@ class Loader:
 
                 if gpu is not None:  # the first reads go out, then every layer's GPU work
                     admit(min(len(chunks), self.read_ahead))
-                    self._enqueue(gpu, gate, index, chunks, slots, page_ids)
+                    self._enqueue(gpu, cuda_stream, gate, index, chunks, slots, page_ids)
                 for i, (layer, rows) in enumerate(chunks):
                     admit(min(len(chunks), i + self.read_ahead))
                     ok = stream.wait(i)
@@ -192,10 +191,24 @@ class Loader:
                                        "starts": gpu.starts if gpu else scatter_start})
         finally:
             if gate is not None:
-                gpu_wait.close(gpu, self._io, gate, len(chunks), self._stage, slots)
+                gpu_wait.close(gpu, cuda_stream, gate, len(chunks), self._stage, slots)
                 gates.retire(gate, gpu.end)
 
-    def _enqueue(self, gpu: "gpu_wait.Plan", gate, index: int, chunks: list, slots: list,
+    def _order_streams(self, gpu: bool, ready):
+        """The CUDA stream this load's GPU work goes on (GPU-wait loads: the I/O stream's second
+        stream, so offloads never queue behind their waits), ordered after the batch's `ready`
+        event and after whatever the other stream last did with the device staging slot."""
+        if not self._cuda:
+            return None
+        second = self._io.load_stream
+        stream = second if gpu and second is not None else self._io.stream
+        if ready is not None:
+            stream.wait_event(ready)
+        if second is not None:
+            stream.wait_stream(self._io.stream if stream is second else second)
+        return stream
+
+    def _enqueue(self, gpu: "gpu_wait.Plan", stream, gate, index: int, chunks: list, slots: list,
                  page_ids) -> None:
         """Every chunk's wait, copy and gated scatter on the I/O stream; then every layer's
         event to the counter (the forward's wait_until no longer waits for the CPU)."""
@@ -209,8 +222,8 @@ class Loader:
             self._scatter(dev, layer, ids[i], g)
 
         self._counter.hold(index)  # finish() waits for the loader's verdict, not just the GPU
-        gpu_wait.enqueue(gpu, self._io, gate, chunks, slots, self._stage, nbytes, scatter, last,
-                         trace=self.trace is not None)
+        gpu_wait.enqueue(gpu, stream, self._io.device, gate, chunks, slots, self._stage, nbytes,
+                         scatter, last, trace=self.trace is not None)
         for layer, ev in enumerate(gpu.layer_done):
             self._counter.complete(index, layer, ev)
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace pybind11 {
 class module_;
@@ -34,13 +35,14 @@ std::string reason();
 /// The driver's CUDA version, e.g. 13000.
 int driver_version();
 
-/// A stream of a green context holding at least min_sms SMs of device (rounded up by the driver
-/// to its granularity). The context is never destroyed (see green.py). stream is a CUstream.
-struct GreenStream {
-  uint64_t stream = 0;
+/// n_streams streams of one green context holding at least min_sms SMs of device (rounded up by
+/// the driver to its granularity). The context is never destroyed (see green.py). streams hold
+/// CUstream handles.
+struct GreenStreams {
+  std::vector<uint64_t> streams;
   unsigned sm_count = 0;
 };
-GreenStream green_stream(int device, unsigned min_sms);
+GreenStreams green_streams(int device, unsigned min_sms, unsigned n_streams);
 
 /// n 32-bit words of pinned host memory mapped into the device (cuMemHostAlloc with
 /// DEVICEMAP | PORTABLE), zeroed. host: their CPU address; device_ptr: the address GPU work uses.
