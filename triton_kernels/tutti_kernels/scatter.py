@@ -28,7 +28,7 @@ from ._common import (launch_layer, launch_pages, layer_tuples, plan_layer, plan
                       table_pointer)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["gate_addr", "gate_need"])  # one compile for every gate and count
 def _scatter_layer_kernel(staging_ptr, k_ptr, v_ptr, page_ids_ptr, num_pages, obj_words, obj_stride_words,
                           page_stride_words, chunks, OBJS: tl.constexpr, BLOCK: tl.constexpr, gate_addr=0,
                           gate_need=0, GATED: tl.constexpr = False):

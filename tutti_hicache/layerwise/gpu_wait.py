@@ -79,12 +79,13 @@ class GateSlots:
 
 
 def enqueue(plan: Plan, stream, device: int, gate: Gate, chunks: list, slots: list, stage,
-            nbytes: list, scatter: Callable, last_of_layer: list, trace: bool = False) -> None:
+            nbytes: list, scatter: Callable, last_of_layer: list, on_layer: Callable,
+            trace: bool = False) -> None:
     """Enqueue every chunk's wait, copy and gated scatter on `stream`, in chunk order, filling
     `plan` as it goes (a launch that raises leaves the events of what was enqueued).
     chunks[i] = (layer, rows); slots[i]: its ring slot; nbytes[i]: its staged bytes;
     scatter(dev, layer, i, gate=(address, need)) launches its scatter; last_of_layer[i]: chunk
-    i ends its layer."""
+    i ends its layer, whose event goes to on_layer(layer, event) at once."""
     handle = stream.cuda_stream
     with torch.cuda.stream(stream):
         for i, (layer, _rows) in enumerate(chunks):
@@ -99,6 +100,7 @@ def enqueue(plan: Plan, stream, device: int, gate: Gate, chunks: list, slots: li
             scatter(dev, layer, i, (gate.device[1], i + 1))
             if last_of_layer[i]:
                 plan.layer_done.append(record(stream))
+                on_layer(layer, plan.layer_done[-1])
         plan.end = plan.layer_done[-1]
 
 

@@ -210,8 +210,9 @@ class Loader:
 
     def _enqueue(self, gpu: "gpu_wait.Plan", stream, gate, index: int, chunks: list, slots: list,
                  page_ids) -> None:
-        """Every chunk's wait, copy and gated scatter on the I/O stream; then every layer's
-        event to the counter (the forward's wait_until no longer waits for the CPU)."""
+        """Every chunk's wait, copy and gated scatter on the load stream, each layer's event to
+        the counter as soon as it is enqueued (the forward's wait_until then never waits for
+        the CPU's reaction to a read)."""
         per_page = self._k_objs * self._obj_stride
         nbytes = [(rows.stop - rows.start) * per_page for _, rows in chunks]
         last = [i + 1 == len(chunks) or chunks[i + 1][0] != layer
@@ -223,9 +224,8 @@ class Loader:
 
         self._counter.hold(index)  # finish() waits for the loader's verdict, not just the GPU
         gpu_wait.enqueue(gpu, stream, self._io.device, gate, chunks, slots, self._stage, nbytes,
-                         scatter, last, trace=self.trace is not None)
-        for layer, ev in enumerate(gpu.layer_done):
-            self._counter.complete(index, layer, ev)
+                         scatter, last, lambda layer, ev: self._counter.complete(index, layer, ev),
+                         trace=self.trace is not None)
 
     def _window(self, input_tokens: int, prefix_tokens: int) -> float:
         if self._slack is None:
