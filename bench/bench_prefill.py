@@ -10,7 +10,11 @@ wait_until(l) before layer l's attention exactly as SGLang's KV pool does. Confi
   tutti:<medium> LayerwiseKV (the TuttiLinker pipeline) restoring from the store on <medium>
 Reported per (medium, C, h): TTFT, bubble (time the forward waits in wait_until, from CUDA
 events), I/O-only restore time and bandwidth, engine syscalls and CPU seconds per request, and
-the medium's raw O_DIRECT read (same run). --dry-run: tiny shapes on CPU (pipeline check only).
+the medium's raw O_DIRECT read (same run). --completion cpu,gpu alternates the two completion
+paths at every point (CPU-event launches vs GPU waits on the read stream's counter) and reports
+per run the time from a layer's last read completing to its copy and scatter starting on the
+GPU (tutti_hicache/benchmarks/reaction.py states the method). --dry-run: tiny shapes on CPU
+(pipeline check only).
 
   python bench/bench_prefill.py --medium array-4=/mnt/a0,/mnt/a1,/mnt/a2,/mnt/a3 \
       --contexts 16384,32768,65536 --hits 0.5,0.75,0.9,0.95,0.99 --json out.json
@@ -22,12 +26,13 @@ import argparse
 import json
 import math
 import tempfile
-import threading
 import time
 
 import torch
 import torch.nn.functional as F
 
+from tutti_hicache.benchmarks.offload import OffloadStream
+from tutti_hicache.benchmarks.reaction import Calibration, reaction
 from tutti_hicache.config import TuttiConfig
 from tutti_hicache.layerwise import LayerCounter, LayerwiseKV
 from tutti_hicache.layout import PageGeometry
@@ -259,6 +264,26 @@ def run(args) -> dict:
     return out
 
 
+def set_completion(lw: LayerwiseKV, mode) -> str:
+    """Switch the loads' completion path ("cpu" | "gpu", None: keep); returns the one in use."""
+    if mode is not None:
+        lw.gpu_wait_on = mode == "gpu"
+    return "gpu" if lw.gpu_wait_on else "cpu"
+
+
+def traced_prefill(lw: LayerwiseKV, model, c: int, pages: int, keys: list, cal) -> tuple:
+    """prefill() with the loader tracing its chunks: (TTFT, bubble, CPU s, reaction stats)."""
+    page = model.s["page"]
+    lw.trace = [] if cal is not None else None
+    cpu0 = time.process_time()
+    ttft, bub = prefill(model, c, pages * page, restore_fn(lw, model, keys, pages), lw.counter)
+    cpu_s = time.process_time() - cpu0
+    lw.drain_loads()
+    stats = reaction(lw.trace[-1], cal) if cal is not None and lw.trace else {}
+    lw.trace = None
+    return ttft, bub, cpu_s, stats
+
+
 def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) -> dict:
     page = model.s["page"]
     page_bytes = model.s["layers"] * 2 * page * model.s["kv_heads"] * model.s["head_dim"] * 2
@@ -270,27 +295,34 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
     info = {"dirs": dirs, **raw, "write_GBps": max_pages * page_bytes / write_s / 1e9, "runs": []}
     print(f"[{name}] wrote {max_pages} pages at {info['write_GBps']:.2f} GB/s; raw read {raw}", flush=True)
     warm = max(1, min(max_pages // 2, 64))  # first use: kernel compiles, cuBLAS/SDPA setup
-    io_only(lw, model, keys, warm)
-    prefill(model, warm * page * 2, warm * page, restore_fn(lw, model, keys, warm), lw.counter)
+    modes = [None] if args.completion == ["auto"] else args.completion
+    for mode in modes:
+        set_completion(lw, mode)
+        io_only(lw, model, keys, warm)
+        prefill(model, warm * page * 2, warm * page, restore_fn(lw, model, keys, warm), lw.counter)
+    cal = Calibration.now(model.device) if model.device.type == "cuda" else None
     grid = [(c, h) for c in contexts for h in hits if int(c * h) // page > 0]
     for c in (args.crossover_context,) if args.crossover_context else ():
         grid += [(c, h) for h in (0.96, 0.97, 0.975, 0.98, 0.985, 0.99, 0.995) if (c, h) not in grid]
     for c, h in grid:
         pages = int(c * h) // page
-        for ra in args.read_ahead:  # alternating per point: an A/B in one process, same media
+        for ra, mode in [(ra, m) for ra in args.read_ahead for m in modes]:  # alternating per point
             lw.read_ahead = min(ra, lw.cfg.stage_depth - 1)
+            completion = set_completion(lw, mode)
             t_io, cnt = io_only(lw, model, keys, pages)
             if prefix_kv is not None:  # dry run: the restored prefix must equal what was written
                 for l, (k, v) in enumerate(prefix_kv):
                     rows = slice(page, page * (pages + 1))
                     assert torch.equal(model.k[l][rows], k[rows]) and torch.equal(model.v[l][rows], v[rows])
-            ttft, bub = prefill(model, c, pages * page, restore_fn(lw, model, keys, pages), lw.counter)
+            ttft, bub, cpu_s, react = traced_prefill(lw, model, c, pages, keys, cal)
             r = dict(config=f"tutti:{name}", C=c, h=h, ttft_s=ttft, bubble_s=bub, io_only_s=t_io,
-                     restore_GBps=pages * page_bytes / t_io / 1e9, read_ahead=lw.read_ahead, **cnt)
+                     restore_GBps=pages * page_bytes / t_io / 1e9, read_ahead=lw.read_ahead,
+                     completion=completion, prefill_cpu_s=cpu_s, reaction=react, **cnt)
             info["runs"].append(r)
-            print(f"[{name}] C={c} h={h} read-ahead {lw.read_ahead}: TTFT {ttft:.3f}s bubble {bub:.3f}s "
-                  f"io-only {t_io:.3f}s ({r['restore_GBps']:.2f} GB/s, {cnt['enter_calls']} enters, "
-                  f"{cnt['cpu_s']:.2f} CPU s)", flush=True)
+            print(f"[{name}] C={c} h={h} read-ahead {lw.read_ahead} {completion}: TTFT {ttft:.3f}s "
+                  f"bubble {bub:.3f}s io-only {t_io:.3f}s ({r['restore_GBps']:.2f} GB/s, "
+                  f"{cnt['enter_calls']} enters, {cnt['cpu_s']:.3f} CPU s/restore) read->scatter "
+                  f"p50 {react.get('scatter_start_us_p50', float('nan')):.0f} us", flush=True)
     lw.read_ahead = min(args.read_ahead[-1], lw.cfg.stage_depth - 1)
     if args.offload_stream:
         c = max(contexts)
@@ -298,53 +330,6 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
     info["write_windows"] = lw.windows.snapshot()
     lw.close()
     return info
-
-
-class OffloadStream:
-    """A continuous offload (gather -> pinned -> engine writes) of fresh keys through the same
-    LayerwiseKV, as a server storing the previous request's KV would run it; at most `limit`
-    pages per burst so the store's LRU never reaches the prefix being restored."""
-
-    def __init__(self, lw: LayerwiseKV, model, limit: int, chunk: int = 16):
-        page = model.s["page"]
-        self.lw, self.limit, self.chunk = lw, limit, chunk
-        self.rows = torch.arange(page, page * (chunk + 1), device=model.device)
-        self.serial, self.pages, self.refused = 0, 0, 0
-
-    def _run(self, stop: threading.Event) -> None:
-        queued = done = 0
-        while not stop.is_set() and queued * self.chunk < self.limit:
-            keys = [f"{0xFF << 240 | (self.serial + i):064x}" for i in range(self.chunk)]
-            if self.lw.offload(keys, self.rows, []):
-                self.serial += self.chunk
-                queued += 1
-            else:
-                self.refused += 1
-                time.sleep(0.002)
-            while self.lw.num_completed():
-                done += 1
-                self.pages += self.chunk * bool(self.lw.pop_completed())
-            if queued - done >= 4:
-                time.sleep(0.001)
-        while done < queued:  # drain: every queued offload reports, in order
-            if self.lw.num_completed():
-                done += 1
-                self.pages += self.chunk * bool(self.lw.pop_completed())
-            else:
-                time.sleep(0.001)
-
-    def during(self, fn):
-        """fn() while the stream runs; returns (fn's result, pages written, seconds)."""
-        stop, pages0, t0 = threading.Event(), self.pages, time.perf_counter()
-        t = threading.Thread(target=self._run, args=(stop,))
-        t.start()
-        time.sleep(0.05)  # writes in flight before the request arrives
-        try:
-            out = fn()
-        finally:
-            stop.set()
-            t.join()
-        return out, self.pages - pages0, time.perf_counter() - t0
 
 
 def offload_stream(lw: LayerwiseKV, model, keys: list, c: int, pages: int, limit: int) -> dict:
@@ -401,6 +386,8 @@ def main():
     ap.add_argument("--read-ahead", type=lambda v: [int(x) for x in v.split(",")],
                     default=[TuttiConfig().read_ahead],
                     help="layer chunks read at once; a list (e.g. 1,2) measures each at every point")
+    ap.add_argument("--completion", type=lambda v: v.split(","), default=["auto"],
+                    help="cpu,gpu: both completion paths at every point (auto: the default one)")
     ap.add_argument("--offload-stream", type=int, default=0, metavar="PAGES",
                     help="also TTFT at the largest C, h=0.9 with a continuous offload stream (at most PAGES "
                          "pages per request): scheduler off, on, on with online write windows")

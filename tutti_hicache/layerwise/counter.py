@@ -6,6 +6,9 @@ At a glance:
     counter.describe(index, n_input, n_prefix)   [scheduler] its shape, for the write windows
     counter.complete(index, layer, event)   [loader] layer enqueued; event: its copy on the GPU
     counter.fail(index, error)              [loader] every wait returns; finish() reports False
+    counter.hold(index), counter.settle(index)   [loader] GPU-wait mode: the layers' events are
+                                            handed over before their reads ran; finish() also
+                                            waits for settle(), the loader's verdict
     counter.set_consumer(index), counter.wait_until(layer)   [forward] SGLang's interface
     counter.finish(index) -> bool           [scheduler] every layer landed (events synchronized)
     counter.reset()
@@ -37,10 +40,12 @@ class _Batch:
     events: list = field(default_factory=list)
     error: Optional[BaseException] = None
     shape: tuple = (0, 0)  # (new tokens, loaded prefix tokens), for the write windows' timing
+    verdict: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self):
         self.enqueued = [threading.Event() for _ in range(self.layers)]
         self.events = [None] * self.layers
+        self.verdict.set()  # hold() clears it
 
 
 class LayerCounter:
@@ -81,6 +86,14 @@ class LayerCounter:
         b.events[layer] = event
         b.enqueued[layer].set()
 
+    def hold(self, index: int) -> None:
+        self._batches[index].verdict.clear()
+
+    def settle(self, index: int) -> None:
+        b = self._batches.get(index)
+        if b is not None:
+            b.verdict.set()
+
     def fail(self, index: int, error: BaseException) -> None:
         b = self._batches.get(index)
         if b is None:
@@ -110,6 +123,7 @@ class LayerCounter:
             return True
         for ev in b.enqueued:
             ev.wait()
+        b.verdict.wait()
         for ev in b.events:
             if ev is not None:
                 ev.synchronize()
