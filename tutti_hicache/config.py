@@ -182,11 +182,12 @@ class TuttiConfig:
     io_sms: int = setting(8,
         "Linker: SMs reserved for the I/O kernels through a CUDA green context (Hopper); 0 = an "
         "ordinary high-priority stream.", minimum=0)
-    gpu_wait: str = setting("auto",
+    gpu_wait: str = setting("off",
         "Linker: on = a load enqueues every layer's copy and scatter up front, each behind a GPU "
         "wait on a device-mapped counter the read stream writes once the layer is verified (no "
         "CPU reaction per layer); off = each layer launched from the CPU as its reads land; auto "
-        "= on where the CUDA part of the extension loads (on fails the attach where it does not).",
+        "= on where the CUDA part of the extension loads (on fails the attach where it does not)."
+        " Off by default until its GPU tests pass on a GPU (experimental).",
         choices=("auto", "on", "off"))
     offload_backlog_pages: int = setting(8192,
         "Linker: pages queued for offload before new offloads are refused (the device pages stay "
