@@ -179,6 +179,9 @@ def run_config(args, config: str, wl: e2e.Workload) -> dict:
         fault("space-back", after, "back")
         if config == "tutti-host" and not args.no_injector:
             srv.stop()
+            for d in args.tutti_dirs.split(","):  # a clean store: this phase is about the injector
+                shutil.rmtree(os.path.join(d, "tutti"), ignore_errors=True)
+                os.makedirs(os.path.join(d, "tutti"))
             env = dict(env, SGLANG_TEST_HICACHE_BACKEND_RANDOM_FAILURE="0.2")
             srv = Server(cmd, env, log, port)
             srv.wait_ready(args.start_timeout)
@@ -186,7 +189,7 @@ def run_config(args, config: str, wl: e2e.Workload) -> dict:
             for r in again:
                 reference[r.id] = one_request(srv, r, args.max_new).get("output_ids")
             time.sleep(args.settle_s)
-            fault("injector", (again + after) * 2, "inject")
+            fault("injector", again * 3, "inject")
     except Exception as e:  # keep what was measured
         res["error"] = repr(e)
         print(f"  {config}: {e!r}", flush=True)
