@@ -89,8 +89,10 @@ def judge(records: list, reference: dict) -> dict:
     out = {"requests": len(records), "equal": 0, "errors": 0, "wrong": 0, "wrong_ids": [],
            "error_texts": sorted({r["error"][:160] for r in records if r.get("error")})[:5]}
     for r in records:
-        if r.get("error") or r.get("output_ids") is None:
-            out["errors"] += 1
+        reason = r.get("finish_reason") or {}
+        if r.get("error") or r.get("output_ids") is None or (
+                isinstance(reason, dict) and reason.get("type") == "abort"):
+            out["errors"] += 1  # failed with an error, or aborted by SGLang (finish_reason abort)
         elif reference.get(r["id"].split("#")[0]) in (None, r["output_ids"]):
             out["equal"] += 1
         else:
@@ -146,14 +148,18 @@ def run_config(args, config: str, wl: e2e.Workload) -> dict:
     def fault(name, reqs, tag):
         recs = ask(srv, reqs, args.max_new, tag)
         res["faults"][name] = {**judge(recs, reference), "serving": srv.alive(),
-                               "counters": tutti_counters(args, config)}
-        print(f"  {config:14s} {name:10s} {json.dumps(res['faults'][name])}", flush=True)
+                               "counters": tutti_counters(args, config),
+                               "records": [{k: r.get(k) for k in ("id", "output_ids", "finish_reason", "error",
+                                                                    "cached_tokens", "details")} for r in recs]}
+        print(f"  {config:14s} {name:10s} " + json.dumps({k: v for k, v in res["faults"][name].items()
+                                                          if k != "records"}), flush=True)
 
     try:
         res["start_s"] = srv.wait_ready(args.start_timeout)
         for r in docs:  # computed from scratch: the reference outputs; their KV goes to the store
             rec = one_request(srv, r, args.max_new)
             reference[r.id] = rec.get("output_ids")
+        res["reference"] = reference
         time.sleep(args.settle_s)
         fault("baseline", docs, "base")
         res["corrupted_files"] = corrupt(args, rng, args.flips)

@@ -113,6 +113,7 @@ def one_request(srv: Server, req: e2e.Request, max_new: int) -> dict:
         rec["ttft_s"] = stamps[0] - t0
     rec.update(itl_s=[b - a for a, b in zip(stamps, stamps[1:])], e2e_s=time.perf_counter() - t0,
                cached_tokens=meta.get("cached_tokens", 0), details=meta.get("cached_tokens_details"),
+               finish_reason=meta.get("finish_reason"),
                output_ids=e2e.output_ids(chunks) if chunks else None)
     if "error" in last:
         rec["error"] = str(last["error"])
