@@ -5,6 +5,7 @@
 #   bash bench/gpu.sh kernels [bench_kernels.py args]
 #   bash bench/gpu.sh profile [tutti-hicache profile args]
 #   bash bench/gpu.sh e2e     CONFIGS SECONDS [e2e_sglang.py args]     on array-8 (see family_e2e)
+#   bash bench/gpu.sh faults  CONFIGS SECONDS [faults_sglang.py args]  faults in a real server, array-8
 # Every family sources bench/gpu_setup.sh (build and install; its output in $OUT/log.txt), builds the
 # media it needs with bench/media.sh, writes its JSON to $OUT and tears the media down. Arguments after
 # the family's own are passed through unchanged. JSON: store_MEDIUM.json, prefill_MEDIUM.json,
@@ -100,8 +101,19 @@ family_e2e() {
   tail -c 9000 "$OUT/log.txt" >&3
 }
 
+family_faults() {  # faults inside a real SGLang server (bench/faults_sglang.py) on array-8
+  . bench/gpu_setup.sh > "$OUT/log.txt" 2>&1 || { cat "$OUT/log.txt"; exit 1; }
+  local configs=${1:?configs} budget=${2:?seconds}; shift 2
+  eval "$(bench/media.sh striped 8 "${ARRAY_GIB:-4}")"
+  timeout -s INT "$budget" python3 bench/faults_sglang.py --write-model --model /tmp/llama8 --layers 8 \
+    --tutti-dirs "$DIRS" --configs "$configs" --out-dir /tmp/faults-logs \
+    --json "$OUT/faults${TAG:+_$TAG}.json" "$@" 2>&1 | tee -a "$OUT/log.txt" | tail -40
+  tar -C /tmp -czf "$OUT/faults-logs.tar.gz" faults-logs
+  bench/media.sh teardown
+}
+
 family=${1:-}; [ $# -gt 0 ] && shift
 case "$family" in
-  store|prefill|kernels|profile|e2e) "family_$family" "$@" ;;
-  *) sed -n '2,13p' "$0"; exit 2 ;;
+  store|prefill|kernels|profile|e2e|faults) "family_$family" "$@" ;;
+  *) sed -n '2,14p' "$0"; exit 2 ;;
 esac

@@ -16,11 +16,12 @@ done
 # core (the overlay's Rust one is built for torch 2.14.1).
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
 export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}
-if ! (cd /tmp && python3 -c "import tutti_hicache._engine") 2>/dev/null; then
+# (a build from before the CUDA part, without cuda_available, is rebuilt)
+if ! (cd /tmp && python3 -c "import tutti_hicache._engine as e; e.cuda_available") 2>/dev/null; then
   python3 -m pip install -q --no-build-isolation --no-deps . \
     > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; return 1 2>/dev/null || exit 1; }
 fi
 # From here on, Python runs with -P (or a script path) so the checkout's tutti_hicache/ (source
 # only) never shadows the installed package: bench scripts import the installed one.
-python3 -P -c "import tutti_hicache._engine as e, torch; print('tutti engine: uring' if e.uring_compiled() else 'posix only', '| torch', torch.__version__, torch.cuda.get_device_name())"
+python3 -P -c "import tutti_hicache._engine as e, torch; print('tutti engine: uring' if e.uring_compiled() else 'posix only', '| torch', torch.__version__, torch.cuda.get_device_name(), '| CUDA part:', e.cuda_available() or e.cuda_reason())"
 (cd /tmp && python3 -c "import sglang; print('sglang', sglang.__version__)") 2>&1 | tail -1

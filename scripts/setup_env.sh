@@ -35,7 +35,7 @@ log() { printf '[setup_env %3ds] %s\n' "$SECONDS" "$*" >&2; }
 # Versions come from the installed SGLang's own pins (e.g. transformers 5.12.1 / 5.19.0).
 SGLANG_DEPS=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic
   pyzmq tqdm IPython aiohttp triton transformers dill apache-tvm-ffi sentencepiece gguf
-  compressed-tensors ninja xxhash openai partial_json_parser)
+  compressed-tensors ninja xxhash openai partial_json_parser prometheus-client)
 # SGLang's own pins are used for these, except OVERRIDES: sentencepiece 0.2.1 (0.5.23's pin) segfaults at
 # interpreter exit once SGLang has imported it under pytest; 0.2.3 does not.
 OVERRIDES="sentencepiece>=0.2.3"

@@ -157,11 +157,20 @@ class TuttiConfig:
         "Queued write bytes (MiB) above which new stores are refused at once (batch_set_v1 / "
         "offload return False).", minimum=1)
     slack_table: str = setting("",
-        "Linker: slack table file from `tutti-hicache profile`; without one, writes run only when"
-        " no read is pending.")
+        "Linker: slack table file from `tutti-hicache profile`: the seed of the online write "
+        "windows (tutti_write_windows=online) or the windows themselves (=table).")
+    write_windows: str = setting("online",
+        "Linker: write windows between layer reads. online: learned from the server's own "
+        "forwards (per-layer compute from CUDA events), seeded by tutti_slack_table if given; "
+        "table: the slack table alone; off: writes run only when no read is pending.",
+        choices=("online", "table", "off"))
     stats_file: str = setting("",
         "Write the backend's counters (hits, misses, bytes, checksum failures, engine calls) as "
         "JSON to this file, at most once a second and at close ({pid} is replaced).")
+    drive_capacity_gb: float = setting(0.0,
+        "Capacity of the drive behind each store directory, for the drive-writes-per-day "
+        "projection of the wear counters (GB = 10^9 bytes, as drives are rated); 0: the size of "
+        "the directory's filesystem (statvfs).", minimum=0.0)
     stage_mb: int = setting(256,
         "Linker: bytes of one pinned staging slot (one layer of up to this many MiB of pages per "
         "copy); memory does not grow with sequence length.", minimum=1)
@@ -175,6 +184,13 @@ class TuttiConfig:
     io_sms: int = setting(8,
         "Linker: SMs reserved for the I/O kernels through a CUDA green context (Hopper); 0 = an "
         "ordinary high-priority stream.", minimum=0)
+    gpu_wait: str = setting("off",
+        "Linker: on = a load enqueues every layer's copy and scatter up front, each behind a GPU "
+        "wait on a device-mapped counter the read stream writes once the layer is verified (no "
+        "CPU reaction per layer); off = each layer launched from the CPU as its reads land; auto "
+        "= on where the CUDA part of the extension loads (on fails the attach where it does not)."
+        " Off by default until its GPU tests pass on a GPU (experimental).",
+        choices=("auto", "on", "off"))
     offload_backlog_pages: int = setting(8192,
         "Linker: pages queued for offload before new offloads are refused (the device pages stay "
         "locked until written).", minimum=1)

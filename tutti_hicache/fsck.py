@@ -13,6 +13,7 @@ At a glance:
     ns.check(repair=False) -> {"checked", "bad", "bad_keys", "bad_headers"}
                                                 read and checksum every indexed page; repair
                                                 tombstones the bad slots of rows it holds
+    ns.wear() -> [counters | {"error": why} | None]   each directory's wear.json (wear.py)
     ns.close()
 
 Unlike ObjectStore it never makes directories or metadata, grows, fits or removes segment files,
@@ -41,6 +42,7 @@ from .scheduler import Gate
 from .slot_io import SlotIO
 from .identity import with_geometry
 from .store import PageInfo, drop_entries, log_damaged
+from .wear import FILE_NAME as WEAR_FILE, read_counters
 
 
 def namespaces(dirs: list[str]) -> dict[str, list[str]]:
@@ -157,7 +159,19 @@ class ExistingNamespace:
         return {"checked": checked, "bad": len(bad), "bad_keys": [k for k, _ in bad][:20],
                 "bad_headers": len(bad_headers)}
 
+    def wear(self) -> list:
+        """Each directory's lifetime wear counters: a dict, {"error": why} when the file is
+        damaged, None when there is none."""
+        out = []
+        for ns in self._ns.dirs:
+            try:
+                out.append(read_counters(os.path.join(ns, WEAR_FILE)))
+            except (OSError, ValueError) as e:
+                out.append({"error": str(e)})
+        return out
+
     def close(self) -> None:
+        self._io.wear.flush()  # the tombstones of a repair
         self._engine.close()
         self._rows.close()
 

@@ -6,6 +6,7 @@ At a glance:
         .placement     the Placement the namespace uses (a recorded segment size is kept)
         .quarantined   namespace dirs set aside this time (renamed <ns>.quarantine-<stamp>)
         .notes         what was healed (also logged as one warning naming the namespace)
+        .meta_bytes    metadata bytes written per directory (wear.py counts them)
     reclaim(ns_dirs, need, capacity_bytes, where, floor, slack) -> bytes freed
                    delete quarantined segment files (newest first: rehome.py reads them oldest
                    first) until this namespace's live and quarantined files plus `need` fit in
@@ -60,6 +61,7 @@ class Resolved:
     placement: Placement
     quarantined: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    meta_bytes: list[int] = field(default_factory=list)  # written per directory, in .dirs order
 
 
 def resolve(cfg: TuttiConfig, fingerprint: bytes, identity: dict, layout: SlotLayout) -> Resolved:
@@ -128,12 +130,13 @@ def _resolve(paths: list[str], identity: dict, layout: SlotLayout, fingerprint: 
     dirs = [paths[i] for i in order]
     if order != list(range(n)) and not quarantined and news:
         notes.append(f"{PREFIX}dirs order changed: directories mapped by their placement.json")
+    wrote = []
     for j, ns in enumerate(dirs):
         marker = {"n_dirs": n, "slot_nbytes": slot_nbytes, "slots_per_segment": chosen[2],
                   "dir_index": j}
-        _heal_files(ns, identity, {**marker, "check": list(marker.values()), **seen},
-                    markers[order[j]], notes)
-    return Resolved(dirs, placement, quarantined, notes)
+        wrote.append(_heal_files(ns, identity, {**marker, "check": list(marker.values()), **seen},
+                                 markers[order[j]], notes))
+    return Resolved(dirs, placement, quarantined, notes, wrote)
 
 
 def _stripe_order(markers, stripes, chosen, notes: list[str], paths: list[str]) -> list[int]:
@@ -203,17 +206,19 @@ def _read(path: str):
         return None, f"damaged ({type(e).__name__})"
 
 
-def _heal_files(ns: str, identity: dict, marker: dict, old_marker, notes: list[str]) -> None:
-    """Make ns hold exactly this identity.json and placement.json; remove what cannot be ours."""
+def _heal_files(ns: str, identity: dict, marker: dict, old_marker, notes: list[str]) -> int:
+    """Make ns hold exactly this identity.json and placement.json; remove what cannot be ours.
+    Returns the metadata bytes written."""
     os.makedirs(ns, mode=0o700, exist_ok=True)
+    wrote = 0
     have, why = _read(os.path.join(ns, "identity.json"))
     identity = json.loads(json.dumps(identity))  # as JSON reads it back (tuples are lists)
     if have != identity:
         if why != "missing" or os.listdir(ns):  # a new namespace dir is no news
             notes.append(f"{ns}/identity.json {why or 'foreign'}: rebuilt")
-        _write(os.path.join(ns, "identity.json"), identity)
+        wrote += _write(os.path.join(ns, "identity.json"), identity)
     if old_marker[0] != marker:
-        _write(os.path.join(ns, "placement.json"), marker)
+        wrote += _write(os.path.join(ns, "placement.json"), marker)
     for entry in os.listdir(ns):
         path = os.path.join(ns, entry)
         if entry.endswith(".tmp"):
@@ -225,17 +230,20 @@ def _heal_files(ns: str, identity: dict, marker: dict, old_marker, notes: list[s
         elif entry == "writers" and (os.path.islink(path) or not os.path.isdir(path)):
             _remove(path)
             notes.append(f"{path} was not a directory: removed (writers re-register)")
+    return wrote
 
 
-def _write(path: str, obj: dict) -> None:
-    """Replace path atomically with obj as JSON (0600)."""
+def _write(path: str, obj: dict) -> int:
+    """Replace path atomically with obj as JSON (0600). Returns the bytes written (SSD wear)."""
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path)
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    data = json.dumps(obj, sort_keys=True, indent=1).encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, sort_keys=True, indent=1)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
     os.replace(tmp, path)
+    return len(data)
 
 
 def _remove(path: str) -> None:

@@ -17,12 +17,13 @@ At a glance:
     FileTable(io_engine, namespace, writable)   engine file handles of the segment files
         .open_row(row, create) -> bool      open (with create: make) the row's files; idempotent
         .is_open(d, row), .slot_files(slots) -> (file, offset), .path(file), .paths()
+        .dirs_of(files) -> directory index of each handle; .ns_dirs
     lock_paths(paths) -> fds | None         exclusive non-blocking flocks on every path, or none
 
 A row is segment number r in every directory. Files are sized so that the sum over all files
 never exceeds the slots that fit in tutti_capacity_gb (the last row can end mid-row).
 Thread-safety: Namespace holds no mutable state. FileTable.open_row may run on several threads
-(growth, re-scans); each handle is opened once, under the table's own lock. slot_files reads
+(growth, re-scans); each handle is opened once, under the table's own lock. slot_files and dirs_of read
 the table without a lock: an entry only ever changes from "not open" to its handle.
 """
 
@@ -181,6 +182,11 @@ class FileTable:
         self._lock = threading.Lock()  # opening a handle (check and set)
         self._table = np.full((len(ns.dirs), ns.n_rows), -1, dtype=np.int64)
         self._paths: dict[int, str] = {}
+        self._dir_of = np.zeros(0, dtype=np.int64)  # handle -> directory; replaced, never mutated
+
+    @property
+    def ns_dirs(self) -> list[str]:
+        return self._ns.dirs
 
     def open_row(self, row: int, create: bool) -> bool:
         """Open the row's files that exist (with create: make and fallocate missing ones).
@@ -200,6 +206,10 @@ class FileTable:
                 if self._table[d, row] < 0:
                     f = self._engine.open_file(path, self._writable, True)
                     self._paths[f] = path
+                    dir_of = np.zeros(max(len(self._dir_of), f + 1), dtype=np.int64)
+                    dir_of[:len(self._dir_of)] = self._dir_of
+                    dir_of[f] = d
+                    self._dir_of = dir_of  # before the handle is published in the table
                     self._table[d, row] = f
         return complete
 
@@ -210,6 +220,10 @@ class FileTable:
         """(engine file handle, byte offset in that file) of each slot."""
         d, row, off = self._ns.placement.locate(slots)
         return self._table[d, row], off
+
+    def dirs_of(self, files: np.ndarray) -> np.ndarray:
+        """Directory index of each engine file handle opened here (vectorized, no lock)."""
+        return self._dir_of[files]
 
     def path(self, file: int) -> str:
         return self._paths[int(file)]

@@ -12,6 +12,7 @@ At a glance (every call is one or a few engine batches; no index, no policy):
     io.page_sums(units), io.unit_starts(n_pages)
     io.sync(files)                                  fdatasync when tutti_durability=sync
     io.count_errors(res, "read" | "write")          log failed requests (reads are counted)
+    io.wear                                         bytes written per directory (wear.py)
 
 `addrs` is a uint64 array [n_pages, objects_per_page] of host addresses, one per object in
 on-disk order. aligned: every address and object size is a multiple of 4 KiB, so objects move
@@ -36,6 +37,7 @@ from .engine import extension
 from .layout import HEADER_NBYTES, Placement, SlotLayout, strided
 from .namespace import FileTable
 from .scheduler import Gate
+from .wear import Wear
 
 logger = logging.getLogger("tutti_hicache.store")
 
@@ -52,6 +54,7 @@ class SlotIO:
         self._zero = extension().AlignedBuffer(HEADER_NBYTES)
         self._errors_lock = threading.Lock()
         self.read_errors = 0
+        self.wear = Wear(files.ns_dirs, files.dirs_of, cfg.drive_capacity_gb)
 
     # -------------------------------------------------------------------- reads
     def read(self, slots: np.ndarray, addrs: np.ndarray, aligned: bool, checksum: bool):
@@ -128,6 +131,7 @@ class SlotIO:
         landed = good.copy()
         good &= self._gated(devs, n, HEADER_NBYTES, headers)
         self.sync(files[good])
+        self.wear.stored(files[good], self._layout.geometry.page_nbytes)
         return good, sums, units.astype("<u8")
 
     def _gated(self, devices, n_pages: int, unit: int, write) -> np.ndarray:
@@ -152,6 +156,7 @@ class SlotIO:
                                      (offsets[:, None] + lay.object_offsets[None, :]).ravel(),
                                      np.tile(lay.object_nbytes, n), addrs.ravel())
             self.count_errors(res, "write")
+            self.wear.wrote("payload", files, res)
             return (res.reshape(n, m) == lay.object_nbytes[None, :]).all(axis=1)
         with self._bounce_lock["w"]:
             base = strided(self._bounce_for("w", n).address, n, lay.payload_nbytes)
@@ -161,6 +166,7 @@ class SlotIO:
             res = self.engine.submit("write", files, offsets + HEADER_NBYTES,
                                      np.full(n, lay.payload_nbytes, np.int64), base)
             self.count_errors(res, "write")
+            self.wear.wrote("payload", files, res)
             return res == lay.payload_nbytes
 
     def write_headers(self, keys: list[bytes], slots, files, offsets, sums, units,
@@ -176,6 +182,7 @@ class SlotIO:
         w = self.engine.submit("write", files, offsets, np.full(n, HEADER_NBYTES, np.int64),
                                strided(buf.address, n, HEADER_NBYTES))
         self.count_errors(w, "write")
+        self.wear.wrote("header", files, w)
         return w == HEADER_NBYTES
 
     def tombstones(self, files: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -184,6 +191,7 @@ class SlotIO:
                                  np.full(len(files), HEADER_NBYTES, np.int64),
                                  np.full(len(files), self._zero.address, np.uint64))
         self.count_errors(out, "write")
+        self.wear.wrote("tombstone", files, out)
         return out == HEADER_NBYTES
 
     def sync(self, files: np.ndarray) -> None:

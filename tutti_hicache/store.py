@@ -7,7 +7,7 @@ At a glance:
     store.write_pages(keys, addrs, aligned) -> bool[n]
     store.pin(keys) / store.unpin(entries)        hold pages against eviction (layer-wise loads)
     store.plan_pages(entries), store.stream_layers(plan, chunks, dsts)   layer_reads.py
-    store.clear(); store.close(); store.stats()
+    store.clear(); store.close(); store.stats()      stats()["wear"]: bytes written per device
     store.rehome_wait(timeout) -> bool           pages of set-aside namespaces re-homed (rehome.py)
     store.locate(key) -> (segment path, slot offset)       where a present key's slot lives
     store.entries() -> {key: PageInfo}                      read-only snapshot of the index
@@ -154,6 +154,9 @@ class ObjectStore:
                                   cfg.verify)
         self._writes = Writes(self._index, self._lock, self._rows, self._scan, self._io,
                               geometry.page_nbytes)  # no part holds the store: freed at once
+        self._wear = self._io.wear  # bytes handed to each drive (wear.py)
+        self._wear.wrote_meta(healed.meta_bytes)
+        self._wear.load()
         self._open()
 
     def _open(self) -> None:
@@ -273,12 +276,13 @@ class ObjectStore:
         """Everything per page a layer-wise restore needs, built once per batch (vectorized)."""
         return self._layers.plan(entries)
 
-    def stream_layers(self, plan: PagePlan, chunks: list, dsts: list):
+    def stream_layers(self, plan: PagePlan, chunks: list, dsts: list, gate=None):
         """`with store.stream_layers(plan, chunks, dsts) as stream:` reads chunks [(layer, rows)]
         of the plan's pages back to back, holding their directories for reads (the scheduler)
-        until the with ends; stream.lend(s) lends them to writes for one window. See
-        layer_reads.py for the stream's verbs and the destination layout."""
-        return self._layers.stream(plan, chunks, dsts, self._drop_corrupt)
+        until the with ends; stream.lend(s) lends them to writes for one window. gate: the host
+        addresses (release, verified) of a completion gate the stream advances as chunks pass.
+        See layer_reads.py for the stream's verbs and the destination layout."""
+        return self._layers.stream(plan, chunks, dsts, self._drop_corrupt, gate)
 
     # ------------------------------------------------------------------- writes
     def write_pages(self, keys: list[str], addrs: np.ndarray, aligned: bool) -> np.ndarray:
@@ -286,7 +290,9 @@ class ObjectStore:
         A read-only store (writer=False) stores nothing. See writes.py."""
         if not self.writer:
             return np.zeros(len(keys), dtype=bool)
-        return self._writes.write_pages(keys, addrs, aligned)
+        ok = self._writes.write_pages(keys, addrs, aligned)
+        self._wear.maybe_flush()
+        return ok
 
     # ------------------------------------------------------------ maintenance
     def clear(self) -> int:
@@ -340,6 +346,7 @@ class ObjectStore:
         if self._rehome is not None:
             self._rehome.stop()  # the chunk in flight finishes; the next attach resumes
         self._scan.stop()  # a re-scan in flight finishes before the engine goes
+        self._wear.flush()
         self.engine.close()
         self._rows.close()
 
@@ -355,8 +362,13 @@ class ObjectStore:
                      rehomed_pages=self._rehome.pages if self._rehome else 0,
                      owned_rows=len(self._rows.owned))
         s["engine"] = self.engine.name
+        s["wear"] = self.wear()
         s.update({f"engine_{k}": v for k, v in self.engine.counters().items()})
         return s
+
+    def wear(self) -> dict:
+        """Bytes written per device by kind, logical bytes, drive writes per day (wear.py)."""
+        return self._wear.snapshot()
 
     def register_memory(self, regions: list[tuple[int, int]]) -> int:
         """Register host memory (the KV pool) with the engine for fixed-buffer I/O."""

@@ -19,7 +19,8 @@ import random
 
 import pytest
 
-from test_linker import LAYERS, P, Rig, sg  # noqa: F401  (sg: the fixture)
+from test_linker import sg  # noqa: F401  (the fixture)
+from tutti_hicache.testing.linker_rig import P, Rig
 from tutti_hicache.cli import main as cli_main
 from tutti_hicache.testing import damage
 from tutti_hicache.testing.pagedata import page_content

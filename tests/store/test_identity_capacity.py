@@ -503,6 +503,6 @@ def test_private_files_and_nothing_outside_the_store(sglang, tmp_path, monkeypat
                 assert os.stat(os.path.join(r, n)).st_mode & 0o777 == 0o700, n
             for n in fs:
                 assert os.stat(os.path.join(r, n)).st_mode & 0o777 == 0o600, n
-                assert n in ("identity.json", "placement.json") or (
+                assert n in ("identity.json", "placement.json", "wear.json") or (
                     n.startswith("seg-") and n.endswith(".dat")) or (
                     n.startswith("tutti-") and n.endswith(".lock")), n  # the attach lock

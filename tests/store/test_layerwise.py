@@ -255,3 +255,14 @@ def test_offload_backlog_stays_exact_under_contention(tmp_path, monkeypatch, cap
     keys = [f"t{i:063d}" for i in range(64)]
     assert lw.offload(keys, torch.arange(PAGE, PAGE * 65), [NeverReady()])  # the whole bound
     lw.close()
+
+
+def test_gpu_wait_is_off_on_a_cpu_pool_and_on_refuses_it(tmp_path):
+    """tutti_gpu_wait: auto keeps the CPU path on a CPU pool and says why; on fails the attach."""
+    lw, _, _ = make_lw(tmp_path)
+    assert lw.gpu_wait == (False, "the pool is not on a CUDA device") and not lw.gpu_wait_on
+    with pytest.raises(RuntimeError, match="off here"):
+        lw.gpu_wait_on = True
+    lw.close()
+    with pytest.raises(RuntimeError, match="tutti_gpu_wait=on"):
+        make_lw(tmp_path / "on", tutti_gpu_wait="on")

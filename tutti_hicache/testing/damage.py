@@ -156,6 +156,7 @@ CASES = {
         os.path.join(ns[1], "placement.json"), slot_nbytes=12288, n_dirs=5, dir_index=4))),
     "placement_missing_everywhere": Case(_on_ns(lambda ns: [os.unlink(os.path.join(n, "placement.json"))
                                                             for n in ns])),
+    "wear_counters_truncated": Case(_on_ns(lambda ns: os.truncate(os.path.join(ns[0], "wear.json"), 5))),
     "writers_not_a_directory": Case(_on_ns(_writers_not_a_directory)),
     "writers_garbage": Case(_on_ns(_writers_garbage), warns=0),  # stale entries are routine
     "tmp_leftover": Case(_on_ns(lambda ns: Path(ns[0], "identity.json.1.2.tmp").write_bytes(b"{")),
