@@ -179,7 +179,7 @@ class LayerwiseKV:
         self.reset()
         self._stats.dump(force=True)
         self._loader.worker.stop()
-        self._offloader.worker.stop()
+        self._offloader.close()
         self.store.close()
         self.stage.close()
         self.out.close()
