@@ -104,12 +104,12 @@ def test_two_dirs_on_one_device_count_once_and_cores_cap(tmp_path, store_dir):
     assert capped.write_bytes == 2 * iodepth.CORE_BYTES
 
 
-def test_no_block_device_falls_back_per_directory(tmp_path, store_dir):
+def test_no_block_device_is_bounded_by_the_cores_only(tmp_path, store_dir):
     sysfs = tmp_path / "sys"
     (sysfs / "dev" / "block").mkdir(parents=True)  # nothing for this st_dev
     assert iodepth.device_queue(str(store_dir), str(sysfs)) is None
-    dep = iodepth.derive([str(store_dir)], str(sysfs), cores=64)
-    assert dep.write_bytes == iodepth.FALLBACK_BYTES and dep.devices == (None,)
+    dep = iodepth.derive([str(store_dir)], str(sysfs), cores=3)  # only the cores bound it
+    assert dep.write_bytes == 3 * iodepth.CORE_BYTES and dep.devices == (None,)
     small = disk(sysfs, "block/tiny", nr=1, kb=4)
     link_dev(sysfs, store_dir, small)
     assert iodepth.derive([str(store_dir)], str(sysfs), cores=64).write_bytes == iodepth.MIN_BYTES
