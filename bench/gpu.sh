@@ -72,7 +72,7 @@ family_write() {  # writes vs raw O_DIRECT writes (fallocated and overwritten), 
   for m in ${media//,/ }; do
     dirs=$(media_dirs "$m") || { rc=1; continue; }
     echo "== medium $m: $dirs"
-    bench_run "$m" python3 bench/bench_write.py --medium "$m=$dirs" --pages 512 --threads 16 "$@" \
+    bench_run "$m" python3 bench/bench_write.py --medium "$m=$dirs" --pages 256 --threads 16 "$@" \
       --json "$OUT/write_$m${TAG:+_$TAG}.json" || rc=$?
     bench/media.sh teardown
   done
