@@ -250,6 +250,8 @@ def raw_engine(dirs, nbytes: int, depth: str, req: int = 8 << 20, batch: int = 1
 
 # ---------------------------------------------------------------------------------- driver
 def run_medium(name: str, dirs: list, a) -> dict:
+    for d in dirs:
+        os.makedirs(d, exist_ok=True)
     work = [tempfile.mkdtemp(prefix="tutti-bench-write-", dir=d) for d in dirs]
     try:
         pool = make_pool(a.geometry, "layer_first", 2 * a.pages + 1)
