@@ -41,7 +41,7 @@ from typing import Mapping, NamedTuple
 
 import numpy as np
 
-from . import header
+from . import header, iodepth
 from .config import TuttiConfig
 from .engine import inflight_for, open_engine
 from .identity import with_geometry
@@ -129,7 +129,7 @@ class ObjectStore:
                                             cfg.threads, read_bytes, write_bytes)
         self.gate = Gate(Policy(default_window=cfg.write_window_ms / 1e3,
                                 min_chunk=self.layout.payload_nbytes,
-                                idle_chunk=write_bytes or depth * self.layout.payload_nbytes,
+                                idle_chunk=write_bytes or iodepth.derive(cfg.dirs).write_bytes,
                                 max_write_wait=cfg.write_floor_ms / 1e3,
                                 max_backlog=cfg.write_backlog_mb << 20), enabled=cfg.scheduler)
         self._lock = threading.Lock()  # the index and the counters; never held over I/O
