@@ -41,9 +41,9 @@ from typing import Mapping, NamedTuple
 
 import numpy as np
 
-from . import header
+from . import header, iodepth
 from .config import TuttiConfig
-from .engine import engine_for
+from .engine import inflight_for, open_engine
 from .identity import with_geometry
 from .index import SlotIndex
 from .layer_reads import LayerReads, LayerStream, PagePlan
@@ -124,9 +124,12 @@ class ObjectStore:
                              f"{self.layout.slot_nbytes} bytes")
         self._ns = Namespace(cfg, self.fingerprint, self.placement, self.capacity_slots)
         self.ns_dirs, self.n_rows = self._ns.dirs, self._ns.n_rows
-        self.engine = engine or engine_for(cfg)
+        depth, read_bytes, write_bytes = inflight_for(cfg)
+        self.engine = engine or open_engine(cfg.engine, depth, cfg.io_mode == "vectored",
+                                            cfg.threads, read_bytes, write_bytes)
         self.gate = Gate(Policy(default_window=cfg.write_window_ms / 1e3,
                                 min_chunk=self.layout.payload_nbytes,
+                                idle_chunk=write_bytes or iodepth.derive(cfg.dirs).write_bytes,
                                 max_write_wait=cfg.write_floor_ms / 1e3,
                                 max_backlog=cfg.write_backlog_mb << 20), enabled=cfg.scheduler)
         self._lock = threading.Lock()  # the index and the counters; never held over I/O
@@ -322,6 +325,7 @@ class ObjectStore:
             self._closed = True
         self._scan.stop()  # a re-scan in flight finishes before the engine goes
         self._wear.flush()
+        self._io.close()
         self.engine.close()
         self._rows.close()
 
