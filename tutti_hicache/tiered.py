@@ -38,7 +38,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from .cluster import ClusterDown, ClusterTier, mooncake_missing
+from .cluster import ClusterTier, mooncake_missing
 from .storage import TuttiStorage
 
 logger = logging.getLogger("tutti_hicache.tiered")
@@ -149,14 +149,13 @@ class TieredStorage(TuttiStorage):
             return
         ok[rest] = got
         self._record("get", int(got.sum()), time.perf_counter() - t0)
-        self._ccounts["remote_hits"] += int(got.sum())
-        self._ccounts["remote_misses"] += int((~got).sum())
+        self._count(remote_hits=int(got.sum()), remote_misses=int((~got).sum()))
         fetched = rest[got]
         if len(fetched) and self.cfg.cluster_promote and self.store.writer:
             try:
                 stored = self.store.write_pages([keys[i] for i in fetched], addrs[fetched],
                                                 self.hostmap.aligned)
-                self._ccounts["promoted"] += int(stored.sum())
+                self._count(promoted=int(stored.sum()))
             except Exception:
                 logger.exception("tutti: promoting %d remote pages failed", len(fetched))
 
@@ -185,8 +184,13 @@ class TieredStorage(TuttiStorage):
             cluster.failed(exc)
             return out
         out[pages] = put
-        self._ccounts["published"] += int(put.sum())
+        self._count(published=int(put.sum()))
         return out
+
+    def _count(self, **counts: int) -> None:
+        with self._metrics_lock:  # io-aux and backup threads both count
+            for name, n in counts.items():
+                self._ccounts[name] += n
 
     # ------------------------------------------------------- maintenance
     def close(self) -> None:
@@ -198,10 +202,11 @@ class TieredStorage(TuttiStorage):
     def tutti_stats(self) -> dict:
         """TuttiStorage's counters plus the cluster tier's (hits, promotions, outages, state)."""
         out = dict(super().tutti_stats())
-        out.update(self._ccounts)
+        with self._metrics_lock:
+            out.update(self._ccounts)
         cluster = self.cluster
         out.update(cluster.stats() if cluster is not None else {"cluster_state": "off"})
         return out
 
 
-__all__ = ["TieredStorage", "ClusterDown", "cluster_tag"]
+__all__ = ["TieredStorage", "cluster_tag"]

@@ -43,10 +43,11 @@ class Cluster:
             self.nodes[name] = self.mc.Node.spawn()
         return self.nodes[name]
 
-    def open(self, node, backend="kv", wait="up", **kw):
+    def open(self, node, backend="kv", wait="up", extra=None, **kw):
         d = self.tmp / f"{id(node)}-{backend}"
         d.mkdir(exist_ok=True)
-        node.call("open", backend, [str(d)], self.mc.mooncake_extra(self.master), **kw)
+        node.call("open", backend, [str(d)], {**self.mc.mooncake_extra(self.master), **(extra or {})},
+                  **kw)
         assert node.call("wait_state", backend, wait) == wait
 
     def close(self):
@@ -130,6 +131,19 @@ def test_tp_ranks_do_not_collide(cluster):
     assert want[0] != want[1]
     for rank in (0, 1):
         assert b.call("read", f"tp{rank}", k) == (8, want[rank])
+
+
+@pytest.mark.slow
+def test_publish_on_hit_offers_only_reused_pages(cluster):
+    a, b = cluster.node("A"), cluster.node("B")
+    for node in (a, b):
+        cluster.open(node, "hit", extra={"tutti_cluster_publish": "hit"})
+    k = keys(6, 17)
+    done, want = a.call("write", "hit", k, 17)
+    assert done == 6 and b.call("exists", "hit", k) == 0  # stored on A's SSD only
+    assert a.call("read", "hit", k) == (6, want)  # a local hit: now offered to the cluster
+    assert b.call("exists", "hit", k) == 6
+    assert b.call("read", "hit", k) == (6, want)
 
 
 @pytest.mark.slow

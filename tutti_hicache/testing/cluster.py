@@ -115,19 +115,20 @@ class _Node:
         logging.getLogger("tutti_hicache").addHandler(self.records)
 
     def open(self, name, dirs, extra, model="test-model", layout="page_first", tp=(0, 1),
-             n_pages=160):
+             n_pages=160, layers=2, heads=2, head_dim=64, page=PAGE, pin=False, capacity_gb=0.1):
         import torch
 
         from ..tiered import TieredStorage
 
-        pool = self.h.make_mha_host_pool(layout, 2, 2, 64, PAGE, torch.bfloat16, n_pages)
-        cfg = {"tutti_dirs": list(dirs), "tutti_capacity_gb": 0.1, "tutti_rescan_interval_s": 0.0,
-               "tutti_cluster_retry_s": 0.3, **extra}
+        pool = self.h.make_mha_host_pool(layout, layers, heads, head_dim, page, torch.bfloat16,
+                                         n_pages, pin_memory=pin)
+        cfg = {"tutti_dirs": list(dirs), "tutti_capacity_gb": capacity_gb,
+               "tutti_rescan_interval_s": 0.0, "tutti_cluster_retry_s": 0.3, **extra}
         sc = self.h.make_storage_config(tp_rank=tp[0], tp_size=tp[1], model_name=model,
                                         is_page_first_layout=layout == "page_first",
                                         extra_config=cfg)
         backend = TieredStorage(sc, {})
-        ctrl = self.h.make_controller(backend, pool, PAGE, sc, zero_copy=True)
+        ctrl = self.h.make_controller(backend, pool, page, sc, zero_copy=True)
         self.backends[name] = (backend, pool, ctrl)
 
     def wait_state(self, name, state="up", timeout=30.0):
@@ -143,7 +144,7 @@ class _Node:
     def write(self, name, keys, seed):
         """Fill fresh pages with random bytes, back them up through SGLang's controller."""
         _, pool, ctrl = self.backends[name]
-        idx = pool.alloc(len(keys) * PAGE)
+        idx = pool.alloc(len(keys) * pool.page_size)
         try:
             self.h.fill_random(pool, idx, seed)
             done = self.h.controller_backup(ctrl, keys, idx)
@@ -156,16 +157,29 @@ class _Node:
 
     def read(self, name, keys):
         """Restore into fresh (zeroed) pages through SGLang's _page_transfer: (pages, digests)."""
+        out = self.timed_read(name, keys)
+        return out["pages"], out["digests"]
+
+    def timed_read(self, name, keys, device=None):
+        """read(), timed: the transfer into the host pool, then (with `device`) one H2D copy of
+        the restored pages into a device tensor. {pages, digests, transfer_s, h2d_s}."""
         import torch
 
         _, pool, ctrl = self.backends[name]
-        idx = pool.alloc(len(keys) * PAGE)
+        page = pool.page_size
+        idx = pool.alloc(len(keys) * page)
         try:
             zero = torch.zeros_like(pool.get_dummy_flat_data_page())
-            for start in range(0, len(idx), PAGE):  # no stale bytes can pass for a restore
+            for start in range(0, len(idx), page):  # no stale bytes can pass for a restore
                 pool.set_from_flat_data_page(int(idx[start]), zero)
-            done = self.h.controller_transfer(ctrl, keys, idx) // PAGE
-            return done, self._digests(pool, idx[: done * PAGE])
+            t0 = time.perf_counter()
+            done = self.h.controller_transfer(ctrl, keys, idx) // page
+            t1 = time.perf_counter()
+            h2d = 0.0
+            if device is not None and done:
+                h2d = _h2d_seconds(pool, int(idx[0]), done * page, device)
+            return {"pages": done, "digests": self._digests(pool, idx[: done * page]),
+                    "transfer_s": t1 - t0, "h2d_s": h2d}
         finally:
             pool.free(idx)
 
@@ -181,6 +195,21 @@ class _Node:
 
     def close(self, name):
         self.backends.pop(name)[0].close()
+
+
+def _h2d_seconds(pool, first: int, tokens: int, device: str) -> float:
+    """One copy of the token range [first, first + tokens) of a page_first host pool (pinned)
+    into a device tensor: the bytes SGLang's load_to_device moves for these pages."""
+    import torch
+
+    kv = pool.kv_buffer  # page_first: [2, size, layers, heads, dim]
+    dst = torch.empty((2, tokens) + tuple(kv.shape[2:]), dtype=kv.dtype, device=device)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(2):
+        dst[i].copy_(kv[i, first:first + tokens], non_blocking=True)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
 
 
 def _node_main(conn, env: dict) -> None:
