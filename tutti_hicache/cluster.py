@@ -18,7 +18,8 @@ supports and refuses are SGLang's. Two things change (PinnedMooncakeStore):
     process happened to hold it; pinned, a page lives exactly as long as its writer (a client's
     objects vanish when it exits, which is why the tiered backend promotes what it reads);
   * an outage code (RPC_FAIL, RPC_TIMEOUT) raises ClusterDown instead of reading as a miss, so the
-    gate can stop calling a dead master: each call then costs up to seconds (a put waited 4.3 s).
+    gate can stop calling a dead master: each call then costs up to seconds (a put waited 4.3 s);
+  * a get that delivers fewer bytes than the page's object is a miss (SGLang accepts any count > 0).
 
 Failure handling: the Mooncake client is made by a background thread, never on SGLang's threads,
 and only after a TCP connect to the master succeeds (``setup`` against an absent master blocks
@@ -90,8 +91,11 @@ def pinned_store_class():
             return _checked(out, "put")
 
         def _get_batch_zero_copy_impl(self, key_strs, buffer_ptrs, buffer_sizes):
-            return _checked(super()._get_batch_zero_copy_impl(key_strs, buffer_ptrs,
-                                                              buffer_sizes), "get")
+            got = _checked(super()._get_batch_zero_copy_impl(key_strs, buffer_ptrs,
+                                                             buffer_sizes), "get")
+            # SGLang counts any positive byte count as a hit; a short object is a miss here
+            want = [sum(s) if isinstance(s, Sequence) else s for s in buffer_sizes]
+            return [r if r <= 0 or r == w else -1 for r, w in zip(got, want)]
 
         def _batch_exist(self, key_strs):
             return _checked(super()._batch_exist(key_strs), "exists")
