@@ -70,7 +70,8 @@ def run(args) -> dict:
     cap_gb = max(0.05, 2.5 * gib)
     dirs = args.dirs.split(",")
     master = mc.Master(log_path=os.path.join(args.log_dir, "master.log")).start()
-    a, b = mc.Node.spawn(), mc.Node.spawn()
+    method = "spawn" if device else "forkserver"  # CUDA in a forked child needs a clean parent
+    a, b = mc.Node.spawn(method), mc.Node.spawn(method)
     out = {"context": args.context, "shape": shape, "pages": pages, "bytes": total,
            "device": torch.cuda.get_device_name() if device else "cpu", "protocol": "tcp",
            "network": "loopback", "results": []}

@@ -206,7 +206,8 @@ class ClusterTier:
         try:
             self._address = _master_address(self._sc)
         except Exception as exc:
-            logger.warning("tutti: cluster tier disabled: no usable Mooncake config (%s)", exc)
+            self._off = True
+            logger.warning("tutti: cluster tier off: no usable Mooncake config (%s)", exc)
             return
         while not self._closed:
             if not self._up:
@@ -231,7 +232,11 @@ class ClusterTier:
         if not _reachable(self._address):
             raise ConnectionError(f"no listener at {self._address}")
         store = pinned_store_class()(self._sc, self._pool)
-        store.register_mem_pool_host(self._pool)
+        try:
+            store.register_mem_pool_host(self._pool)
+        except Exception:
+            store.store.close()  # no half-attached client left behind; the next try makes one
+            raise
         try:  # what MooncakeStore refuses (e.g. MHA layer_first) is a setting, not an outage
             store._batch_preprocess([""], torch.arange(self._pool.page_size, dtype=torch.int64))
         except Exception as exc:

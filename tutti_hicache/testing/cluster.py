@@ -240,11 +240,13 @@ class Node:
         self.proc, self.conn = proc, conn
 
     @classmethod
-    def spawn(cls) -> "Node":
-        """A fresh process from a fork server that has imported SGLang and Mooncake once (and
-        started nothing), so that nodes do not each pay the imports."""
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["tutti_hicache.testing.node_preload"])
+    def spawn(cls, method: str = "forkserver") -> "Node":
+        """A fresh process. forkserver: forked from a server that has imported SGLang and Mooncake
+        once (and started nothing), so that nodes do not each pay the imports; spawn: a new
+        interpreter, for nodes that use CUDA (an import may initialize CUDA in the fork server)."""
+        ctx = mp.get_context(method)
+        if method == "forkserver":
+            ctx.set_forkserver_preload(["tutti_hicache.testing.node_preload"])
         parent, child = ctx.Pipe()
         env = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}
         proc = ctx.Process(target=_node_main, args=(child, env), daemon=True)
