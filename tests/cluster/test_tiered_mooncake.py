@@ -93,6 +93,15 @@ def test_a_writes_b_finds_and_reads_byte_exact(cluster):
 
 
 @pytest.mark.slow
+def test_the_master_listens_on_loopback_only(cluster):
+    """Every listener of the master is 127.0.0.1 (RPC, metrics; no HTTP metadata server). The
+    nodes' transfer-engine listeners are Mooncake's INADDR_ANY (docs/cluster.md, Security)."""
+    addrs = cluster.mc.listening(cluster.master.proc.pid)
+    assert ("127.0.0.1", cluster.master.rpc_port) in addrs
+    assert {ip for ip, _ in addrs} == {"127.0.0.1"}, addrs
+
+
+@pytest.mark.slow
 def test_mixed_local_and_remote_prefix_is_the_union(cluster):
     a, b = cluster.node("A"), cluster.node("B")
     k = keys(30, 2)

@@ -2,6 +2,7 @@
 processes, each holding real SGLang host pools and tiered backends (tutti_hicache.tiered).
 
     free_port() -> int
+    listening(pid) -> {(address, port)}                     what a process listens on (/proc)
     Master(rpc_port=None).start() / .stop() / .address     mooncake_master, stopped by pid
     mooncake_extra(master, **kw) -> dict                    SGLang's Mooncake keys for extra_config
     Node.spawn() -> Node; node.call(verb, *args); node.exit()
@@ -37,6 +38,34 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def listening(pid: int) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket process `pid` listens on (IPv4 and IPv6), from /proc."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    out = set()
+    for table, width in (("tcp", 8), ("tcp6", 32)):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] != "0A" or cols[9] not in inodes:  # 0A: LISTEN
+                    continue
+                addr, port = cols[1].split(":")
+                raw = bytes.fromhex(addr)
+                if width == 8:
+                    ip = socket.inet_ntop(socket.AF_INET, raw[::-1])
+                else:  # four little-endian 32-bit words
+                    ip = socket.inet_ntop(socket.AF_INET6, b"".join(raw[i:i + 4][::-1]
+                                                                    for i in range(0, 16, 4)))
+                out.add((ip, int(port, 16)))
+    return out
 
 
 def master_binary() -> str:
