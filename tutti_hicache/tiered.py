@@ -25,7 +25,8 @@ host pool layout, since Mooncake objects are raw host-layout bytes: only identic
 Failures: the cluster tier never raises into SGLang's threads. An outage closes its gate (one
 warning), the backend serves the local tier alone, and the gate reopens when Mooncake answers
 again. A remote page counts only when every one of its objects arrived (SGLang's own rule).
-``clear()`` drops local pages only: MooncakeStore.clear() would wipe every node's objects.
+``clear()`` drops local pages only: MooncakeStore.clear() would wipe every node's objects. The
+legacy flat-page API (batch_get/batch_set, SGLang's generic path) is TuttiStorage's: local only.
 """
 
 from __future__ import annotations
