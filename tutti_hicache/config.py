@@ -195,6 +195,17 @@ class TuttiConfig:
         "Linker: pages queued for offload before new offloads are refused (the device pages stay "
         "locked until written).", minimum=1)
 
+    cluster_publish: str = setting("all",
+        "Tiered backend: pages offered to the cluster tier (Mooncake): all (every page stored), "
+        "hit (only pages served from the local SSD, i.e. prefixes that were reused), off (this "
+        "node only reads the cluster).", choices=("all", "hit", "off"))
+    cluster_promote: bool = setting(True,
+        "Tiered backend: copy pages read from the cluster tier into the local SSD tier, so they "
+        "outlive the node that published them.")
+    cluster_retry_s: float = setting(5.0,
+        "Tiered backend: seconds between attempts to reach the cluster tier while it is "
+        "unreachable or down (the backend serves the local SSD tier meanwhile).", minimum=0.05)
+
     def __post_init__(self) -> None:
         if 0 < self.queue_depth < 8:
             raise ValueError(f"{PREFIX}queue_depth: 0 (derived from the devices) or >= 8, got "

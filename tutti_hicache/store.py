@@ -3,6 +3,7 @@
 At a glance:
     store = ObjectStore(cfg, geometry, identity, writer=True)
     store.prefix_len(keys) -> int                 leading keys present (memory only, no I/O)
+    store.present(keys) -> bool[n]                each key present (memory only, no I/O)
     store.read_pages(keys, addrs, aligned) -> bool[n]
     store.write_pages(keys, addrs, aligned) -> bool[n]
     store.pin(keys) / store.unpin(entries)        hold pages against eviction (layer-wise loads)
@@ -172,6 +173,14 @@ class ObjectStore:
         if n < len(keys):
             self._scan.request()
         return n
+
+    def present(self, keys: list[str]) -> np.ndarray:
+        """Per key, whether it is present (from memory). A miss asks for a re-scan."""
+        with self._lock:
+            flags = np.fromiter((k in self._index for k in keys), dtype=bool, count=len(keys))
+        if not flags.all():
+            self._scan.request()
+        return flags
 
     def __contains__(self, key: str) -> bool:
         with self._lock:
