@@ -1,17 +1,31 @@
 # Source on the GPU machine from the repository root. Carried in the device run (ignored folders):
 #   .sgl/site.tar.xz   the SGLang site-packages overlay (0.5.23 by default; a 0.5.17 one also works)
 #   .nixl/nixl.tar.xz  optional: NIXL's trimmed wheels, for SGLang's `nixl` backend
+#   .mooncake/mooncake.tar.xz  optional: the trimmed Mooncake client and master (bench/build_mooncake_payload.sh)
 # Unpacks them into /tmp/site (first on PYTHONPATH), builds and installs tutti_hicache for the
 # machine's Python, and sets what SGLang 0.5.23 needs on torch 2.11 (see the overlay's notes).
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TVM_FFI_CACHE_DIR=/tmp/tvmffi
 export OUT=${OUT:-/tmp/tutti-out}; mkdir -p "$OUT"
-for t in .sgl/site.tar.xz .nixl/nixl.tar.xz; do
+for t in .sgl/site.tar.xz .nixl/nixl.tar.xz .mooncake/mooncake.tar.xz; do
   stamp=/tmp/site/.unpacked-$(basename "$(dirname "$t")")
   if [ -f "$t" ] && [ ! -f "$stamp" ]; then
     mkdir -p /tmp/site && tar -C /tmp/site -xJf "$t" && touch "$stamp"
   fi
 done
 [ -d /tmp/site/sglang ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+if [ -d /tmp/site/mooncake-syslibs ]; then
+  # Mooncake's store.so: the carried system libraries the machine lacks, and libcudart.so.13 from
+  # torch's CUDA libraries when the loader does not know one.
+  mkdir -p /tmp/mooncake-sys
+  for f in /tmp/site/mooncake-syslibs/*; do
+    ldconfig -p | grep -q "^[[:space:]]*$(basename "$f") " || ln -sf "$f" /tmp/mooncake-sys/
+  done
+  if ! ldconfig -p | grep -q 'libcudart.so.13 '; then
+    cudart=$(python3 -c 'import glob, site; print(next(iter(sorted(glob.glob(site.getsitepackages()[0] + "/nvidia/**/libcudart.so.13*", recursive=True))), ""))')
+    [ -n "$cudart" ] && ln -sf "$cudart" /tmp/mooncake-sys/libcudart.so.13
+  fi
+  export LD_LIBRARY_PATH=/tmp/mooncake-sys${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 # SGLang 0.5.23 on torch 2.11: sglang-kernel 0.4.5 (0.5.23 asks for >= 0.4.9), and the Python tree
 # core (the overlay's Rust one is built for torch 2.14.1).
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python

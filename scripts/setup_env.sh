@@ -41,10 +41,14 @@ SGLANG_DEPS=(numpy orjson psutil pybase64 requests packaging pillow starlette ms
 OVERRIDES="sentencepiece>=0.2.3"
 # Older SGLang (seen: 0.5.17) also imports server_args from memory_pool, hence its parsers' packages.
 OLD_SGLANG_DEPS=(xgrammar einops)
+# The Mooncake client (CPU build) for the tiered backend's cluster tests, with SGLang 0.5.23 only
+# (its MooncakeStore is the one tutti_hicache.tiered builds on).
+MOONCAKE=mooncake-transfer-engine-non-cuda==0.3.13.post1
 
 # The extension itself needs only g++ and cmake: liburing and xxhash are vendored (cpp/third_party).
+# libibverbs1: the Mooncake client (tests/cluster) links it even when it only speaks TCP.
 install_apt_packages() {
-  local want=(libssl-dev g++ pkg-config) missing=()
+  local want=(libssl-dev g++ pkg-config libibverbs1) missing=()
   command -v cmake >/dev/null || want+=(cmake)
   local py=$1
   "$py" -c 'import ensurepip, venv' 2>/dev/null || want+=(python3-venv)
@@ -117,6 +121,10 @@ main() {
   mapfile -t deps < <(pinned_deps "${wanted[@]}")
   log "SGLang CPU dependencies: ${deps[*]}"
   vpip -c "$constraints" "${deps[@]}"
+  if ! version_lt "$SGLANG_VERSION" 0.5.23; then
+    log "$MOONCAKE"
+    vpip -c "$constraints" "$MOONCAKE"
+  fi
 
   if [[ -f $REPO/pyproject.toml ]]; then
     # Editable: tests run from the repository root, whose tutti_hicache/ would otherwise shadow an

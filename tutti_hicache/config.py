@@ -121,8 +121,10 @@ class TuttiConfig:
         "io_uring coalescing: vectored (one READV per file-contiguous run) or fixed (one "
         "READ_FIXED per memory-contiguous run on registered buffers).",
         choices=("vectored", "fixed"))
-    queue_depth: int = setting(1024,
-        "io_uring entries per ring = operations in flight per batch.", minimum=8)
+    queue_depth: int = setting(0,
+        "io_uring operations in flight per batch. 0: bytes in flight derived from the devices' "
+        "queues (nr_requests x request size) and the cores (see docs/design.md); >= 8: this many "
+        "operations, no byte cap.", minimum=0)
     threads: int = setting(8,
         "POSIX engine workers per direction, and checksum/copy threads.", minimum=1)
     verify: bool = setting(True,
@@ -194,6 +196,22 @@ class TuttiConfig:
     offload_backlog_pages: int = setting(8192,
         "Linker: pages queued for offload before new offloads are refused (the device pages stay "
         "locked until written).", minimum=1)
+
+    cluster_publish: str = setting("all",
+        "Tiered backend: pages offered to the cluster tier (Mooncake): all (every page stored), "
+        "hit (only pages served from the local SSD, i.e. prefixes that were reused), off (this "
+        "node only reads the cluster).", choices=("all", "hit", "off"))
+    cluster_promote: bool = setting(True,
+        "Tiered backend: copy pages read from the cluster tier into the local SSD tier, so they "
+        "outlive the node that published them.")
+    cluster_retry_s: float = setting(5.0,
+        "Tiered backend: seconds between attempts to reach the cluster tier while it is "
+        "unreachable or down (the backend serves the local SSD tier meanwhile).", minimum=0.05)
+
+    def __post_init__(self) -> None:
+        if 0 < self.queue_depth < 8:
+            raise ValueError(f"{PREFIX}queue_depth: 0 (derived from the devices) or >= 8, got "
+                             f"{self.queue_depth}")
 
     @property
     def capacity_bytes(self) -> int:

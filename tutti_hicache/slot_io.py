@@ -11,6 +11,7 @@ At a glance (every call is one or a few engine batches; no index, no policy):
     io.checksums(addrs) -> (page [n], unit [n, units])   of pages in memory
     io.page_sums(units), io.unit_starts(n_pages)
     io.sync(files)                                  fdatasync when tutti_durability=sync
+    io.close()                                      ends the checksum helper thread
     io.count_errors(res, "read" | "write")          log failed requests (reads are counted)
     io.wear                                         bytes written per directory (wear.py)
 
@@ -28,6 +29,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -52,9 +54,10 @@ class SlotIO:
         self._bounce_lock = {"r": threading.Lock(), "w": threading.Lock()}
         self._bounce: dict[str, object] = {}  # "r" / "w" -> AlignedBuffer, grown on demand
         self._zero = extension().AlignedBuffer(HEADER_NBYTES)
-        self._errors_lock = threading.Lock()
+        self._errors_lock = threading.Lock()  # also guards _pool
         self.read_errors = 0
         self.wear = Wear(files.ns_dirs, files.dirs_of, cfg.drive_capacity_gb)
+        self._pool: ThreadPoolExecutor | None = None  # payload checksums beside their writes
 
     # -------------------------------------------------------------------- reads
     def read(self, slots: np.ndarray, addrs: np.ndarray, aligned: bool, checksum: bool):
@@ -112,9 +115,14 @@ class SlotIO:
             return good
 
         def payload(a: int, b: int) -> np.ndarray:
-            # checksums inside the write window too, so their CPU time does not compete with reads
-            sums[a:b], units[a:b] = self.checksums(addrs[a:b])
-            return self.write_payloads(files[a:b], offsets[a:b], addrs[a:b], aligned)
+            # checksums inside the write window too, so their CPU time does not compete with
+            # reads; on a helper thread while the chunk's writes are in flight (both read memory)
+            done = self._helper().submit(self.checksums, addrs[a:b])
+            try:
+                ok = self.write_payloads(files[a:b], offsets[a:b], addrs[a:b], aligned)
+            finally:
+                sums[a:b], units[a:b] = done.result()
+            return ok
 
         def headers(a: int, b: int) -> np.ndarray:
             out = np.zeros(b - a, dtype=bool)
@@ -245,6 +253,19 @@ class SlotIO:
                     self.read_errors += int(bad.sum())
             logger.warning("tutti: %d %s request(s) failed (first: %s)", int(bad.sum()), what,
                            os.strerror(-first))
+
+    def _helper(self) -> ThreadPoolExecutor:
+        with self._errors_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="tutti-checksum")
+            return self._pool
+
+    def close(self) -> None:
+        """End the checksum helper thread (the store's close)."""
+        with self._errors_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def _bounce_for(self, which: str, n_slots: int):
         need = max(1, n_slots) * self._layout.payload_nbytes

@@ -3,6 +3,7 @@
 At a glance:
     store = ObjectStore(cfg, geometry, identity, writer=True)
     store.prefix_len(keys) -> int                 leading keys present (memory only, no I/O)
+    store.present(keys) -> bool[n]                each key present (memory only, no I/O)
     store.read_pages(keys, addrs, aligned) -> bool[n]
     store.write_pages(keys, addrs, aligned) -> bool[n]
     store.pin(keys) / store.unpin(entries)        hold pages against eviction (layer-wise loads)
@@ -45,9 +46,9 @@ from typing import Mapping, NamedTuple, Optional
 
 import numpy as np
 
-from . import header
+from . import header, iodepth
 from .config import TuttiConfig
-from .engine import engine_for
+from .engine import inflight_for, open_engine
 from .identity import with_geometry
 from .index import SlotIndex
 from .layer_reads import LayerReads, LayerStream, PagePlan
@@ -134,9 +135,12 @@ class ObjectStore:
                              dirs=healed.dirs)
         reclaim(self._ns.dirs, 0, self.capacity_slots * self.layout.slot_nbytes)
         self.ns_dirs, self.n_rows = self._ns.dirs, self._ns.n_rows
-        self.engine = engine or engine_for(cfg)
+        depth, read_bytes, write_bytes = inflight_for(cfg)
+        self.engine = engine or open_engine(cfg.engine, depth, cfg.io_mode == "vectored",
+                                            cfg.threads, read_bytes, write_bytes)
         self.gate = Gate(Policy(default_window=cfg.write_window_ms / 1e3,
                                 min_chunk=self.layout.payload_nbytes,
+                                idle_chunk=write_bytes or iodepth.derive(cfg.dirs).write_bytes,
                                 max_write_wait=cfg.write_floor_ms / 1e3,
                                 max_backlog=cfg.write_backlog_mb << 20), enabled=cfg.scheduler)
         self._lock = threading.Lock()  # the index and the counters; never held over I/O
@@ -192,6 +196,14 @@ class ObjectStore:
         if n < len(keys):
             self._scan.request()
         return n
+
+    def present(self, keys: list[str]) -> np.ndarray:
+        """Per key, whether it is present (from memory). A miss asks for a re-scan."""
+        with self._lock:
+            flags = np.fromiter((k in self._index for k in keys), dtype=bool, count=len(keys))
+        if not flags.all():
+            self._scan.request()
+        return flags
 
     def __contains__(self, key: str) -> bool:
         with self._lock:
@@ -347,6 +359,7 @@ class ObjectStore:
             self._rehome.stop()  # the chunk in flight finishes; the next attach resumes
         self._scan.stop()  # a re-scan in flight finishes before the engine goes
         self._wear.flush()
+        self._io.close()
         self.engine.close()
         self._rows.close()
 

@@ -237,7 +237,7 @@ def test_offload_backlog_stays_exact_under_contention(tmp_path, monkeypatch, cap
     monkeypatch.setattr(builtins, "len", yielding_len)
     try:
         while sent < 2000 and time.time() < end:
-            for _ in range(50):
+            for _ in range(min(50, 2000 - sent)):  # a refused offload (backlog full) sends none
                 sent += lw.offload([f"s{sent:063d}"], rows, [NeverReady()])
             while lw.num_completed():
                 assert not lw.pop_completed()
@@ -258,8 +258,12 @@ def test_offload_backlog_stays_exact_under_contention(tmp_path, monkeypatch, cap
 
 
 def test_gpu_wait_is_off_on_a_cpu_pool_and_on_refuses_it(tmp_path):
-    """tutti_gpu_wait: auto keeps the CPU path on a CPU pool and says why; on fails the attach."""
-    lw, _, _ = make_lw(tmp_path)
+    """tutti_gpu_wait: off by default; auto keeps the CPU path on a CPU pool and says why; on fails
+    the attach."""
+    lw, _, _ = make_lw(tmp_path / "default")
+    assert lw.gpu_wait == (False, "tutti_gpu_wait=off") and not lw.gpu_wait_on
+    lw.close()
+    lw, _, _ = make_lw(tmp_path, tutti_gpu_wait="auto")
     assert lw.gpu_wait == (False, "the pool is not on a CUDA device") and not lw.gpu_wait_on
     with pytest.raises(RuntimeError, match="off here"):
         lw.gpu_wait_on = True

@@ -227,7 +227,7 @@ class LayerwiseKV:
         self.reset()
         self._stats.dump(force=True)
         self._loader.worker.stop()
-        self._offloader.worker.stop()
+        self._offloader.close()
         if self._gates is not None:
             self._gates.drain()  # no GPU work reads the gate words any more
         self.store.close()

@@ -113,6 +113,11 @@ struct EngineOptions {
   bool vectored = true;            ///< coalesce into READV/WRITEV (else *_FIXED per run)
   unsigned threads = 8;            ///< POSIX workers per direction; checksum threads
   int64_t max_op_bytes = 1 << 30;  ///< largest coalesced operation, 4 KiB to 1 GiB
+  /// io_uring: bytes in flight per ring, by direction (0: no cap, queue_depth ops only). A ring
+  /// always keeps at least one operation in flight, whatever its size. The store derives them
+  /// from the device queues (tutti_hicache/iodepth.py); the POSIX engine's bound is its threads.
+  int64_t read_inflight_bytes = 0;
+  int64_t write_inflight_bytes = 0;
 };
 
 class Engine {
