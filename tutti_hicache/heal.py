@@ -2,7 +2,8 @@
 
 At a glance:
     resolve(cfg, fingerprint, identity, layout) -> Resolved
-        .dirs          namespace dirs in stripe order (by each directory's placement.json marker)
+        .dirs          namespace dirs in stripe order (by each directory's slot headers, else
+                       its placement.json marker)
         .placement     the Placement the namespace uses (a recorded segment size is kept)
         .quarantined   namespace dirs set aside this time (renamed <ns>.quarantine-<stamp>)
         .notes         what was healed (also logged as one warning naming the namespace)
@@ -17,10 +18,11 @@ At a glance:
 A cache's contents are disposable, the server is not: damaged, truncated, foreign or missing
 metadata, a changed directory list or segment size never fail attach. Rules (docs/design.md 3.1):
   - identity.json is rebuilt from the identity (the directory name is its fingerprint);
-  - placement.json markers that agree with the directory count and slot size map each directory
-    to its stripe (a reordered tutti_dirs keeps every page); a missing, damaged or outvoted marker
-    is rebuilt (its own position if free, else the first free stripe); a recorded segment size
-    wins over tutti_segment_gb;
+  - a directory's own slot headers (witness.py) tell its stripe, the directory count and the
+    segment size, and outrank placement.json; markers that agree with the directory count and
+    slot size map the remaining directories to their stripes (a reordered tutti_dirs keeps every
+    page); a missing, damaged, self-contradicting or outvoted marker is rebuilt (its own position
+    if free, else the first free stripe); a recorded segment size wins over tutti_segment_gb;
   - a directory count or slot size that differs (a directory added or removed, another layout)
     cannot locate any page: every namespace dir is renamed aside, the namespace starts fresh, and
     a writer re-homes the set-aside pages by key in the background (rehome.py);
