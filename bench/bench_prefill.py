@@ -10,7 +10,11 @@ wait_until(l) before layer l's attention exactly as SGLang's KV pool does. Confi
   tutti:<medium> LayerwiseKV (the TuttiLinker pipeline) restoring from the store on <medium>
 Reported per (medium, C, h): TTFT, bubble (time the forward waits in wait_until, from CUDA
 events), I/O-only restore time and bandwidth, engine syscalls and CPU seconds per request, and
-the medium's raw O_DIRECT read (same run). --dry-run: tiny shapes on CPU (pipeline check only).
+the medium's raw O_DIRECT read (same run). --completion cpu,gpu alternates the two completion
+paths at every point (CPU-event launches vs GPU waits on the read stream's counter) and reports
+per run the time from a layer's last read completing to its copy and scatter starting on the
+GPU (tutti_hicache/benchmarks/reaction.py states the method). --dry-run: tiny shapes on CPU
+(pipeline check only).
 
   python bench/bench_prefill.py --medium array-4=/mnt/a0,/mnt/a1,/mnt/a2,/mnt/a3 \
       --contexts 16384,32768,65536 --hits 0.5,0.75,0.9,0.95,0.99 --json out.json
@@ -22,12 +26,13 @@ import argparse
 import json
 import math
 import tempfile
-import threading
 import time
 
 import torch
 import torch.nn.functional as F
 
+from tutti_hicache.benchmarks.offload import OffloadStream
+from tutti_hicache.benchmarks.reaction import Calibration, reaction
 from tutti_hicache.config import TuttiConfig
 from tutti_hicache.layerwise import LayerCounter, LayerwiseKV
 from tutti_hicache.layout import PageGeometry
@@ -259,6 +264,26 @@ def run(args) -> dict:
     return out
 
 
+def set_completion(lw: LayerwiseKV, mode) -> str:
+    """Switch the loads' completion path ("cpu" | "gpu", None: keep); returns the one in use."""
+    if mode is not None:
+        lw.gpu_wait_on = mode == "gpu"
+    return "gpu" if lw.gpu_wait_on else "cpu"
+
+
+def traced_prefill(lw: LayerwiseKV, model, c: int, pages: int, keys: list, cal) -> tuple:
+    """prefill() with the loader tracing its chunks: (TTFT, bubble, CPU s, reaction stats)."""
+    page = model.s["page"]
+    lw.trace = [] if cal is not None else None
+    cpu0 = time.process_time()
+    ttft, bub = prefill(model, c, pages * page, restore_fn(lw, model, keys, pages), lw.counter)
+    cpu_s = time.process_time() - cpu0
+    lw.drain_loads()
+    stats = reaction(lw.trace[-1], cal) if cal is not None and lw.trace else {}
+    lw.trace = None
+    return ttft, bub, cpu_s, stats
+
+
 def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) -> dict:
     page = model.s["page"]
     page_bytes = model.s["layers"] * 2 * page * model.s["kv_heads"] * model.s["head_dim"] * 2
@@ -270,108 +295,80 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
     info = {"dirs": dirs, **raw, "write_GBps": max_pages * page_bytes / write_s / 1e9, "runs": []}
     print(f"[{name}] wrote {max_pages} pages at {info['write_GBps']:.2f} GB/s; raw read {raw}", flush=True)
     warm = max(1, min(max_pages // 2, 64))  # first use: kernel compiles, cuBLAS/SDPA setup
-    io_only(lw, model, keys, warm)
-    prefill(model, warm * page * 2, warm * page, restore_fn(lw, model, keys, warm), lw.counter)
+    modes = [None] if args.completion == ["auto"] else args.completion
+    for mode in modes:
+        set_completion(lw, mode)
+        io_only(lw, model, keys, warm)
+        prefill(model, warm * page * 2, warm * page, restore_fn(lw, model, keys, warm), lw.counter)
+    cal = Calibration.now(model.device) if model.device.type == "cuda" else None
     grid = [(c, h) for c in contexts for h in hits if int(c * h) // page > 0]
     for c in (args.crossover_context,) if args.crossover_context else ():
         grid += [(c, h) for h in (0.96, 0.97, 0.975, 0.98, 0.985, 0.99, 0.995) if (c, h) not in grid]
     for c, h in grid:
         pages = int(c * h) // page
-        for ra in args.read_ahead:  # alternating per point: an A/B in one process, same media
+        for ra, mode in [(ra, m) for ra in args.read_ahead for m in modes]:  # alternating per point
             lw.read_ahead = min(ra, lw.cfg.stage_depth - 1)
+            completion = set_completion(lw, mode)
             t_io, cnt = io_only(lw, model, keys, pages)
             if prefix_kv is not None:  # dry run: the restored prefix must equal what was written
                 for l, (k, v) in enumerate(prefix_kv):
                     rows = slice(page, page * (pages + 1))
                     assert torch.equal(model.k[l][rows], k[rows]) and torch.equal(model.v[l][rows], v[rows])
-            ttft, bub = prefill(model, c, pages * page, restore_fn(lw, model, keys, pages), lw.counter)
+            ttft, bub, cpu_s, react = traced_prefill(lw, model, c, pages, keys, cal)
             r = dict(config=f"tutti:{name}", C=c, h=h, ttft_s=ttft, bubble_s=bub, io_only_s=t_io,
-                     restore_GBps=pages * page_bytes / t_io / 1e9, read_ahead=lw.read_ahead, **cnt)
+                     restore_GBps=pages * page_bytes / t_io / 1e9, read_ahead=lw.read_ahead,
+                     completion=completion, prefill_cpu_s=cpu_s, reaction=react, **cnt)
             info["runs"].append(r)
-            print(f"[{name}] C={c} h={h} read-ahead {lw.read_ahead}: TTFT {ttft:.3f}s bubble {bub:.3f}s "
-                  f"io-only {t_io:.3f}s ({r['restore_GBps']:.2f} GB/s, {cnt['enter_calls']} enters, "
-                  f"{cnt['cpu_s']:.2f} CPU s)", flush=True)
+            print(f"[{name}] C={c} h={h} read-ahead {lw.read_ahead} {completion}: TTFT {ttft:.3f}s "
+                  f"bubble {bub:.3f}s io-only {t_io:.3f}s ({r['restore_GBps']:.2f} GB/s, "
+                  f"{cnt['enter_calls']} enters, {cnt['cpu_s']:.3f} CPU s/restore) read->scatter "
+                  f"p50 {react.get('scatter_start_us_p50', float('nan')):.0f} us", flush=True)
     lw.read_ahead = min(args.read_ahead[-1], lw.cfg.stage_depth - 1)
     if args.offload_stream:
         c = max(contexts)
         info["offload_stream"] = offload_stream(lw, model, keys, c, int(c * 0.9) // page, args.offload_stream)
+    info["write_windows"] = lw.windows.snapshot()
     lw.close()
     return info
 
 
-class OffloadStream:
-    """A continuous offload (gather -> pinned -> engine writes) of fresh keys through the same
-    LayerwiseKV, as a server storing the previous request's KV would run it; at most `limit`
-    pages per burst so the store's LRU never reaches the prefix being restored."""
-
-    def __init__(self, lw: LayerwiseKV, model, limit: int, chunk: int = 16):
-        page = model.s["page"]
-        self.lw, self.limit, self.chunk = lw, limit, chunk
-        self.rows = torch.arange(page, page * (chunk + 1), device=model.device)
-        self.serial, self.pages, self.refused = 0, 0, 0
-
-    def _run(self, stop: threading.Event) -> None:
-        queued = done = 0
-        while not stop.is_set() and queued * self.chunk < self.limit:
-            keys = [f"{0xFF << 240 | (self.serial + i):064x}" for i in range(self.chunk)]
-            if self.lw.offload(keys, self.rows, []):
-                self.serial += self.chunk
-                queued += 1
-            else:
-                self.refused += 1
-                time.sleep(0.002)
-            while self.lw.num_completed():
-                done += 1
-                self.pages += self.chunk * bool(self.lw.pop_completed())
-            if queued - done >= 4:
-                time.sleep(0.001)
-        while done < queued:  # drain: every queued offload reports, in order
-            if self.lw.num_completed():
-                done += 1
-                self.pages += self.chunk * bool(self.lw.pop_completed())
-            else:
-                time.sleep(0.001)
-
-    def during(self, fn):
-        """fn() while the stream runs; returns (fn's result, pages written, seconds)."""
-        stop, pages0, t0 = threading.Event(), self.pages, time.perf_counter()
-        t = threading.Thread(target=self._run, args=(stop,))
-        t.start()
-        time.sleep(0.05)  # writes in flight before the request arrives
-        try:
-            out = fn()
-        finally:
-            stop.set()
-            t.join()
-        return out, self.pages - pages0, time.perf_counter() - t0
-
-
 def offload_stream(lw: LayerwiseKV, model, keys: list, c: int, pages: int, limit: int) -> dict:
-    """TTFT at (C, h=0.9) with a continuous offload stream, scheduler off vs on (alternating)."""
+    """TTFT at (C, h=0.9) with a continuous offload stream: scheduler off; on without write windows;
+    on with the windows learned online (alternating, same process and media); and the stream's
+    write rate with no prefill running. The online windows start from nothing (no slack table):
+    they learn from the forwards of the points above."""
     page = model.s["page"]
     page_bytes = lw.store.layout.geometry.page_nbytes
     stream = OffloadStream(lw, model, limit)
-    alone = [prefill(model, c, pages * page, restore_fn(lw, model, keys, pages), lw.counter) for _ in range(2)]
+    restore = restore_fn(lw, model, keys, pages)
+    alone = [prefill(model, c, pages * page, restore, lw.counter) for _ in range(2)]
+    modes = [("off", False, "off"), ("on", True, "off"), ("online", True, "online")]
     runs = []
-    for enabled in (False, True, False, True):
+    for name, enabled, windows in modes * 2:
         lw.drain_loads()  # the last restore has released its read hold before the switch
-        lw.store.gate.enabled = enabled
-        t0 = time.perf_counter()
-        (ttft, bub), written, secs = stream.during(
-            lambda: prefill(model, c, pages * page, restore_fn(lw, model, keys, pages), lw.counter))
-        runs.append(dict(scheduler=enabled, ttft_s=ttft, bubble_s=bub, written_pages=written,
-                         write_GBps=written * page_bytes / secs / 1e9))
-        print(f"  scheduler {'on' if enabled else 'off'}: TTFT {ttft:.3f}s, {written} pages written "
-              f"in {time.perf_counter() - t0:.1f}s", flush=True)
-    lw.store.gate.enabled = True
-    out = {"C": c, "h": 0.9, "ttft_alone_s": min(t for t, _ in alone), "runs": runs, "refused_offloads": stream.refused}
-    for enabled in (False, True):
-        sel = [r["ttft_s"] for r in runs if r["scheduler"] == enabled]
-        out[f"ttft_scheduler_{'on' if enabled else 'off'}_s"] = min(sel)
-        out[f"vs_alone_scheduler_{'on' if enabled else 'off'}"] = min(sel) / out["ttft_alone_s"]
-    print(f"  offload stream C={c} h=0.9: alone {out['ttft_alone_s']:.3f}s, scheduler off "
-          f"{out['ttft_scheduler_off_s']:.3f}s ({out['vs_alone_scheduler_off']:.2f}x), on "
-          f"{out['ttft_scheduler_on_s']:.3f}s ({out['vs_alone_scheduler_on']:.2f}x); {runs}", flush=True)
+        lw.store.gate.enabled, lw.windows.mode = enabled, windows
+        opened = lw.windows_opened
+        (ttft, bub), written, secs = stream.during(lambda: prefill(model, c, pages * page, restore, lw.counter))
+        runs.append(dict(mode=name, scheduler=enabled, windows=windows, ttft_s=ttft, bubble_s=bub,
+                         written_pages=written, write_GBps=written * page_bytes / secs / 1e9,
+                         windows_opened=lw.windows_opened - opened))
+        print(f"  {name:6s}: TTFT {ttft:.3f}s, {written} pages written in {secs:.1f}s, "
+              f"{runs[-1]['windows_opened']} windows", flush=True)
+    lw.store.gate.enabled, lw.windows.mode = True, "online"
+    lw.drain_loads()
+    _, idle_pages, idle_s = stream.during(lambda: time.sleep(1.0))
+    out = {"C": c, "h": 0.9, "ttft_alone_s": min(t for t, _ in alone), "runs": runs,
+           "refused_offloads": stream.refused, "idle_write_GBps": idle_pages * page_bytes / idle_s / 1e9,
+           "windows": lw.windows.snapshot()}
+    for name, _, _ in modes:
+        sel = [r for r in runs if r["mode"] == name]
+        out[f"ttft_{name}_s"] = min(r["ttft_s"] for r in sel)
+        out[f"vs_alone_{name}"] = out[f"ttft_{name}_s"] / out["ttft_alone_s"]
+        out[f"write_GBps_{name}"] = sum(r["write_GBps"] for r in sel) / len(sel)
+    print(f"  offload stream C={c} h=0.9: alone {out['ttft_alone_s']:.3f}s; " + ", ".join(
+        f"{n} {out[f'ttft_{n}_s']:.3f}s ({out[f'vs_alone_{n}']:.2f}x, {out[f'write_GBps_{n}']:.2f} GB/s)"
+        for n, _, _ in modes) + f"; no prefill {out['idle_write_GBps']:.2f} GB/s; windows {out['windows']}",
+        flush=True)
     return out
 
 
@@ -389,9 +386,11 @@ def main():
     ap.add_argument("--read-ahead", type=lambda v: [int(x) for x in v.split(",")],
                     default=[TuttiConfig().read_ahead],
                     help="layer chunks read at once; a list (e.g. 1,2) measures each at every point")
+    ap.add_argument("--completion", type=lambda v: v.split(","), default=["auto"],
+                    help="cpu,gpu: both completion paths at every point (auto: the default one)")
     ap.add_argument("--offload-stream", type=int, default=0, metavar="PAGES",
                     help="also TTFT at the largest C, h=0.9 with a continuous offload stream (at most PAGES "
-                         "pages per request), scheduler off vs on")
+                         "pages per request): scheduler off, on, on with online write windows")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
     global ENGINE, VERIFY, STAGE_DEPTH, THREADS

@@ -36,151 +36,13 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
-import threading
 import time
 
 from tutti_hicache.benchmarks import e2e
 from tutti_hicache.benchmarks.rawio import raw_read_dirs
-
-# ------------------------------------------------------------------ the server
-class Server:
-    """One server process group; every wait on it ends as soon as the process is gone."""
-
-    def __init__(self, cmd: list, env: dict, log_path: str, port: int):
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = open(log_path, "a")
-        self.log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n")
-        self.log.flush()
-        # cwd: not the checkout, whose tutti_hicache/ would shadow the installed package
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=os.path.dirname(log_path), start_new_session=True)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def wait_ready(self, timeout: float) -> float:
-        import requests
-        t0 = time.time()
-        while time.time() - t0 < timeout:
-            if not self.alive():
-                raise RuntimeError(f"server exited with {self.proc.returncode} (log: {self.log.name})")
-            try:
-                if requests.get(self.url + "/health", timeout=2).ok:
-                    return time.time() - t0
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"server not up after {timeout:.0f} s")
-
-    def flush(self) -> bool:
-        """Empty the device (and host) caches; the storage tier keeps its pages."""
-        import requests
-        for _ in range(40):
-            if not self.alive():
-                raise RuntimeError("server died")
-            try:
-                if requests.post(self.url + "/flush_cache", timeout=10).ok:
-                    time.sleep(0.3)
-                    return True
-            except requests.RequestException:
-                pass
-            time.sleep(0.25)
-        return False
-
-    def stop(self) -> None:
-        if self.alive():
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
-
-
-# ------------------------------------------------------------------ clients
-def one_request(srv: Server, req: e2e.Request, max_new: int) -> dict:
-    """Stream one greedy generation: TTFT, inter-token gaps, SGLang's cached tokens, output ids."""
-    import requests
-    rec = {"id": req.id, "prompt_tokens": len(req.ids), "cached": req.cached, "ttft_s": None}
-    body = {"input_ids": req.ids, "stream": True,
-            "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
-    t0 = time.perf_counter()
-    stamps, chunks, last = [], [], {}
-    done = threading.Event()
-
-    def watchdog(resp_box):
-        while not done.wait(0.5):
-            if not srv.alive() and resp_box:
-                resp_box[0].close()  # unblocks the reader below
-                return
-    box: list = []
-    threading.Thread(target=watchdog, args=(box,), daemon=True).start()
-    try:
-        with requests.post(srv.url + "/generate", json=body, stream=True, timeout=(5, 300)) as r:
-            box.append(r)
-            for line in r.iter_lines():
-                if not line or not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
-                    continue
-                stamps.append(time.perf_counter())
-                last = json.loads(line[5:])
-                chunks.append(list(last.get("output_ids") or []))
-    except Exception as e:  # a failed request is recorded, never hangs the run
-        rec["error"] = repr(e)
-    finally:
-        done.set()
-    meta = last.get("meta_info", {})
-    if stamps and "error" not in rec:
-        rec["ttft_s"] = stamps[0] - t0
-    rec.update(itl_s=[b - a for a, b in zip(stamps, stamps[1:])], e2e_s=time.perf_counter() - t0,
-               cached_tokens=meta.get("cached_tokens", 0), details=meta.get("cached_tokens_details"),
-               output_ids=e2e.output_ids(chunks) if chunks else None)
-    if "error" in last:
-        rec["error"] = str(last["error"])
-    return rec
-
-
-def run_sequential(srv: Server, reqs: list, max_new: int, flush: bool = False) -> list:
-    out = []
-    for r in reqs:
-        if flush and not r.id.endswith("/l1"):
-            srv.flush()
-        out.append(one_request(srv, r, max_new))
-    return out
-
-
-def run_rate(srv: Server, reqs: list, rate: float, max_new: int) -> tuple[list, float]:
-    """Requests sent at `rate` per second (concurrent); (records, seconds from first send to last end)."""
-    out: list = [None] * len(reqs)
-    t0 = time.perf_counter()
-
-    def send(i):
-        out[i] = one_request(srv, reqs[i], max_new)
-    ts = []
-    for i in range(len(reqs)):
-        ts.append(threading.Thread(target=send, args=(i,)))
-        ts[-1].start()
-        time.sleep(1.0 / rate)
-        if not srv.alive():
-            break
-    for t in ts:
-        t.join()
-    return [r for r in out if r is not None], time.perf_counter() - t0
-
+from tutti_hicache.benchmarks.server import Server, drop_caches, one_request, run_rate, run_sequential
 
 # ------------------------------------------------------------------ storage bookkeeping
-def drop_caches() -> str:
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return "drop_caches"
-    except OSError as e:
-        return f"not dropped ({e.strerror})"
-
-
 def tutti_stats(out_dir: str, config: str) -> list:
     out = []
     for p in sorted(os.listdir(out_dir)):
@@ -288,6 +150,7 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float) 
         srv.stop()
     run["tutti_stats"] = tutti_stats(args.out_dir, config)
     run.update(restore_summary(run["tutti_stats"]))
+    run.update(wear_summary(run["tutti_stats"]))
     return run
 
 
@@ -307,13 +170,24 @@ def restore_summary(stats: list) -> dict:
     return out
 
 
+def wear_summary(stats: list) -> dict:
+    """Bytes tutti handed the drives over every server process of a run (each stats file holds one
+    process's session), the KV bytes stored, and their ratio: the write amplification."""
+    w = [s["wear"] for s in stats if "wear" in s]
+    if not w:
+        return {}
+    phys, logical = sum(x["physical_bytes"] for x in w), sum(x["logical_bytes"] for x in w)
+    return {"ssd_written_bytes": phys, "kv_stored_bytes": logical,
+            "write_amplification": phys / logical if logical else None}
+
+
 def scrape_metrics(url: str) -> list:
     import requests
     try:
         text = requests.get(url + "/metrics", timeout=10).text
     except requests.RequestException as e:
         return [f"unavailable: {e}"]
-    keys = ("prefetch", "backup", "cached_tokens", "hicache", "cache_hit")
+    keys = ("prefetch", "backup", "cached_tokens", "hicache", "cache_hit", "tutti_")
     return [ln for ln in text.splitlines() if not ln.startswith("#") and any(k in ln for k in keys)]
 
 
@@ -338,8 +212,8 @@ def main():
     ap.add_argument("--capacity-requests", type=int, default=12)
     ap.add_argument("--max-new", type=int, default=8)
     ap.add_argument("--max-total-tokens", type=int, default=150000, help="device pool, every configuration")
-    ap.add_argument("--dram-gb", type=float, default=14, help="dram's host pool (holds every prefix)")
-    ap.add_argument("--host-gb", type=float, default=6, help="host pool of the storage configurations")
+    ap.add_argument("--dram-gb", type=int, default=14, help="dram's host pool (holds every prefix)")
+    ap.add_argument("--host-gb", type=int, default=6, help="host pool of the storage configurations")
     ap.add_argument("--capacity-gb", type=float, default=60.0, help="tutti_capacity_gb")
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--deadline-s", type=float, default=0, help="skip configurations that would not finish")

@@ -2,13 +2,18 @@
 # The GPU machine's benchmark runner, one family per call (as root: the media are loop devices).
 #   bash bench/gpu.sh store   MEDIA [tutti-hicache bench store args]   MEDIA: disk, ram, nvme-N, comma-separated
 #   bash bench/gpu.sh prefill MEDIUM [bench_prefill.py args]           MEDIUM: disk, ram, array-K or nvme-N
+#   bash bench/gpu.sh write   MEDIA [bench_write.py args]              MEDIA: disk, ram, array-K, nvme-N, comma-separated
 #   bash bench/gpu.sh kernels [bench_kernels.py args]
 #   bash bench/gpu.sh profile [tutti-hicache profile args]
 #   bash bench/gpu.sh e2e     CONFIGS SECONDS [e2e_sglang.py args]     on array-8 (see family_e2e)
+#   bash bench/gpu.sh faults  CONFIGS SECONDS [faults_sglang.py args]  faults in a real server, array-8
+#   bash bench/gpu.sh mooncake [MEDIUM] [bench_cluster.py args]        remote (Mooncake) vs local hit
+#                                                                      vs recompute (default ram)
 # Every family sources bench/gpu_setup.sh (build and install; its output in $OUT/log.txt), builds the
 # media it needs with bench/media.sh, writes its JSON to $OUT and tears the media down. Arguments after
 # the family's own are passed through unchanged. JSON: store_MEDIUM.json, prefill_MEDIUM.json,
-# kernels.json, profile.json (each with _$TAG appended when TAG is set), e2e-${TAG:-run}.json.
+# write_MEDIUM.json, kernels.json, profile.json, cluster_MEDIUM.json (each with _$TAG appended when
+# TAG is set), e2e-${TAG:-run}.json, faults.json.
 # Environment: RAM_GIB (20: ram and nvme-N), ARRAY_GIB (8 per device: array-K), TIMEOUT (seconds
 # for each benchmark command, 0 = none; e2e takes SECONDS instead).
 set -u; cd "$(dirname "$0")/.."
@@ -65,6 +70,19 @@ family_prefill() {  # layer-wise restore behind a forward pass (TTFT, bubble) on
   return $rc
 }
 
+family_write() {  # writes vs raw O_DIRECT writes (fallocated and overwritten), one medium at a time
+  local media=${1:?media, e.g. disk,ram,array-8} m dirs rc=0; shift
+  setup
+  for m in ${media//,/ }; do
+    dirs=$(media_dirs "$m") || { rc=1; continue; }
+    echo "== medium $m: $dirs"
+    bench_run "$m" python3 bench/bench_write.py --medium "$m=$dirs" --pages 256 --threads 16 "$@" \
+      --json "$OUT/write_$m${TAG:+_$TAG}.json" || rc=$?
+    bench/media.sh teardown
+  done
+  return $rc
+}
+
 family_kernels() {  # scatter/gather bandwidth vs a D2D copy, and interference with compute (no media)
   setup
   bench_run - python3 bench/bench_kernels.py "$@" --json "$OUT/kernels${TAG:+_$TAG}.json"
@@ -100,8 +118,36 @@ family_e2e() {
   tail -c 9000 "$OUT/log.txt" >&3
 }
 
+family_faults() {  # faults inside a real SGLang server (bench/faults_sglang.py) on array-8
+  . bench/gpu_setup.sh > "$OUT/log.txt" 2>&1 || { cat "$OUT/log.txt"; exit 1; }
+  local configs=${1:?configs} budget=${2:?seconds}; shift 2
+  eval "$(bench/media.sh striped 8 "${ARRAY_GIB:-4}")"
+  timeout -s INT "$budget" python3 bench/faults_sglang.py --write-model --model /tmp/llama8 --layers 8 \
+    --tutti-dirs "$DIRS" --configs "$configs" --out-dir /tmp/faults-logs \
+    --json "$OUT/faults${TAG:+_$TAG}.json" "$@" 2>&1 | tee -a "$OUT/log.txt" | tail -40
+  tar -C /tmp -czf "$OUT/faults-logs.tar.gz" faults-logs
+  bench/media.sh teardown
+}
+
+family_mooncake() {  # the tiered backend's cluster tier: two node processes + a master on loopback TCP
+  local m=ram dir rc=0
+  case "${1:-}" in disk|ram|nvme-*) m=$1; shift ;; esac
+  setup
+  if ! python3 -c 'import mooncake.store' 2>"$OUT/mooncake-import.txt"; then
+    echo "mooncake.store does not import (carry .mooncake/mooncake.tar.xz):"; cat "$OUT/mooncake-import.txt"
+    ldd /tmp/site/mooncake/store.so 2>/dev/null | grep 'not found'; return 1
+  fi
+  dir=$(media_dirs "$m") || { bench/media.sh teardown; return 1; }
+  mkdir -p "$dir/a" "$dir/b"
+  echo "== medium $m: $dir"
+  bench_run "$m" python3 bench/bench_cluster.py --dirs "$dir/a,$dir/b" --log-dir "$OUT" "$@" \
+    --json "$OUT/cluster_$m${TAG:+_$TAG}.json" || rc=$?
+  bench/media.sh teardown
+  return $rc
+}
+
 family=${1:-}; [ $# -gt 0 ] && shift
 case "$family" in
-  store|prefill|kernels|profile|e2e) "family_$family" "$@" ;;
-  *) sed -n '2,13p' "$0"; exit 2 ;;
+  store|prefill|write|kernels|profile|e2e|faults|mooncake) "family_$family" "$@" ;;
+  *) sed -n '2,17p' "$0"; exit 2 ;;
 esac

@@ -42,13 +42,14 @@ from tutti_hicache.config import TuttiConfig
 from tutti_hicache.engine import extension
 from tutti_hicache.identity import make_identity
 from tutti_hicache.layout import PageGeometry
+from tutti_hicache.testing.linker_soak import FIELDS as LINKER_FIELDS
 from tutti_hicache.testing.pagedata import page_content
 
 # cumulative counters, one row per worker in shared memory
 FIELDS = ("write_ops", "write_pages", "write_refused", "write_bytes", "read_ops", "read_pages",
           "read_hits", "read_bytes", "wrong_pages", "errors", "checksum_failures", "stale_foreign", "read_errors",
           "evictions", "reopens", "rescans", "dedup_skips", "cross_read_pages", "cross_read_hits",
-          "log_errors", "log_warnings")
+          "log_errors", "log_warnings") + LINKER_FIELDS
 F = {name: i for i, name in enumerate(FIELDS)}
 
 
@@ -256,6 +257,33 @@ class Worker:
             except Exception:
                 self.error("read")
 
+    def linker_keys(self, kind: str, n: int):
+        """The linker's own key number n, or n recent keys of a random worker's host-tier writers."""
+        if kind == "linker":
+            return f"w{self.wid}g{self.gen}L-{n:012d}"
+        w = self.rng.randrange(self.a.procs)
+        gen, head = int(self.heads[2 * w]), int(self.heads[2 * w + 1])
+        first = max(0, head - self.rng.randrange(1, 4 * self.a.batch + 1))
+        return [key_of(w, gen, first + i) for i in range(n)] if head else []
+
+    def linker(self, tid: int) -> None:
+        """The layer-wise path (LayerwiseKV on CPU pools) beside the host tier's threads."""
+        from tutti_hicache.testing.linker_soak import LinkerChurn
+        rng = random.Random(f"{self.a.seed}-{self.wid}-{self.gen}-l{tid}")
+        churn = LinkerChurn(self.cfg, self.g, self.ident, self.a.batch, self.linker_keys, self.add, rng)
+        next_reopen = time.monotonic() + self.a.reopen_s * (0.5 + rng.random())
+        try:
+            while not self.stop.value:
+                try:
+                    churn.step()
+                    if self.a.reopen_s > 0 and time.monotonic() >= next_reopen:
+                        churn.reopen()
+                        next_reopen = time.monotonic() + self.a.reopen_s
+                except Exception:
+                    self.error("linker")
+        finally:
+            churn.close()
+
     def reopen(self) -> None:
         with self.gate.exclusive():
             st = self.store.stats()
@@ -279,6 +307,8 @@ class Worker:
                    for i in range(self.a.writers)]
         threads += [threading.Thread(target=self._guard, args=(self.reader, i), daemon=True)
                     for i in range(self.a.readers)]
+        threads += [threading.Thread(target=self._guard, args=(self.linker, i), daemon=True)
+                    for i in range(self.a.linker)]
         for t in threads:
             t.start()
         next_reopen = time.monotonic() + self.a.reopen_s * (0.5 + self.rng.random())
@@ -368,6 +398,8 @@ def main(argv=None) -> int:
     ap.add_argument("--procs", type=int, default=2, help="worker processes sharing the store")
     ap.add_argument("--writers", type=int, default=1, help="writer threads per process")
     ap.add_argument("--readers", type=int, default=1, help="reader threads per process")
+    ap.add_argument("--linker", type=int, default=0,
+                    help="layer-wise threads per process (LayerwiseKV loads and offloads on CPU pools)")
     ap.add_argument("--batch", type=int, default=32, help="max pages per operation")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--page-size", type=int, default=16)
@@ -454,7 +486,9 @@ def main(argv=None) -> int:
                       f"evictions {tot['evictions']}  fill {s['fill']:.0%}  refused "
                       f"{tot['write_refused']}  reopens {tot['reopens']}  kills {kills}  "
                       f"WRONG {tot['wrong_pages']}  errors {tot['errors']}  checksum failures "
-                      f"{tot['checksum_failures']}", flush=True)
+                      f"{tot['checksum_failures']}" + (f"  linker: offloaded {tot['lk_offload_pages']} loaded "
+          f"{tot['lk_load_pages']} failed {tot['lk_load_failed']} WRONG {tot['lk_wrong_pages']}"
+          if a.linker else ""), flush=True)
                 last, last_t = tot, now
                 next_progress = now + a.progress_s
     except KeyboardInterrupt:
@@ -476,7 +510,8 @@ def main(argv=None) -> int:
     # fails its checksum too, but the store counts that benign race as stale_foreign (a miss).
     ok = (tot["wrong_pages"] == 0 and tot["errors"] == 0 and check["wrong"] == 0
           and check["failed"] == 0 and check["fsck_exit"] == 0 and tot["read_ops"] > 0
-          and tot["write_pages"] > 0 and max_fill <= 1.0 and tot["checksum_failures"] == 0)
+          and tot["write_pages"] > 0 and max_fill <= 1.0 and tot["checksum_failures"] == 0
+          and tot["lk_wrong_pages"] == 0 and (a.linker == 0 or tot["lk_load_pages"] > 0))
     result = {
         "ok": ok, "interrupted": interrupted, "duration_s": round(elapsed, 1),
         "args": vars(a), "totals": tot, "kills": kills,
@@ -498,7 +533,11 @@ def main(argv=None) -> int:
           f"{result['cross_hit_rate']:.0%}), {tot['log_errors']} error log records, max fill "
           f"{max_fill:.1%}; final check "
           f"{check['pages']} pages, {check['failed']} failed, {check['wrong']} wrong, fsck exit "
-          f"{check['fsck_exit']}")
+          f"{check['fsck_exit']}" + (f"; linker: {tot['lk_offload_pages']} pages offloaded "
+          f"({tot['lk_offload_refused']} refused), {tot['lk_load_ops']} layer-wise loads of "
+          f"{tot['lk_load_pages']} pages ({tot['lk_load_refused']} refused at pin, "
+          f"{tot['lk_load_failed']} failed), {tot['lk_wrong_pages']} wrong pages, "
+          f"{tot['lk_reopens']} re-opens" if a.linker else ""))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1)

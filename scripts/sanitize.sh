@@ -18,8 +18,8 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV="$REPO/.venv"
 VARIANTS=()
 PYTEST_ARGS=()
-TESTS=(tests/engine/test_sanitizers.py tests/engine/test_engine.py tests/store/test_scheduler_io.py
-  tests/store/test_layerwise.py)
+TESTS=(tests/engine/test_sanitizers.py tests/engine/test_engine.py tests/engine/test_gate.py
+  tests/store/test_scheduler_io.py tests/store/test_layerwise.py)
 
 while [[ $# -gt 0 ]]; do
   case "$1" in

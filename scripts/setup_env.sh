@@ -35,16 +35,20 @@ log() { printf '[setup_env %3ds] %s\n' "$SECONDS" "$*" >&2; }
 # Versions come from the installed SGLang's own pins (e.g. transformers 5.12.1 / 5.19.0).
 SGLANG_DEPS=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic
   pyzmq tqdm IPython aiohttp triton transformers dill apache-tvm-ffi sentencepiece gguf
-  compressed-tensors ninja xxhash openai partial_json_parser)
+  compressed-tensors ninja xxhash openai partial_json_parser prometheus-client)
 # SGLang's own pins are used for these, except OVERRIDES: sentencepiece 0.2.1 (0.5.23's pin) segfaults at
 # interpreter exit once SGLang has imported it under pytest; 0.2.3 does not.
 OVERRIDES="sentencepiece>=0.2.3"
 # Older SGLang (seen: 0.5.17) also imports server_args from memory_pool, hence its parsers' packages.
 OLD_SGLANG_DEPS=(xgrammar einops)
+# The Mooncake client (CPU build) for the tiered backend's cluster tests, with SGLang 0.5.23 only
+# (its MooncakeStore is the one tutti_hicache.tiered builds on).
+MOONCAKE=mooncake-transfer-engine-non-cuda==0.3.13.post1
 
 # The extension itself needs only g++ and cmake: liburing and xxhash are vendored (cpp/third_party).
+# libibverbs1: the Mooncake client (tests/cluster) links it even when it only speaks TCP.
 install_apt_packages() {
-  local want=(libssl-dev g++ pkg-config) missing=()
+  local want=(libssl-dev g++ pkg-config libibverbs1) missing=()
   command -v cmake >/dev/null || want+=(cmake)
   local py=$1
   "$py" -c 'import ensurepip, venv' 2>/dev/null || want+=(python3-venv)
@@ -117,6 +121,10 @@ main() {
   mapfile -t deps < <(pinned_deps "${wanted[@]}")
   log "SGLang CPU dependencies: ${deps[*]}"
   vpip -c "$constraints" "${deps[@]}"
+  if ! version_lt "$SGLANG_VERSION" 0.5.23; then
+    log "$MOONCAKE"
+    vpip -c "$constraints" "$MOONCAKE"
+  fi
 
   if [[ -f $REPO/pyproject.toml ]]; then
     # Editable: tests run from the repository root, whose tutti_hicache/ would otherwise shadow an

@@ -6,6 +6,7 @@
     tutti-hicache fsck DIR [DIR ...] [--repair]
     tutti-hicache profile --out slack.json [--read-gbps R --write-gbps W]
     tutti-hicache cost [--from-json prefill.json | --throughput T --dram-gb M --ssd-gb S]
+                       [--stats STATS.json] [--ssd-dwpd 1 --ssd-warranty-years 5 ...]
 """
 
 from __future__ import annotations
@@ -66,9 +67,39 @@ def _default_demo_dir() -> str:
     return here if os.access(here, os.W_OK) else tempfile.gettempdir()
 
 
+def _wear_lines(dirs: list, counters: list, drive_gb: float, drives: dict) -> list[str]:
+    """Inspect's wear lines of one namespace; adds each directory's drive writes per day to
+    drives[dir] (several namespaces share a drive)."""
+    from .cost import Endurance
+    from .wear import drive_capacity, lifetime
+    out = ["  wear (bytes handed to each drive since counting began):"]
+    for d, c in zip(dirs, counters):
+        if c is None or "error" in c:
+            out.append(f"    {d}: " + ("no counters yet" if c is None else f"damaged: {c['error']}"))
+            continue
+        cap = drive_capacity(d, drive_gb)
+        v = lifetime(c, cap)
+        wa = v["write_amplification"]
+        rating = Endurance()
+        years = rating.years_at(v["drive_writes_per_day"])
+        drives[d] = drives.get(d, 0.0) + v["drive_writes_per_day"]
+        out.append(f"    {d}: payload {v['payload_bytes']} B, header {v['header_bytes']} B, "
+                   f"tombstone {v['tombstone_bytes']} B, meta {v['meta_bytes']} B = "
+                   f"{v['physical_bytes'] / 1e9:.3f} GB for {v['logical_bytes'] / 1e9:.3f} GB of "
+                   f"KV, write amplification {f'{wa:.4f}' if wa else 'n/a'}")
+        out.append(f"      over {v['seconds'] / 86400:.2f} days: {v['drive_writes_per_day']:.4g} "
+                   f"drive writes per day of {cap / 1e12:.3f} TB"
+                   + (f"; a {rating.dwpd:g} DWPD x {rating.warranty_years:g} y rating lasts "
+                      f"{years:.3g} years at this rate" if years else ""))
+    return out
+
+
 def cmd_inspect(a) -> int:
-    from .fsck import ExistingNamespace, namespaces
+    from .fsck import ExistingNamespace, namespaces, quarantined
     failed = 0
+    for line in quarantined(a.dirs):
+        print(line)
+    drives: dict = {}
     for name, dirs in namespaces(a.dirs).items():
         try:
             store = ExistingNamespace(dirs, name)
@@ -86,14 +117,19 @@ def cmd_inspect(a) -> int:
             for k in sorted(entries)[: a.keys]:
                 e = entries[k]
                 print(f"    {k}  slot {e.slot}  seq {e.seq}  xxh3 {e.checksum:016x}")
+            print("\n".join(_wear_lines(dirs, store.wear(), a.drive_capacity_gb, drives)))
         finally:
             store.close()
+    for d, dwpd in sorted(drives.items()):
+        print(f"drive {d}: {dwpd:.4g} drive writes per day, all namespaces")
     return 1 if failed else 0
 
 
 def cmd_fsck(a) -> int:
-    from .fsck import ExistingNamespace, namespaces
+    from .fsck import ExistingNamespace, namespaces, quarantined
     bad = 0
+    for line in quarantined(a.dirs):  # set aside by attach: no longer served, not damage now
+        print(line)
     for name, dirs in namespaces(a.dirs).items():
         try:
             store = ExistingNamespace(dirs, name, writer=a.repair)
@@ -133,34 +169,36 @@ def cmd_profile(a) -> int:
     return 0
 
 
-def cost_per_million(throughput_tps: float, gpus: float, dram_gb: float, ssd_gb: float,
-                     p_gpu: float = 5.0, p_mem: float = 0.0088, p_ssd: float = 0.000082) -> float:
-    """$ per 1M tokens = (P_gpu*N_gpu + P_mem*S_mem + P_ssd*S_ssd) / (tokens per hour) * 1e6."""
-    per_hour = p_gpu * gpus + p_mem * dram_gb + p_ssd * ssd_gb
-    return per_hour / (throughput_tps * 3600.0) * 1e6
+def _endurance(a):
+    from .cost import Endurance
+    return Endurance(a.ssd_dwpd, a.ssd_warranty_years, a.ssd_drive_usd, a.ssd_drive_tb)
 
 
 def cmd_cost(a) -> int:
-    import json as _json
-    rows = []
+    from . import cost
+    try:
+        endurance = _endurance(a)
+    except ValueError as e:
+        print(f"tutti-hicache cost: {e}", file=sys.stderr)
+        return 2
+    rate, wa = 0.0, a.write_amplification
+    if a.stats:
+        with open(a.stats) as f:
+            rate, measured_wa = cost.measured_rate(json.load(f))
+        wa = wa or measured_wa
+        print(f"measured ({a.stats}): {rate / 1e6:.1f} MB/s written, write amplification "
+              f"{f'{measured_wa:.4f}' if measured_wa else 'n/a'}")
+    prices = (a.p_gpu, a.p_mem, a.p_ssd)
     if a.from_json:
         with open(a.from_json) as f:
-            r = _json.load(f)
-        kv_per_token = r["shape"]["layers"] * 2 * r["shape"]["kv_heads"] * r["shape"]["head_dim"] * 2
-        runs = r["results"] + [x for m in r["media"].values() for x in m["runs"]]
-        for x in runs:
-            prefix_gb = x["C"] * x["h"] * kv_per_token / 1e9 * a.sessions
-            dram = prefix_gb if x["config"] == "dram" else 0.0
-            ssd = prefix_gb if x["config"].startswith("tutti") else 0.0
-            tps = x["C"] / x["ttft_s"]
-            rows.append((x["config"], x["C"], x["h"], tps, cost_per_million(
-                tps, a.gpus, dram, ssd, a.p_gpu, a.p_mem, a.p_ssd)))
+            rows = cost.prefill_rows(json.load(f), endurance, a.sessions, a.gpus, prices, wa)
     else:
-        rows.append(("given", 0, 0, a.throughput, cost_per_million(
-            a.throughput, a.gpus, a.dram_gb, a.ssd_gb, a.p_gpu, a.p_mem, a.p_ssd)))
-    print(f"{'config':<16} {'C':>7} {'h':>6} {'tokens/s':>12} {'$ per 1M tokens':>16}")
-    for cfg, c, h, tps, usd in rows:
-        print(f"{cfg:<16} {c:>7} {h:>6} {tps:>12.0f} {usd:>16.4f}")
+        written = (a.write_gb_per_mtok * 1e9 if a.write_gb_per_mtok is not None
+                   else rate / a.throughput * 1e6)
+        rows = [cost.CostRow("given", 0, 0, a.throughput, cost.cost_per_million(
+            a.throughput, a.gpus, a.dram_gb, a.ssd_gb, *prices), written,
+            endurance.per_million(written))]
+    print(cost.table(rows, endurance, a.ssd_drives))
     return 0
 
 
@@ -182,6 +220,24 @@ def _add_bench_args(p, pages: int, geometry: str) -> None:
     p.add_argument("--pin", action="store_true", help="pinned host pool (needs CUDA), as in a GPU server")
 
 
+def _add_wear_args(c) -> None:
+    from . import cost
+    c.add_argument("--stats", help="a tutti_stats_file: its measured write rate and amplification")
+    c.add_argument("--write-gb-per-mtok", type=float,
+                   help="GB written to SSD per 1M tokens (default: from --stats and --throughput)")
+    c.add_argument("--write-amplification", type=float,
+                   help="drive bytes per KV byte (default: --stats', else the format's)")
+    c.add_argument("--ssd-dwpd", type=float, default=cost.DEFAULT_DWPD,
+                   help="rated drive writes per day")
+    c.add_argument("--ssd-warranty-years", type=float, default=cost.DEFAULT_WARRANTY_YEARS)
+    c.add_argument("--ssd-drive-usd", type=float, default=cost.DEFAULT_DRIVE_USD,
+                   help="price of one drive ($)")
+    c.add_argument("--ssd-drive-tb", type=float, default=cost.DEFAULT_DRIVE_TB,
+                   help="capacity of one drive (TB = 10^12 bytes)")
+    c.add_argument("--ssd-drives", type=float, default=1.0,
+                   help="drives sharing the writes (for the DWPD column)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="tutti-hicache", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -201,6 +257,8 @@ def main(argv=None) -> int:
     i = sub.add_parser("inspect", help="capacity, slots, keys, identities of a store")
     i.add_argument("dirs", nargs="+")
     i.add_argument("--keys", type=int, default=5, help="keys to list per namespace")
+    i.add_argument("--drive-capacity-gb", type=float, default=0.0,
+                   help="drive size for drive writes per day (GB = 10^9 B; default: statvfs)")
     i.set_defaults(fn=cmd_inspect)
     f = sub.add_parser("fsck", help="verify every slot; --repair drops bad ones")
     f.add_argument("dirs", nargs="+")
@@ -214,7 +272,7 @@ def main(argv=None) -> int:
     pr.add_argument("--io-sms", type=int, default=8)
     pr.add_argument("--quick", action="store_true", help="tiny shapes (pipeline check)")
     pr.set_defaults(fn=cmd_profile)
-    c = sub.add_parser("cost", help="$ per 1M tokens from throughput and memory sizes")
+    c = sub.add_parser("cost", help="$ per 1M tokens from throughput, memory sizes, SSD wear")
     c.add_argument("--from-json", help="bench_prefill JSON: one row per measured run")
     c.add_argument("--throughput", type=float, default=1.0, help="tokens/s (without --from-json)")
     c.add_argument("--gpus", type=float, default=1.0)
@@ -224,6 +282,7 @@ def main(argv=None) -> int:
     c.add_argument("--p-gpu", type=float, default=5.0, help="$/h per GPU")
     c.add_argument("--p-mem", type=float, default=0.0088, help="$/GB-h DRAM")
     c.add_argument("--p-ssd", type=float, default=0.000082, help="$/GB-h SSD")
+    _add_wear_args(c)
     c.set_defaults(fn=cmd_cost)
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING,

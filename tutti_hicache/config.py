@@ -121,8 +121,10 @@ class TuttiConfig:
         "io_uring coalescing: vectored (one READV per file-contiguous run) or fixed (one "
         "READ_FIXED per memory-contiguous run on registered buffers).",
         choices=("vectored", "fixed"))
-    queue_depth: int = setting(1024,
-        "io_uring entries per ring = operations in flight per batch.", minimum=8)
+    queue_depth: int = setting(0,
+        "io_uring operations in flight per batch. 0: bytes in flight derived from the devices' "
+        "queues (nr_requests x request size) and the cores (see docs/design.md); >= 8: this many "
+        "operations, no byte cap.", minimum=0)
     threads: int = setting(8,
         "POSIX engine workers per direction, and checksum/copy threads.", minimum=1)
     verify: bool = setting(True,
@@ -131,7 +133,9 @@ class TuttiConfig:
     revision: str = setting("",
         "Weights revision, part of the identity: a weight update never replays stale KV.")
     model: str = setting("", "Model identity override (default: SGLang's model_name).")
-    segment_gb: float = setting(1.0, "Size of one preallocated segment file.", minimum=1.0 / 1024)
+    segment_gb: float = setting(1.0, "Size of one preallocated segment file (an existing "
+                                   "namespace keeps the size it was created with).",
+                                   minimum=1.0 / 1024)
     durability: str = setting("none",
         "none: crash-consistent against process kills (payload before header, O_DIRECT); sync: "
         "also fdatasync before and after publishing headers (power-loss safe, slower).",
@@ -155,11 +159,20 @@ class TuttiConfig:
         "Queued write bytes (MiB) above which new stores are refused at once (batch_set_v1 / "
         "offload return False).", minimum=1)
     slack_table: str = setting("",
-        "Linker: slack table file from `tutti-hicache profile`; without one, writes run only when"
-        " no read is pending.")
+        "Linker: slack table file from `tutti-hicache profile`: the seed of the online write "
+        "windows (tutti_write_windows=online) or the windows themselves (=table).")
+    write_windows: str = setting("online",
+        "Linker: write windows between layer reads. online: learned from the server's own "
+        "forwards (per-layer compute from CUDA events), seeded by tutti_slack_table if given; "
+        "table: the slack table alone; off: writes run only when no read is pending.",
+        choices=("online", "table", "off"))
     stats_file: str = setting("",
         "Write the backend's counters (hits, misses, bytes, checksum failures, engine calls) as "
         "JSON to this file, at most once a second and at close ({pid} is replaced).")
+    drive_capacity_gb: float = setting(0.0,
+        "Capacity of the drive behind each store directory, for the drive-writes-per-day "
+        "projection of the wear counters (GB = 10^9 bytes, as drives are rated); 0: the size of "
+        "the directory's filesystem (statvfs).", minimum=0.0)
     stage_mb: int = setting(256,
         "Linker: bytes of one pinned staging slot (one layer of up to this many MiB of pages per "
         "copy); memory does not grow with sequence length.", minimum=1)
@@ -173,9 +186,32 @@ class TuttiConfig:
     io_sms: int = setting(8,
         "Linker: SMs reserved for the I/O kernels through a CUDA green context (Hopper); 0 = an "
         "ordinary high-priority stream.", minimum=0)
+    gpu_wait: str = setting("off",
+        "Linker: on = a load enqueues every layer's copy and scatter up front, each behind a GPU "
+        "wait on a device-mapped counter the read stream writes once the layer is verified (no "
+        "CPU reaction per layer); off = each layer launched from the CPU as its reads land; auto "
+        "= on where the CUDA part of the extension loads (on fails the attach where it does not)."
+        " Off by default until its GPU tests pass on a GPU (experimental).",
+        choices=("auto", "on", "off"))
     offload_backlog_pages: int = setting(8192,
         "Linker: pages queued for offload before new offloads are refused (the device pages stay "
         "locked until written).", minimum=1)
+
+    cluster_publish: str = setting("all",
+        "Tiered backend: pages offered to the cluster tier (Mooncake): all (every page stored), "
+        "hit (only pages served from the local SSD, i.e. prefixes that were reused), off (this "
+        "node only reads the cluster).", choices=("all", "hit", "off"))
+    cluster_promote: bool = setting(True,
+        "Tiered backend: copy pages read from the cluster tier into the local SSD tier, so they "
+        "outlive the node that published them.")
+    cluster_retry_s: float = setting(5.0,
+        "Tiered backend: seconds between attempts to reach the cluster tier while it is "
+        "unreachable or down (the backend serves the local SSD tier meanwhile).", minimum=0.05)
+
+    def __post_init__(self) -> None:
+        if 0 < self.queue_depth < 8:
+            raise ValueError(f"{PREFIX}queue_depth: 0 (derived from the devices) or >= 8, got "
+                             f"{self.queue_depth}")
 
     @property
     def capacity_bytes(self) -> int:

@@ -2,9 +2,11 @@
 
 At a glance:
     extension() -> module          the compiled ``tutti_hicache._engine`` (clear ImportError if absent)
-    open_engine(kind, queue_depth, vectored, threads) -> Engine
+    open_engine(kind, queue_depth, vectored, threads, read_inflight_bytes, write_inflight_bytes)
                                     io_uring, or the POSIX thread pool; `auto` logs why it fell back
     engine_for(cfg) -> Engine       the same from a TuttiConfig (tutti_engine, _io_mode, ...)
+    inflight_for(cfg)               (ring depth, read bytes, write bytes): tutti_queue_depth, or
+                                    derived from the devices (iodepth.py)
     probe_o_direct(dir) -> bool     whether files in `dir` accept O_DIRECT
 
 An Engine moves batches of requests given as arrays (file index, file offset, nbytes,
@@ -66,26 +68,43 @@ def _load_extension_file(path: str) -> ModuleType:
 _DEFAULTS = TuttiConfig()
 
 
-def open_engine(kind: str = _DEFAULTS.engine, queue_depth: int = _DEFAULTS.queue_depth,
-                vectored: bool = _DEFAULTS.io_mode == "vectored", threads: int = _DEFAULTS.threads):
+AUTO_RING_DEPTH = 1024  # ring entries when the bytes in flight are derived (iodepth.py)
+
+
+def open_engine(kind: str = _DEFAULTS.engine, queue_depth: int = AUTO_RING_DEPTH,
+                vectored: bool = _DEFAULTS.io_mode == "vectored", threads: int = _DEFAULTS.threads,
+                read_inflight_bytes: int = 0, write_inflight_bytes: int = 0):
     """Create an engine. kind: auto | uring | posix. `uring` raises OSError if unavailable.
-    Defaults are TuttiConfig's (tutti_engine, tutti_queue_depth, tutti_io_mode, tutti_threads)."""
+    queue_depth: ring entries (operations in flight); *_inflight_bytes: io_uring's cap on bytes
+    in flight per ring (0: none). Defaults are TuttiConfig's otherwise."""
     ext = extension()
     if kind not in ("auto", "uring", "posix"):
         raise ValueError(f"tutti_engine: expected auto, uring or posix, got {kind!r}")
+    args = (queue_depth, vectored, threads, 1 << 30, read_inflight_bytes, write_inflight_bytes)
     if kind in ("auto", "uring"):
         try:
-            return ext.make_engine("uring", queue_depth, vectored, threads)
+            return ext.make_engine("uring", *args)
         except OSError as e:
             if kind == "uring":
                 raise
             _log_fallback(e, ext.uring_compiled())
-    return ext.make_engine("posix", queue_depth, vectored, threads)
+    return ext.make_engine("posix", *args)
+
+
+def inflight_for(cfg: TuttiConfig) -> tuple[int, int, int]:
+    """(ring depth, read bytes, write bytes) in flight: tutti_queue_depth when set, else derived
+    from the devices under tutti_dirs (iodepth.derive; 0 bytes = no cap)."""
+    if cfg.queue_depth:
+        return cfg.queue_depth, 0, 0
+    from . import iodepth
+    d = iodepth.derive(cfg.dirs)
+    return AUTO_RING_DEPTH, d.read_bytes, d.write_bytes
 
 
 def engine_for(cfg: TuttiConfig):
     """The engine a store with this configuration uses."""
-    return open_engine(cfg.engine, cfg.queue_depth, cfg.io_mode == "vectored", cfg.threads)
+    depth, rd, wr = inflight_for(cfg)
+    return open_engine(cfg.engine, depth, cfg.io_mode == "vectored", cfg.threads, rd, wr)
 
 
 def _fallback_reason(err: OSError, compiled: bool) -> str:

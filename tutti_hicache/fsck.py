@@ -3,6 +3,8 @@
 At a glance:
     namespaces(dirs) -> {name: [dir, ...]}      tutti-<fingerprint> namespaces under dirs, each
                                                 with its directories in placement.json's order
+    quarantined(dirs) -> [line]                 namespaces attach set aside (heal.py): path,
+                                                reason, segment bytes awaiting reclaim
     ns = ExistingNamespace(dirs, name, writer=False)
         the namespace as it is: geometry and placement from its metadata files, capacity from
         the segment files it has; headers scanned once into an index. writer (fsck --repair):
@@ -11,6 +13,7 @@ At a glance:
     ns.check(repair=False) -> {"checked", "bad", "bad_keys", "bad_headers"}
                                                 read and checksum every indexed page; repair
                                                 tombstones the bad slots of rows it holds
+    ns.wear() -> [counters | {"error": why} | None]   each directory's wear.json (wear.py)
     ns.close()
 
 Unlike ObjectStore it never makes directories or metadata, grows, fits or removes segment files,
@@ -29,6 +32,7 @@ import numpy as np
 from . import header
 from .config import TuttiConfig
 from .engine import engine_for, extension
+from .heal import QUARANTINE, quarantines
 from .index import SlotIndex
 from .layout import PageGeometry, Placement, SlotLayout, strided
 from .namespace import FileTable, Namespace, existing_capacity, namespace_dirs
@@ -38,19 +42,40 @@ from .scheduler import Gate
 from .slot_io import SlotIO
 from .identity import with_geometry
 from .store import PageInfo, drop_entries, log_damaged
+from .wear import FILE_NAME as WEAR_FILE, read_counters
 
 
 def namespaces(dirs: list[str]) -> dict[str, list[str]]:
     """fingerprint dir name -> its namespace dirs ordered by placement.json's dir_index."""
-    found: dict[str, dict[int, str]] = {}
+    found: dict[str, list] = {}
     for d in dirs:
         for name in sorted(os.listdir(d)):
             ns = os.path.join(d, name)
             pj = os.path.join(ns, "placement.json")
-            if name.startswith("tutti-") and os.path.exists(pj):
-                with open(pj) as f:
-                    found.setdefault(name, {})[json.load(f)["dir_index"]] = d
-    return {k: [v[i] for i in sorted(v)] for k, v in found.items()}
+            if name.startswith("tutti-") and QUARANTINE not in name and os.path.exists(pj):
+                try:
+                    with open(pj) as f:
+                        index = int(json.load(f)["dir_index"])
+                except (OSError, ValueError, KeyError, TypeError):
+                    index = None  # damaged: takes a free position, in the order given
+                found.setdefault(name, []).append((index, d))
+    out = {}
+    for name, entries in found.items():
+        order: list = [None] * len(entries)
+        rest = []
+        for index, d in entries:
+            if index is not None and 0 <= index < len(order) and order[index] is None:
+                order[index] = d
+            else:
+                rest.append(d)
+        out[name] = [o if o is not None else rest.pop(0) for o in order]
+    return out
+
+
+def quarantined(dirs: list[str]) -> list[str]:
+    """One line per quarantined namespace under dirs (what attach set aside, and why)."""
+    return [f"quarantined: {q} ({reason}); {nbytes / 2**20:.1f} MiB of segments, reclaimed as "
+            f"the store grows" for q, reason, nbytes in quarantines(dirs)]
 
 
 def _read_json(path: str) -> dict:
@@ -134,7 +159,19 @@ class ExistingNamespace:
         return {"checked": checked, "bad": len(bad), "bad_keys": [k for k, _ in bad][:20],
                 "bad_headers": len(bad_headers)}
 
+    def wear(self) -> list:
+        """Each directory's lifetime wear counters: a dict, {"error": why} when the file is
+        damaged, None when there is none."""
+        out = []
+        for ns in self._ns.dirs:
+            try:
+                out.append(read_counters(os.path.join(ns, WEAR_FILE)))
+            except (OSError, ValueError) as e:
+                out.append({"error": str(e)})
+        return out
+
     def close(self) -> None:
+        self._io.wear.flush()  # the tombstones of a repair
         self._engine.close()
         self._rows.close()
 

@@ -5,16 +5,18 @@ Primitives at a glance:
 * ``io_stream(num_sms=8, device=None) -> IOStream``: the I/O stream of a device, created once and cached per
   (device, num_sms); thread-safe. ``num_sms=0`` asks for no partition: an ordinary high-priority stream.
 * ``IOStream``: ``.stream`` (a ``torch.cuda.Stream`` for ``with torch.cuda.stream(...)``, or None),
-  ``.kind`` ("green", "priority" or "none"), ``.num_sms``, ``.reason``, ``.device``.
+  ``.kind`` ("green", "priority" or "none"), ``.num_sms``, ``.reason``, ``.device``, ``.load_stream`` (a second
+  stream of the same kind, for loads that enqueue GPU waits ahead: offloads on ``.stream`` never queue behind
+  them).
 
-"green": kernels on ``.stream`` are confined to ``.num_sms`` SMs of a green context (``torch.cuda.green_contexts``
-when torch has it, else cuda-python's driver API), so restore/offload kernels leave the other SMs to the forward
-pass. The forward's kernels may still use every SM: the partition bounds the I/O, not the compute.
+"green": kernels on ``.stream`` are confined to ``.num_sms`` SMs of a green context, made by the extension's CUDA
+part (driver API, ``driver.green_stream``; ``torch.cuda.green_contexts`` when that fails), so restore/offload
+kernels leave the other SMs to the forward pass. The forward's kernels may still use every SM: the partition bounds the I/O, not the compute.
 "priority": no partition was asked for (``num_sms=0``), or green contexts are unavailable (pre-sm_90 GPU, old
-driver or torch, no cuda-python); ``.stream`` is an ordinary stream of the highest priority and may use every SM. "none": no CUDA; ``.stream`` is None.
+driver); ``.stream`` is an ordinary stream of the highest priority and may use every SM. "none": no CUDA; ``.stream`` is None.
 Every outcome is logged once, with its reason, on the logger ``tutti_hicache.green``.
 
-Importing this module touches neither CUDA nor cuda-python; both load on the first ``io_stream`` call.
+Importing this module touches neither CUDA nor the driver; both load on the first ``io_stream`` call.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class IOStream:
     num_sms: int
     reason: str
     device: Optional[int] = None
+    load_stream: Optional[Any] = None
     _owner: Any = field(default=None, repr=False, compare=False)  # keeps the green context alive
 
 
@@ -87,7 +90,7 @@ def _create(index: Optional[int], num_sms: int) -> IOStream:
     if num_sms >= total:
         return _priority(index, total, f"{num_sms} SMs asked, the device has {total}")
     errors = []
-    for label, make in (("torch.cuda.green_contexts", _torch_green), ("cuda.bindings", _driver_green)):
+    for label, make in (("driver API", _driver_green), ("torch.cuda.green_contexts", _torch_green)):
         try:
             return make(index, num_sms)
         except Exception as exc:  # any failure means: this way is unavailable here
@@ -102,8 +105,8 @@ def _device_facts(index: int) -> tuple:
 
 
 def _priority(index: int, total_sms: int, reason: str) -> IOStream:
-    stream = torch.cuda.Stream(device=index, priority=-1)
-    return IOStream(stream, "priority", total_sms, reason + "; using a high-priority stream", index)
+    stream, second = (torch.cuda.Stream(device=index, priority=-1) for _ in range(2))
+    return IOStream(stream, "priority", total_sms, reason + "; using a high-priority stream", index, second)
 
 
 def _init_primary_context(index: int) -> None:
@@ -122,7 +125,7 @@ def _torch_green(index: int, num_sms: int) -> IOStream:
     _init_primary_context(index)
     ctx = green_contexts.GreenContext.create(num_sms=num_sms, device_id=index)
     _keep_for_process_lifetime(ctx)
-    return IOStream(ctx.Stream(), "green", num_sms, "torch.cuda.green_contexts", index, ctx)
+    return IOStream(ctx.Stream(), "green", num_sms, "torch.cuda.green_contexts", index, ctx.Stream(), ctx)
 
 
 def _keep_for_process_lifetime(obj) -> None:
@@ -134,25 +137,13 @@ def _keep_for_process_lifetime(obj) -> None:
 
 
 def _driver_green(index: int, num_sms: int) -> IOStream:
-    """cuda-python's driver API: split the SMs, create a green context and a stream in it."""
-    from cuda.bindings import driver as cu
+    """The extension's CUDA part: split the SMs, create a green context and a stream in it (C++)."""
+    from . import driver
 
+    ok, why = driver.available()
+    if not ok:
+        raise RuntimeError(why)
     _init_primary_context(index)
-    (dev,) = _cu(cu, "cuDeviceGet", index)
-    (sm_resource,) = _cu(cu, "cuDeviceGetDevResource", dev, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)
-    groups, _, _ = _cu(cu, "cuDevSmResourceSplitByCount", 1, sm_resource, 0, num_sms)
-    (desc,) = _cu(cu, "cuDevResourceGenerateDesc", [groups[0]], 1)
-    (green_ctx,) = _cu(cu, "cuGreenCtxCreate", desc, dev, cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM)
-    flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
-    (raw_stream,) = _cu(cu, "cuGreenCtxStreamCreate", green_ctx, flags, 0)
-    stream = torch.cuda.ExternalStream(int(raw_stream), device=torch.device("cuda", index))
-    owner = (green_ctx, raw_stream)
-    return IOStream(stream, "green", int(groups[0].sm.smCount), "cuda.bindings.driver", index, owner)
-
-
-def _cu(cu, name: str, *args) -> tuple:
-    """Call a cuda-python driver function; raise RuntimeError naming it on a CUresult error; return the rest."""
-    err, *values = getattr(cu, name)(*args)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{name} failed: {err.name if hasattr(err, 'name') else err}")
-    return tuple(values)
+    handles, sms = driver.green_streams(index, num_sms, 2)
+    stream, second = (torch.cuda.ExternalStream(h, device=torch.device("cuda", index)) for h in handles)
+    return IOStream(stream, "green", sms, "driver API (tutti_hicache._engine)", index, second)

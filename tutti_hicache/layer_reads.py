@@ -9,6 +9,11 @@ At a glance (ObjectStore.plan_pages / ObjectStore.stream_layers call these):
         s.lend(seconds)                         settle every admitted chunk, then lend the
                                                 directories to writes for one window
     (leaving the with cancels and joins the stream, then releases the read hold)
+    reads.stream(..., gate=(release, verified))  a completion gate (two int32 words): chunk i
+        passed (whole and verified) -> both words reach i + 1, in chunk order; a chunk failing
+        or the stream ending early -> release = GATE_TERMINAL (every GPU wait returns) and
+        verified stays below it. Written by the C++ stream as chunks land; by wait() here only
+        where the checksum is computed in Python (padded objects).
 
 chunks are [(layer, rows)] with rows a slice of the plan's pages; chunk i's page j lands that
 layer's objects (K then V; MLA one) at dsts[i][j] + o * object_stride() (uint64, 4 KiB aligned).
@@ -23,10 +28,11 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
+from .engine import extension
 from .layout import Placement, SlotLayout, align_up, strided
 from .namespace import FileTable
 from .scheduler import Gate, Lease
@@ -50,9 +56,10 @@ class LayerStream:
     """A running stream_layers read (see the module docstring)."""
 
     def __init__(self, reads: "LayerReads", plan: PagePlan, chunks: list, dsts: list, stream,
-                 verify: bool, lease: Lease, drop: Callable[[list], None]):
+                 verify: bool, lease: Lease, drop: Callable[[list], None], py_gate=None):
         self._reads, self._plan, self._chunks, self._dsts = reads, plan, chunks, dsts
         self._stream, self._verify, self._lease, self._drop = stream, verify, lease, drop
+        self._py_gate = py_gate  # (release, verified) this thread advances, or None
         self._admitted = 0
 
     def allow(self, n: int) -> None:
@@ -70,7 +77,13 @@ class LayerStream:
                                        sums if self._verify else None)
         if bad:
             self._drop(bad)
+        if self._py_gate is not None:
+            gate_release(self._py_gate, i + 1 if ok.all() else None)
         return ok
+
+    def done_ns(self) -> np.ndarray:
+        """CLOCK_MONOTONIC ns at which each chunk's reads became final (0: not yet)."""
+        return np.asarray(self._stream.done_ns(), dtype=np.int64)
 
     def lend(self, seconds: float) -> None:
         """Writes never overlap a read still in flight: settle what was admitted, then lend."""
@@ -83,6 +96,23 @@ class LayerStream:
             self._stream.join()
         except Exception as e:  # OSError or a closed engine: already raised by wait()
             logger.debug("tutti: read stream ended with %s", e)
+        if self._py_gate is not None and gate_value(self._py_gate[0]) != len(self._chunks):
+            gate_release(self._py_gate, None)
+
+
+def gate_value(address: int) -> int:
+    return int(extension().gate_load(address))
+
+
+def gate_release(gate: tuple, n: Optional[int]) -> None:
+    """Advance a gate (release, verified) to n passed chunks, or (None) release every wait with
+    the terminal value, verified unchanged."""
+    ext = extension()
+    if n is None:
+        ext.gate_store(gate[0], ext.GATE_TERMINAL)
+        return
+    ext.gate_store(gate[1], n)  # the kernels' check first, then what the GPU waits on
+    ext.gate_store(gate[0], n)
 
 
 class LayerReads:
@@ -104,9 +134,10 @@ class LayerReads:
         return PagePlan(list(entries), slots, files, offsets, must, units.reshape(len(entries), u))
 
     @contextlib.contextmanager
-    def stream(self, plan: PagePlan, chunks: list, dsts: list,
-               drop: Callable[[list], None]) -> Iterator[LayerStream]:
-        """drop(entries): forget pages found corrupt (the store's index)."""
+    def stream(self, plan: PagePlan, chunks: list, dsts: list, drop: Callable[[list], None],
+               gate: Optional[tuple] = None) -> Iterator[LayerStream]:
+        """drop(entries): forget pages found corrupt (the store's index). gate: (release,
+        verified) host addresses of a completion gate (the module docstring)."""
         with self._gate.reading(self._placement.devices(plan.slots)) as lease:
             reqs = [self._requests(plan, layer, d, rows) for (layer, rows), d in zip(chunks, dsts)]
             arrays = [np.concatenate([r[0][j] for r in reqs]) for j in range(4)]
@@ -114,13 +145,30 @@ class LayerReads:
             starts[1:] = np.cumsum([len(r[0][0]) for r in reqs])
             verify = bool(reqs) and reqs[0][1] and bool(plan.must.any())
             groups = np.arange(starts[-1] + 1, dtype=np.int64) if verify else None  # one per page
+            native, py_gate = self._gate_spec(plan, chunks, gate, verify)
             stream = LayerStream(self, plan, chunks, [r[0][3] for r in reqs],
-                                 self._io.engine.read_stream(*arrays, starts, groups), verify, lease,
-                                 drop)
+                                 self._io.engine.read_stream(*arrays, starts, groups, native),
+                                 verify, lease, drop, py_gate)
             try:
                 yield stream
             finally:
                 stream.close()  # nothing lands in the destinations after this
+
+    @staticmethod
+    def _gate_spec(plan: PagePlan, chunks: list, gate: Optional[tuple], verify: bool) -> tuple:
+        """(the C++ stream's gate, or None; the gate this thread advances, or None). The stream
+        checks what it can: results always, checksums where it computes them (verify: one
+        group per page, in chunk order); pages that need a checksum computed in Python leave
+        the gate to wait() here."""
+        if gate is None:
+            return None, None
+        if verify:
+            expect = np.concatenate([plan.units[rows, layer] for layer, rows in chunks])
+            must = np.concatenate([plan.must[rows] for _, rows in chunks])
+            return (gate[0], gate[1], expect.astype(np.uint64), must.astype(np.uint8)), None
+        if not plan.must.any():
+            return (gate[0], gate[1], np.zeros(0, np.uint64), np.zeros(0, np.uint8)), None
+        return None, gate
 
     def _requests(self, plan: PagePlan, layer: int, dst, rows):
         """(file, offset, nbytes, addr) of one request per page (its layer's objects are

@@ -3,26 +3,27 @@
 At a glance:
     check_dirs(cfg)                         create missing store dirs (0700); each must be writable
                                             and accept O_DIRECT, else ValueError naming tutti_dirs
-    Namespace(cfg, fingerprint, placement, capacity_slots)
-        .dirs                               <dir>/tutti-<fingerprint>, one per store directory
+    Namespace(cfg, fingerprint, placement, capacity_slots, dirs=None)
+        .dirs                               <dir>/tutti-<fingerprint>, one per store directory, in
+                                            stripe order (heal.resolve made them and their metadata)
         .n_rows                             segment rows that the capacity spans
-        .create(identity)                   make the dirs (0700) with identity.json and
-                                            placement.json (0600); refuse a changed placement
         .existing_rows() -> [row]           rows with a segment file in some directory
         .segment_path(d, row), .row_dirs(row), .file_slots(d, row), .row_slots(row), .mtimes(row)
-        .create_segment(path, n_slots)      O_EXCL + posix_fallocate, above the free-space floor
+        .create_segment(path, n_slots)      O_EXCL + posix_fallocate, above the free-space floor,
+                                            after reclaiming quarantined files (heal.reclaim)
         .fit_row(row)                       size a row's files to the slots the capacity holds
         .remove_rows(rows, writer)          the capacity shrank: delete unused rows beyond it
     existing_capacity(dirs, placement) -> slots   what a namespace's segment files span (fsck)
     FileTable(io_engine, namespace, writable)   engine file handles of the segment files
         .open_row(row, create) -> bool      open (with create: make) the row's files; idempotent
         .is_open(d, row), .slot_files(slots) -> (file, offset), .path(file), .paths()
+        .dirs_of(files) -> directory index of each handle; .ns_dirs
     lock_paths(paths) -> fds | None         exclusive non-blocking flocks on every path, or none
 
 A row is segment number r in every directory. Files are sized so that the sum over all files
 never exceeds the slots that fit in tutti_capacity_gb (the last row can end mid-row).
 Thread-safety: Namespace holds no mutable state. FileTable.open_row may run on several threads
-(growth, re-scans); each handle is opened once, under the table's own lock. slot_files reads
+(growth, re-scans); each handle is opened once, under the table's own lock. slot_files and dirs_of read
 the table without a lock: an entry only ever changes from "not open" to its handle.
 """
 
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import logging
 import os
 import threading
@@ -39,6 +39,7 @@ import numpy as np
 
 from . import engine
 from .config import ENV_PREFIX, PREFIX, TuttiConfig
+from .heal import reclaim
 from .layout import Placement
 
 logger = logging.getLogger("tutti_hicache.store")
@@ -82,8 +83,8 @@ class Namespace:
     """Paths and file operations of one identity's namespace (no state beyond its geometry)."""
 
     def __init__(self, cfg: TuttiConfig, fingerprint: bytes, placement: Placement,
-                 capacity_slots: int):
-        self.dirs = namespace_dirs(cfg.dirs, fingerprint)
+                 capacity_slots: int, dirs: list[str] | None = None):
+        self.dirs = dirs or namespace_dirs(cfg.dirs, fingerprint)
         self.placement = placement
         self.capacity_slots = capacity_slots
         self.n_rows = placement.segments_for(capacity_slots)
@@ -120,24 +121,10 @@ class Namespace:
         return out
 
     # ------------------------------------------------------------------- files
-    def create(self, identity: dict) -> None:
-        """Create namespace dirs with identity.json and placement.json; refuse a changed placement."""
-        p = self.placement
-        placement = {"n_dirs": len(self.dirs), "slot_nbytes": p.slot_nbytes,
-                     "slots_per_segment": p.slots_per_segment, "dir_index": 0}
-        for d, ns in enumerate(self.dirs):
-            os.makedirs(ns, mode=0o700, exist_ok=True)
-            _write_once(os.path.join(ns, "identity.json"), identity)
-            want = dict(placement, dir_index=d)
-            have = _write_once(os.path.join(ns, "placement.json"), want)
-            if have != want:
-                raise ValueError(
-                    f"tutti_dirs/tutti_segment_gb: the store in {ns} was written with "
-                    f"{have}, now {want}; restore the previous tutti_dirs order and "
-                    f"tutti_segment_gb, or remove {ns} to start empty")
-
     def create_segment(self, path: str, n_slots: int) -> None:
         nbytes = n_slots * self.placement.slot_nbytes
+        reclaim(self.dirs, nbytes, self.capacity_slots * self.placement.slot_nbytes, path,
+                self.free_space_floor, len(self.dirs) * self.placement.segment_file_nbytes)
         st = os.statvfs(os.path.dirname(path))
         free = st.f_bavail * st.f_frsize
         if free < nbytes:
@@ -195,6 +182,11 @@ class FileTable:
         self._lock = threading.Lock()  # opening a handle (check and set)
         self._table = np.full((len(ns.dirs), ns.n_rows), -1, dtype=np.int64)
         self._paths: dict[int, str] = {}
+        self._dir_of = np.zeros(0, dtype=np.int64)  # handle -> directory; replaced, never mutated
+
+    @property
+    def ns_dirs(self) -> list[str]:
+        return self._ns.dirs
 
     def open_row(self, row: int, create: bool) -> bool:
         """Open the row's files that exist (with create: make and fallocate missing ones).
@@ -214,6 +206,10 @@ class FileTable:
                 if self._table[d, row] < 0:
                     f = self._engine.open_file(path, self._writable, True)
                     self._paths[f] = path
+                    dir_of = np.zeros(max(len(self._dir_of), f + 1), dtype=np.int64)
+                    dir_of[:len(self._dir_of)] = self._dir_of
+                    dir_of[f] = d
+                    self._dir_of = dir_of  # before the handle is published in the table
                     self._table[d, row] = f
         return complete
 
@@ -224,6 +220,10 @@ class FileTable:
         """(engine file handle, byte offset in that file) of each slot."""
         d, row, off = self._ns.placement.locate(slots)
         return self._table[d, row], off
+
+    def dirs_of(self, files: np.ndarray) -> np.ndarray:
+        """Directory index of each engine file handle opened here (vectorized, no lock)."""
+        return self._dir_of[files]
 
     def path(self, file: int) -> str:
         return self._paths[int(file)]
@@ -257,18 +257,3 @@ def _existing_rows(ns_dirs: list[str]) -> list[int]:
                 rows.add(int(name[4:-4]))
     return sorted(rows)
 
-
-def _write_once(path: str, obj: dict) -> dict:
-    """Write obj as JSON (0600) unless the file exists; return what the file holds."""
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, sort_keys=True, indent=1)
-        os.replace(tmp, path)
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"tutti_dirs: {path} is damaged ({e}); remove its namespace directory "
-                         "to start it empty") from None

@@ -4,11 +4,12 @@ Entry point ``tutti = "tutti_hicache.plugin:register"`` in the ``sglang.srt.plug
 SGLang runs ``register()`` in every process before parsing arguments; it registers hooks
 that SGLang applies right after:
 
-  * argparse: ``tutti`` joins the choices of ``--hicache-storage-backend`` and (SGLang 0.5.23)
-    ``--unified-cache-external-linker-backend``;
+  * argparse: ``tutti`` and ``tutti-mooncake`` join the choices of ``--hicache-storage-backend``,
+    ``tutti`` also those of (SGLang 0.5.23) ``--unified-cache-external-linker-backend``;
   * the storage factory: ``tutti`` is registered lazily and built as
-    ``TuttiStorage(storage_config, mem_pool_host)``;
-  * the cache controller: after attaching ``tutti``, the zero-copy page functions
+    ``TuttiStorage(storage_config, mem_pool_host)``, ``tutti-mooncake`` as
+    ``TieredStorage(...)`` (tiered.py: local SSD tier + Mooncake cluster tier);
+  * the cache controller: after attaching either, the zero-copy page functions
     (``batch_get_v1``/``batch_set_v1``) are selected, as SGLang does for its own zero-copy
     backends;
   * the linker factory (0.5.23): backend ``tutti`` builds ``TuttiLinker`` with the given
@@ -32,6 +33,10 @@ logger = logging.getLogger("tutti_hicache.plugin")
 
 SUPPORTED = ((0, 5, 17), (0, 5, 23))
 NAME = "tutti"
+TIERED = "tutti-mooncake"
+# storage backend name -> (module, class)
+BACKENDS = {NAME: ("tutti_hicache.storage", "TuttiStorage"),
+            TIERED: ("tutti_hicache.tiered", "TieredStorage")}
 _FACTORY = "sglang.srt.mem_cache.storage.backend_factory.StorageBackendFactory"
 _CONTROLLER = "sglang.srt.managers.cache_controller.HiCacheController"
 _LINKER_FACTORY = "sglang.srt.mem_cache.unified_cache.linker_factory"
@@ -58,31 +63,34 @@ def check_version(version: str | None = None) -> str:
 
 
 def _add_choices(result, parser, *args, **kwargs):
-    """AFTER ServerArgs.add_cli_args: add `tutti` to the backend choices."""
+    """AFTER ServerArgs.add_cli_args: add `tutti` (and `tutti-mooncake`) to the backend choices."""
+    names = {"hicache_storage_backend": list(BACKENDS),
+             "unified_cache_external_linker_backend": [NAME]}
     for action in parser._actions:
-        if action.dest in ("hicache_storage_backend", "unified_cache_external_linker_backend"):
-            if action.choices is not None and NAME not in action.choices:
-                action.choices = list(action.choices) + [NAME]
+        if action.dest in names and action.choices is not None:
+            new = [n for n in names[action.dest] if n not in action.choices]
+            if new:
+                action.choices = list(action.choices) + new
     return result
 
 
 def _create_backend(orig, cls, backend_name, storage_config, mem_pool_host, **kwargs):
-    """AROUND StorageBackendFactory.create_backend: register `tutti` on first use."""
-    if backend_name == NAME and NAME not in cls._registry:
-        cls.register_backend(NAME, "tutti_hicache.storage", "TuttiStorage")
+    """AROUND StorageBackendFactory.create_backend: register `tutti` / `tutti-mooncake` on first use."""
+    if backend_name in BACKENDS and backend_name not in cls._registry:
+        cls.register_backend(backend_name, *BACKENDS[backend_name])
     return orig(cls, backend_name, storage_config, mem_pool_host, **kwargs)
 
 
 def _create_builtin(orig, cls, backend_name, backend_class, storage_config, mem_pool_host):
-    """AROUND StorageBackendFactory._create_builtin_backend: construct TuttiStorage."""
-    if backend_name == NAME:
+    """AROUND StorageBackendFactory._create_builtin_backend: construct TuttiStorage/TieredStorage."""
+    if backend_name in BACKENDS:
         return backend_class(storage_config, mem_pool_host)
     return orig(cls, backend_name, backend_class, storage_config, mem_pool_host)
 
 
 def _zero_copy(result, self, *args, **kwargs):
     """AFTER HiCacheController.attach_storage_backend: pick the zero-copy page functions."""
-    if getattr(self, "storage_backend_type", None) == NAME and getattr(self, "enable_storage", False):
+    if getattr(self, "storage_backend_type", None) in BACKENDS and getattr(self, "enable_storage", False):
         self.page_get_func = self._page_get_zero_copy
         self.page_set_func = self._page_set_zero_copy
         logger.info("tutti: zero-copy batch_get_v1/batch_set_v1 selected")

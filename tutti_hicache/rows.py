@@ -63,9 +63,14 @@ class Rows:
     def register(self) -> None:
         """One flock'd file per live writer (writers/<pid>.<n>.lock) so writers share rows fairly."""
         d = os.path.join(self._ns.dirs[0], "writers")
-        os.makedirs(d, mode=0o700, exist_ok=True)
         path = os.path.join(d, f"{os.getpid()}.{id(self)}.lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as e:  # the registry only balances rows: never a reason not to start
+            logger.warning("tutti: cannot register in the writer registry %s: %s (the fair share "
+                           "of rows counts the writers it can see)", d, e)
+            return
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._registry = (fd, path)
 

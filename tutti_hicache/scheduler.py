@@ -3,7 +3,7 @@ in chunks that fit the current window, a floor on write progress, a bounded writ
 
 At a glance:
     Policy      pure and deterministic (no threads, no files, no torch; time is an argument):
-        read_arrives(id, devices) -> read_may_start(id) -> read_starts(id) -> read_done(id)
+        read_arrives(id, devices) -> read_may_start(id) -> read_starts(id) -> read_done(id, now)
         write_arrives(id, devices, nbytes, now) -> bool      False: backlog full, refused at once
         next_write(now) -> Chunk | None                      the one chunk that may start now
         chunk_done(chunk, now, seconds)
@@ -20,7 +20,10 @@ Rules, per device (= store directory):
   2. No write chunk starts on a device while a read is pending or in flight there.
   3. At most one write chunk in flight per device; on a device, writes are served oldest first.
   4. Chunk bytes = window x measured write bandwidth (at least `min_chunk`): a newly arriving read
-     waits behind at most one chunk of about one window.
+     waits behind at most one chunk of about one window. On idle devices (no read for
+     `idle_after` seconds) and without a lent window, at least `idle_chunk` (the bytes their
+     queues hold, iodepth.py): writes run at full queue depth while reads stay away, and the
+     first read after a quiet spell waits about one queue's drain.
   5. Floor: when writes have made no progress for `max_write_wait` seconds, pending reads stop
      blocking the next chunk and new reads on its devices wait for it; it starts once the reads
      in flight end. Writes thus progress by >= min_chunk every max_write_wait + one chunk.
@@ -32,6 +35,7 @@ run only while no read is pending on their devices (plus the floor).
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections import deque
@@ -64,6 +68,8 @@ class Policy:
     min_chunk: int = 1 << 20
     max_backlog: int = 4 << 30
     max_write_wait: float = 0.5
+    idle_chunk: int = 0  # bytes of a chunk on idle devices: what their queues hold
+    idle_after: float = 0.2  # seconds without a read that make a device idle
     window: Optional[float] = None
     pending_reads: dict = field(default_factory=dict)  # id -> devices
     reads: dict = field(default_factory=dict)  # in flight: id -> devices
@@ -71,6 +77,7 @@ class Policy:
     inflight: dict = field(default_factory=dict)  # device -> Chunk
     backlog: int = 0
     last_progress: float = 0.0
+    last_read: dict = field(default_factory=dict)  # device -> when its last read ended
 
     # ---------------------------------------------------------------- reads
     def read_arrives(self, read_id, devices: Iterable) -> None:
@@ -85,9 +92,12 @@ class Policy:
     def read_starts(self, read_id) -> None:
         self.reads[read_id] = self.pending_reads.pop(read_id)
 
-    def read_done(self, read_id) -> None:
-        self.reads.pop(read_id, None)
+    def read_done(self, read_id, now: Optional[float] = None) -> None:
+        devs = self.reads.pop(read_id, None) or self.pending_reads.pop(read_id, None) or ()
         self.pending_reads.pop(read_id, None)
+        if now is not None:
+            for d in devs:
+                self.last_read[d] = now
 
     # --------------------------------------------------------------- writes
     def write_arrives(self, write_id: int, devices: Iterable, nbytes: int, now: float,
@@ -103,9 +113,15 @@ class Policy:
     def starving(self, now: float) -> bool:
         return bool(self.writes) and now - self.last_progress >= self.max_write_wait
 
-    def chunk_bytes(self) -> int:
+    def chunk_bytes(self, idle: bool = False) -> int:
         window = self.window if self.window is not None else self.default_window
-        return max(self.min_chunk, int(window * self.write_bw))
+        n = max(self.min_chunk, int(window * self.write_bw))
+        return max(n, self.idle_chunk) if idle and self.window is None else n
+
+    def idle(self, devices: frozenset, now: float) -> bool:
+        """No read on these devices for idle_after seconds (none pending or in flight either:
+        a chunk starts only then). A chunk there fills the device queues (idle_chunk)."""
+        return all(now - self.last_read.get(d, -math.inf) >= self.idle_after for d in devices)
 
     def next_write(self, now: float, only: Optional[int] = None) -> Optional[Chunk]:
         """The write chunk that may start now, if any (of write `only` when given): the oldest
@@ -119,7 +135,8 @@ class Policy:
             older |= w.devices
             if not free or (only is not None and w.id != only):
                 continue
-            n = min(max(w.unit, self.chunk_bytes() // w.unit * w.unit), w.remaining)
+            size = self.chunk_bytes(self.idle(w.devices, now))
+            n = min(max(w.unit, size // w.unit * w.unit), w.remaining)
             chunk = Chunk(w.id, w.next_index, w.devices, n, last=n == w.remaining)
             w.remaining -= n
             w.next_index += 1
@@ -243,6 +260,6 @@ class Lease:
         g = self.gate
         if self.id is not None:  # registered at acquire: release it even if `enabled` flipped since
             with g._cv:
-                g.policy.read_done(self.id)
+                g.policy.read_done(self.id, g.clock())
                 g._cv.notify_all()
             self.id = None

@@ -11,7 +11,9 @@ At a glance (every call is one or a few engine batches; no index, no policy):
     io.checksums(addrs) -> (page [n], unit [n, units])   of pages in memory
     io.page_sums(units), io.unit_starts(n_pages)
     io.sync(files)                                  fdatasync when tutti_durability=sync
+    io.close()                                      ends the checksum helper thread
     io.count_errors(res, "read" | "write")          log failed requests (reads are counted)
+    io.wear                                         bytes written per directory (wear.py)
 
 `addrs` is a uint64 array [n_pages, objects_per_page] of host addresses, one per object in
 on-disk order. aligned: every address and object size is a multiple of 4 KiB, so objects move
@@ -27,6 +29,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -36,6 +39,7 @@ from .engine import extension
 from .layout import HEADER_NBYTES, Placement, SlotLayout, strided
 from .namespace import FileTable
 from .scheduler import Gate
+from .wear import Wear
 
 logger = logging.getLogger("tutti_hicache.store")
 
@@ -50,8 +54,10 @@ class SlotIO:
         self._bounce_lock = {"r": threading.Lock(), "w": threading.Lock()}
         self._bounce: dict[str, object] = {}  # "r" / "w" -> AlignedBuffer, grown on demand
         self._zero = extension().AlignedBuffer(HEADER_NBYTES)
-        self._errors_lock = threading.Lock()
+        self._errors_lock = threading.Lock()  # also guards _pool
         self.read_errors = 0
+        self.wear = Wear(files.ns_dirs, files.dirs_of, cfg.drive_capacity_gb)
+        self._pool: ThreadPoolExecutor | None = None  # payload checksums beside their writes
 
     # -------------------------------------------------------------------- reads
     def read(self, slots: np.ndarray, addrs: np.ndarray, aligned: bool, checksum: bool):
@@ -109,9 +115,14 @@ class SlotIO:
             return good
 
         def payload(a: int, b: int) -> np.ndarray:
-            # checksums inside the write window too, so their CPU time does not compete with reads
-            sums[a:b], units[a:b] = self.checksums(addrs[a:b])
-            return self.write_payloads(files[a:b], offsets[a:b], addrs[a:b], aligned)
+            # checksums inside the write window too, so their CPU time does not compete with
+            # reads; on a helper thread while the chunk's writes are in flight (both read memory)
+            done = self._helper().submit(self.checksums, addrs[a:b])
+            try:
+                ok = self.write_payloads(files[a:b], offsets[a:b], addrs[a:b], aligned)
+            finally:
+                sums[a:b], units[a:b] = done.result()
+            return ok
 
         def headers(a: int, b: int) -> np.ndarray:
             out = np.zeros(b - a, dtype=bool)
@@ -128,6 +139,7 @@ class SlotIO:
         landed = good.copy()
         good &= self._gated(devs, n, HEADER_NBYTES, headers)
         self.sync(files[good])
+        self.wear.stored(files[good], self._layout.geometry.page_nbytes)
         return good, sums, units.astype("<u8")
 
     def _gated(self, devices, n_pages: int, unit: int, write) -> np.ndarray:
@@ -152,6 +164,7 @@ class SlotIO:
                                      (offsets[:, None] + lay.object_offsets[None, :]).ravel(),
                                      np.tile(lay.object_nbytes, n), addrs.ravel())
             self.count_errors(res, "write")
+            self.wear.wrote("payload", files, res)
             return (res.reshape(n, m) == lay.object_nbytes[None, :]).all(axis=1)
         with self._bounce_lock["w"]:
             base = strided(self._bounce_for("w", n).address, n, lay.payload_nbytes)
@@ -161,6 +174,7 @@ class SlotIO:
             res = self.engine.submit("write", files, offsets + HEADER_NBYTES,
                                      np.full(n, lay.payload_nbytes, np.int64), base)
             self.count_errors(res, "write")
+            self.wear.wrote("payload", files, res)
             return res == lay.payload_nbytes
 
     def write_headers(self, keys: list[bytes], slots, files, offsets, sums, units,
@@ -176,6 +190,7 @@ class SlotIO:
         w = self.engine.submit("write", files, offsets, np.full(n, HEADER_NBYTES, np.int64),
                                strided(buf.address, n, HEADER_NBYTES))
         self.count_errors(w, "write")
+        self.wear.wrote("header", files, w)
         return w == HEADER_NBYTES
 
     def tombstones(self, files: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -184,6 +199,7 @@ class SlotIO:
                                  np.full(len(files), HEADER_NBYTES, np.int64),
                                  np.full(len(files), self._zero.address, np.uint64))
         self.count_errors(out, "write")
+        self.wear.wrote("tombstone", files, out)
         return out == HEADER_NBYTES
 
     def sync(self, files: np.ndarray) -> None:
@@ -237,6 +253,19 @@ class SlotIO:
                     self.read_errors += int(bad.sum())
             logger.warning("tutti: %d %s request(s) failed (first: %s)", int(bad.sum()), what,
                            os.strerror(-first))
+
+    def _helper(self) -> ThreadPoolExecutor:
+        with self._errors_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="tutti-checksum")
+            return self._pool
+
+    def close(self) -> None:
+        """End the checksum helper thread (the store's close)."""
+        with self._errors_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def _bounce_for(self, which: str, n_slots: int):
         need = max(1, n_slots) * self._layout.payload_nbytes

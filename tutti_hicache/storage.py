@@ -8,7 +8,8 @@ At a glance (SGLang calls; thread in brackets):
     batch_get_v1(keys, host_indices) -> [bool]      [io-aux] one engine batch, zero copy
     batch_set_v1(keys, host_indices) -> [bool]      [backup] dedupe, then one engine batch per phase
     get/batch_get/set/batch_set/exists              legacy flat-page API (SGLang's generic path)
-    clear() / close() / get_stats()                 [scheduler]
+    clear() / close() / get_stats()                 [scheduler] get_stats also exports the SSD
+                                                    wear counters to Prometheus (wearmetrics.py)
 
 Selected unpatched with ``--hicache-storage-backend dynamic
 --hicache-storage-backend-extra-config '{"backend_name":"tutti","module_path":
@@ -35,6 +36,7 @@ from .hostmap import HostMap
 from .identity import identity_for, is_writer
 from .statsfile import StatsFile
 from .store import ObjectStore
+from .wearmetrics import WearMetrics
 
 logger = logging.getLogger("tutti_hicache.storage")
 
@@ -74,6 +76,7 @@ class TuttiStorage(HiCacheStorage):
                          "backup_bandwidth": []}
         self._warned: set[str] = set()  # under _metrics_lock
         self._stats_file = StatsFile(self.cfg.stats_file)
+        self._wear_metrics = WearMetrics()
 
     # ------------------------------------------------------------ attach
     def register_mem_pool_host(self, mem_pool_host) -> None:
@@ -214,6 +217,13 @@ class TuttiStorage(HiCacheStorage):
             for name, values in self._metrics.items():
                 getattr(m, name).extend(values)
                 values.clear()
+        store = self.store  # once: close() on the scheduler thread may set it to None
+        if store is not None:
+            try:
+                self._wear_metrics.update(store.wear())
+            except Exception:
+                self._warn_once("wear-metrics", "tutti: exporting the wear counters failed",
+                                exc_info=True)
         return m
 
     def tutti_stats(self) -> dict:
@@ -231,12 +241,12 @@ class TuttiStorage(HiCacheStorage):
             for v in self._metrics.values():
                 del v[:-4096]  # bounded when nobody polls (metrics disabled)
 
-    def _warn_once(self, tag: str, msg: str, *args) -> None:
+    def _warn_once(self, tag: str, msg: str, *args, exc_info: bool = False) -> None:
         with self._metrics_lock:
             first = tag not in self._warned
             self._warned.add(tag)
         if first:
-            logger.warning(msg, *args)
+            logger.warning(msg, *args, exc_info=exc_info)
 
 
 def _aligned_tensors(tensors, hm: HostMap) -> bool:

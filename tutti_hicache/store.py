@@ -3,11 +3,13 @@
 At a glance:
     store = ObjectStore(cfg, geometry, identity, writer=True)
     store.prefix_len(keys) -> int                 leading keys present (memory only, no I/O)
+    store.present(keys) -> bool[n]                each key present (memory only, no I/O)
     store.read_pages(keys, addrs, aligned) -> bool[n]
     store.write_pages(keys, addrs, aligned) -> bool[n]
     store.pin(keys) / store.unpin(entries)        hold pages against eviction (layer-wise loads)
     store.plan_pages(entries), store.stream_layers(plan, chunks, dsts)   layer_reads.py
-    store.clear(); store.close(); store.stats()
+    store.clear(); store.close(); store.stats()      stats()["wear"]: bytes written per device
+    store.rehome_wait(timeout) -> bool           pages of set-aside namespaces re-homed (rehome.py)
     store.locate(key) -> (segment path, slot offset)       where a present key's slot lives
     store.entries() -> {key: PageInfo}                      read-only snapshot of the index
 
@@ -16,7 +18,9 @@ on-disk order (SlotLayout); `aligned` says every address and object size is a mu
 (zero copy), otherwise pages go through an aligned bounce buffer (slot_io.py).
 
 On disk: <dir>/tutti-<fingerprint>/seg-<row>.dat, one "row" of segments = the same segment
-number in every directory (namespace.py). A writer process owns the rows it holds an exclusive
+number in every directory (namespace.py). Attach heals the namespace's own files instead of
+refusing to start (heal.py): damaged metadata is rebuilt, a changed directory list is mapped or
+set aside. A writer process owns the rows it holds an exclusive
 flock on (rows.py; allocation and eviction only there); every process reads every row, and
 re-scans the headers of rows that other processes changed when a lookup misses (scan.py).
 Publication order per write batch (writes.py, slot_io.py): tombstone headers of reused slots
@@ -33,22 +37,25 @@ is taken again to reserve; scans learn under the index lock once per 16384 heade
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping, NamedTuple
+from typing import Mapping, NamedTuple, Optional
 
 import numpy as np
 
-from . import header
+from . import header, iodepth
 from .config import TuttiConfig
-from .engine import engine_for
+from .engine import inflight_for, open_engine
 from .identity import with_geometry
 from .index import SlotIndex
 from .layer_reads import LayerReads, LayerStream, PagePlan
-from .layout import PageGeometry, Placement, SlotLayout
+from .heal import quarantines, reclaim, resolve
+from .layout import PageGeometry, SlotLayout
 from .namespace import FileTable, Namespace, check_dirs
+from .rehome import Rehome
 from .rows import Rows
 from .scan import Scanner
 from .scheduler import Gate, Policy
@@ -114,7 +121,6 @@ class ObjectStore:
         self.identity = with_geometry(identity, geometry)
         self.fingerprint = header.fingerprint(self.identity)
         self.writer = writer
-        self.placement = Placement(len(cfg.dirs), self.layout.slot_nbytes, cfg.segment_bytes)
         if geometry.units > header.MAX_UNITS:
             raise ValueError(f"tutti: {geometry.num_layers} layers exceed the {header.MAX_UNITS} "
                              "per-layer checksums a slot header holds")
@@ -122,17 +128,26 @@ class ObjectStore:
         if self.capacity_slots < 1:
             raise ValueError(f"tutti_capacity_gb: {cfg.capacity_gb} GB holds no slot of "
                              f"{self.layout.slot_nbytes} bytes")
-        self._ns = Namespace(cfg, self.fingerprint, self.placement, self.capacity_slots)
+        healed = resolve(cfg, self.fingerprint, self.identity, self.layout)
+        self.placement = healed.placement  # a recorded segment size wins over the config's
+        self.quarantined = healed.quarantined  # namespace dirs this attach set aside
+        self._ns = Namespace(cfg, self.fingerprint, self.placement, self.capacity_slots,
+                             dirs=healed.dirs)
+        reclaim(self._ns.dirs, 0, self.capacity_slots * self.layout.slot_nbytes)
         self.ns_dirs, self.n_rows = self._ns.dirs, self._ns.n_rows
-        self.engine = engine or engine_for(cfg)
+        depth, read_bytes, write_bytes = inflight_for(cfg)
+        self.engine = engine or open_engine(cfg.engine, depth, cfg.io_mode == "vectored",
+                                            cfg.threads, read_bytes, write_bytes)
         self.gate = Gate(Policy(default_window=cfg.write_window_ms / 1e3,
                                 min_chunk=self.layout.payload_nbytes,
+                                idle_chunk=write_bytes or iodepth.derive(cfg.dirs).write_bytes,
                                 max_write_wait=cfg.write_floor_ms / 1e3,
                                 max_backlog=cfg.write_backlog_mb << 20), enabled=cfg.scheduler)
         self._lock = threading.Lock()  # the index and the counters; never held over I/O
         self._index = SlotIndex()
         self._stats = ReadCounts()
         self._closed = False
+        self._rehome: Optional[Rehome] = None
         self._files = FileTable(self.engine, self._ns, writable=writer)
         self._io = SlotIO(self.engine, self._files, self.layout, self.placement, cfg, self.gate,
                           self.fingerprint)
@@ -143,7 +158,9 @@ class ObjectStore:
                                   cfg.verify)
         self._writes = Writes(self._index, self._lock, self._rows, self._scan, self._io,
                               geometry.page_nbytes)  # no part holds the store: freed at once
-        self._ns.create(self.identity)
+        self._wear = self._io.wear  # bytes handed to each drive (wear.py)
+        self._wear.wrote_meta(healed.meta_bytes)
+        self._wear.load()
         self._open()
 
     def _open(self) -> None:
@@ -154,10 +171,22 @@ class ObjectStore:
         if self.writer:
             self._rows.register()
         for r in rows:
-            if self._files.open_row(r, create=False):
-                self._rows.adopt(r)
+            try:
+                if self._files.open_row(r, create=False):
+                    self._rows.adopt(r)
+            except OSError as e:  # an unopenable segment: its slots are misses, attach goes on
+                logger.warning("tutti: cannot open segment row %d: %s", r, e)
         self._scan.scan_rows(rows, grant=True)
         self._scan.start(self._release_excess if self.writer else None)
+        set_aside = [q for q, _, _ in quarantines([os.path.dirname(d) for d in self.ns_dirs],
+                                                  os.path.basename(self.ns_dirs[0]))]
+        if self.writer and set_aside:  # their pages come back by key, in the background
+            self._rehome = Rehome(set_aside, self.layout, self.fingerprint,
+                                  self._writes.write_pages, self._io.checksums).start()
+
+    def rehome_wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the pages of set-aside namespaces are re-homed (True: done or none)."""
+        return self._rehome is None or self._rehome.wait(timeout)
 
     # ------------------------------------------------------------------ lookups
     def prefix_len(self, keys: list[str]) -> int:
@@ -167,6 +196,14 @@ class ObjectStore:
         if n < len(keys):
             self._scan.request()
         return n
+
+    def present(self, keys: list[str]) -> np.ndarray:
+        """Per key, whether it is present (from memory). A miss asks for a re-scan."""
+        with self._lock:
+            flags = np.fromiter((k in self._index for k in keys), dtype=bool, count=len(keys))
+        if not flags.all():
+            self._scan.request()
+        return flags
 
     def __contains__(self, key: str) -> bool:
         with self._lock:
@@ -251,12 +288,13 @@ class ObjectStore:
         """Everything per page a layer-wise restore needs, built once per batch (vectorized)."""
         return self._layers.plan(entries)
 
-    def stream_layers(self, plan: PagePlan, chunks: list, dsts: list):
+    def stream_layers(self, plan: PagePlan, chunks: list, dsts: list, gate=None):
         """`with store.stream_layers(plan, chunks, dsts) as stream:` reads chunks [(layer, rows)]
         of the plan's pages back to back, holding their directories for reads (the scheduler)
-        until the with ends; stream.lend(s) lends them to writes for one window. See
-        layer_reads.py for the stream's verbs and the destination layout."""
-        return self._layers.stream(plan, chunks, dsts, self._drop_corrupt)
+        until the with ends; stream.lend(s) lends them to writes for one window. gate: the host
+        addresses (release, verified) of a completion gate the stream advances as chunks pass.
+        See layer_reads.py for the stream's verbs and the destination layout."""
+        return self._layers.stream(plan, chunks, dsts, self._drop_corrupt, gate)
 
     # ------------------------------------------------------------------- writes
     def write_pages(self, keys: list[str], addrs: np.ndarray, aligned: bool) -> np.ndarray:
@@ -264,7 +302,9 @@ class ObjectStore:
         A read-only store (writer=False) stores nothing. See writes.py."""
         if not self.writer:
             return np.zeros(len(keys), dtype=bool)
-        return self._writes.write_pages(keys, addrs, aligned)
+        ok = self._writes.write_pages(keys, addrs, aligned)
+        self._wear.maybe_flush()
+        return ok
 
     # ------------------------------------------------------------ maintenance
     def clear(self) -> int:
@@ -315,7 +355,11 @@ class ObjectStore:
             if self._closed:
                 return
             self._closed = True
+        if self._rehome is not None:
+            self._rehome.stop()  # the chunk in flight finishes; the next attach resumes
         self._scan.stop()  # a re-scan in flight finishes before the engine goes
+        self._wear.flush()
+        self._io.close()
         self.engine.close()
         self._rows.close()
 
@@ -328,10 +372,16 @@ class ObjectStore:
             s.update({f"sched_{k}": v for k, v in self.gate.stats.items()})
             s.update(pages=len(self._index), evictions=self._index.evictions,
                      capacity_slots=self.capacity_slots, slot_nbytes=self.layout.slot_nbytes,
+                     rehomed_pages=self._rehome.pages if self._rehome else 0,
                      owned_rows=len(self._rows.owned))
         s["engine"] = self.engine.name
+        s["wear"] = self.wear()
         s.update({f"engine_{k}": v for k, v in self.engine.counters().items()})
         return s
+
+    def wear(self) -> dict:
+        """Bytes written per device by kind, logical bytes, drive writes per day (wear.py)."""
+        return self._wear.snapshot()
 
     def register_memory(self, regions: list[tuple[int, int]]) -> int:
         """Register host memory (the KV pool) with the engine for fixed-buffer I/O."""

@@ -49,7 +49,7 @@ int update_errno(int r, unsigned want) {
 
 class Ring {
  public:
-  explicit Ring(unsigned depth) : depth_(depth) {
+  Ring(unsigned depth, int64_t max_bytes) : depth_(depth), max_bytes_(max_bytes) {
     io_uring_params p{};
     p.flags = IORING_SETUP_COOP_TASKRUN;
     int r = io_uring_queue_init_params(depth, &ring_, &p);
@@ -111,6 +111,7 @@ class Ring {
     std::deque<uint32_t> requeue;
     size_t next = 0;
     unsigned inflight = 0;
+    int64_t inflight_bytes = 0;
     bool wake_armed = false;
   };
   void prep(io_uring_sqe* sqe, Op op, const Plan& plan, const IoOp& o, int fd, bool fixed_file);
@@ -131,6 +132,7 @@ class Ring {
 
   io_uring ring_{};
   unsigned depth_;
+  int64_t max_bytes_;  // bytes in flight (0: no cap); one op always goes
   bool files_ok_ = false;
   bool bufs_ok_ = false;
   std::vector<int> file_err_;  // per registered file: 0, or -errno of its failed update
@@ -165,7 +167,8 @@ void Ring::prep(io_uring_sqe* sqe, Op op, const Plan& plan, const IoOp& o, int f
 template <class End>
 void Ring::fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& files,
                 AtomicCounters& c, End&& end) {
-  while (f.inflight < depth_ && (f.next < limit || !f.requeue.empty())) {
+  while (f.inflight < depth_ && (f.next < limit || !f.requeue.empty()) &&
+         (max_bytes_ == 0 || f.inflight == 0 || f.inflight_bytes < max_bytes_)) {
     uint32_t idx;
     if (!f.requeue.empty()) {
       idx = f.requeue.front();
@@ -186,7 +189,9 @@ void Ring::fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& fil
     }
     prep(sqe, op, plan, o, fd, files_ok_);
     io_uring_sqe_set_data64(sqe, idx);
+    o.sent = o.nbytes - o.done;
     f.inflight++;
+    f.inflight_bytes += o.sent;
     c.submissions++;
   }
 }
@@ -213,6 +218,7 @@ void Ring::reap(Op op, Plan& plan, Flight& f, AtomicCounters& c, End&& end) {
     f.inflight--;
     uint32_t idx = static_cast<uint32_t>(cqe->user_data);
     IoOp& o = plan.ops[idx];
+    f.inflight_bytes -= o.sent;
     int res = cqe->res;
     if (res > 0) kernel_moves(&plan.iovs[o.iov_begin], o.iov_count, res, op == Op::kRead);
     if (res == -EAGAIN || res == -EINTR) {
@@ -307,7 +313,9 @@ void Ring::run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicC
 class UringEngine final : public EngineBase {
  public:
   explicit UringEngine(const EngineOptions& opt) : EngineBase(opt) {
-    for (auto& r : rings_) r = std::make_unique<Ring>(opt.queue_depth);
+    rings_[0] = std::make_unique<Ring>(opt.queue_depth, opt.write_inflight_bytes);
+    for (unsigned i = 1; i <= kReadRings; i++)
+      rings_[i] = std::make_unique<Ring>(opt.queue_depth, opt.read_inflight_bytes);
   }
   ~UringEngine() override { close(); }
 

@@ -72,6 +72,7 @@ def test_clean_build_uses_only_vendored_headers(tmp_path):
                           text=True, check=True).stdout
     headers = {line.strip() for line in deps.splitlines() if line.startswith(" ")}
     assert not sorted(h for h in headers if SYSTEM_HEADERS.match(h))
+    assert not sorted(h for h in headers if re.search(r"(^|/)cuda[^/]*\.h$", h))  # the CUDA part: none
     vendored = REPO / "cpp" / "third_party"
     assert str(vendored / "liburing" / "src" / "include" / "liburing.h") in headers
     assert str(vendored / "xxhash" / "xxhash.h") in headers

@@ -24,9 +24,9 @@ def records(caplog):
 
 
 @pytest.mark.slow  # a fresh interpreter imports torch (about 2 s)
-def test_import_touches_neither_cuda_nor_cuda_python():
+def test_import_touches_neither_cuda_nor_the_driver():
     code = ("import sys, torch, tutti_hicache.green; "
-            "assert not any(m == 'cuda' or m.startswith('cuda.') for m in sys.modules), 'cuda-python imported'; "
+            "assert 'tutti_hicache.driver' not in sys.modules, 'driver loaded'; "
             "assert not torch.cuda.is_initialized(), 'CUDA initialized'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -85,24 +85,34 @@ def test_hopper_without_green_contexts_falls_back(monkeypatch):
     monkeypatch.setattr(green, "_driver_green", broken)
     io = green.io_stream(16)
     assert io.kind == "priority"
-    assert "torch.cuda.green_contexts: not here" in io.reason and "cuda.bindings: not here" in io.reason
+    assert "driver API: not here" in io.reason and "torch.cuda.green_contexts: not here" in io.reason
 
 
-def test_hopper_prefers_torch_then_driver(monkeypatch):
+def test_hopper_prefers_the_driver_then_torch(monkeypatch):
     fake_device(monkeypatch, (9, 0))
     calls = []
 
-    def failing_torch(index, num_sms):
-        calls.append("torch")
-        raise RuntimeError("no Stream()")
-
-    def driver(index, num_sms):
+    def failing_driver(index, num_sms):
         calls.append("driver")
-        return green.IOStream("s", "green", num_sms, "fake driver", index)
+        raise RuntimeError("no green-context streams")
 
-    monkeypatch.setattr(green, "_torch_green", failing_torch)
-    monkeypatch.setattr(green, "_driver_green", driver)
-    assert green.io_stream(8).kind == "green" and calls == ["torch", "driver"]
+    def torch_green(index, num_sms):
+        calls.append("torch")
+        return green.IOStream("s", "green", num_sms, "fake torch", index)
+
+    monkeypatch.setattr(green, "_driver_green", failing_driver)
+    monkeypatch.setattr(green, "_torch_green", torch_green)
+    assert green.io_stream(8).kind == "green" and calls == ["driver", "torch"]
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the machine without CUDA")
+def test_driver_way_without_cuda_fails_with_its_reason():
+    """The C++ way loads libcuda lazily: without a driver it raises with the loader's reason."""
+    from tutti_hicache import driver
+    ok, why = driver.available()
+    assert not ok and why
+    with pytest.raises(RuntimeError, match="."):
+        green._driver_green(0, 8)
 
 
 def test_asking_for_every_sm_gives_a_priority_stream(monkeypatch):
@@ -117,6 +127,7 @@ def test_real_stream_runs_torch_work():
     assert io.kind in ("green", "priority") and io.stream is not None
     if torch.cuda.get_device_capability() >= (9, 0):
         assert io.kind == "green", io.reason
+        assert io.reason.startswith("driver API"), io.reason  # the C++ way, not torch's
         assert 8 <= io.num_sms < torch.cuda.get_device_properties(0).multi_processor_count
     x = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
     io.stream.wait_stream(torch.cuda.current_stream())

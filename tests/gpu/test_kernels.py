@@ -276,3 +276,45 @@ def test_cpu_tensors_need_the_interpreter():
     k = pool("NHD", torch.bfloat16, "cpu")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         tk.scatter_layer(torch.zeros(128, dtype=torch.uint8), k, None, torch.tensor([1]), 4)
+
+
+def gate_word(device):
+    """(CPU address, address the kernel reads) of one zeroed int32 word: an aligned host buffer under the
+    interpreter, pinned device-mapped host memory (the CUDA part) on a GPU. Returns the owner too."""
+    from tutti_hicache import driver
+    from tutti_hicache.engine import extension
+    if device == "cpu":
+        owner = extension().AlignedBuffer(4096)
+        return owner, owner.address, owner.address
+    ok, why = driver.available()
+    if not ok:
+        pytest.skip(f"the CUDA part is unavailable: {why}")
+    owner = driver.HostWords(torch.cuda.current_device(), 1)
+    return owner, owner.address, owner.device_address
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["NHD", "MLA"])
+def test_gated_scatter_writes_nothing_until_verified(device, layout):
+    """gate=(address, need): with the word below need the pool keeps every sentinel byte; at need
+    the same bytes as the ungated kernel land."""
+    from tutti_hicache.engine import extension
+    page_size, n, pad = 4, 7, 48
+    bufs = [pool(layout, torch.bfloat16, device) for _ in range(1 if layout == "MLA" else 2)]
+    obj_bytes = page_bytes(bufs[0], page_size).shape[1]
+    ids = page_ids(n, torch.int64, device, seed=11)
+    staging = staging_for(n * len(bufs), obj_bytes, pad, device, seed=12)
+    k_buf, v_buf = bufs[0], (bufs[1] if len(bufs) == 2 else None)
+    owner, host, address = gate_word(device)
+    extension().gate_store(host, 2)
+    tk.scatter_layer(staging, k_buf, v_buf, ids, page_size, obj_bytes + pad, gate=(address, 3))
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert all(bool((page_bytes(b, page_size) == SENTINEL).all()) for b in bufs), "unverified bytes landed"
+    tk.scatter_layer(staging, k_buf, v_buf, ids, page_size, obj_bytes + pad, gate=(address, 2))
+    for slot, buf in enumerate(bufs):
+        check_pool(buf, staging, ids, slot, len(bufs), obj_bytes, obj_bytes + pad, page_size)
+    for bad in ((address + 2, 1), (address, 0), (0, 1)):
+        with pytest.raises(ValueError, match="gate"):
+            tk.scatter_layer(staging, k_buf, v_buf, ids, page_size, obj_bytes + pad, gate=bad)
+    del owner

@@ -48,6 +48,9 @@ PLUGIN_SCRIPT = textwrap.dedent("""
     sc = h.make_storage_config(extra_config={"tutti_dirs": [tempfile.mkdtemp()]})
     be = StorageBackendFactory.create_backend("tutti", sc, pool)
     print("BACKEND", type(be).__name__, type(getattr(be, "_backend", be)).__name__)
+    a = p.parse_args(["--model-path", "m", "--hicache-storage-backend", "tutti-mooncake"])
+    tiered = StorageBackendFactory.create_backend("tutti-mooncake", sc, pool)
+    assert type(getattr(tiered, "_backend", tiered)).__name__ == "TieredStorage", type(tiered)
     from sglang.srt.managers.cache_controller import HiCacheController
     wrapped = HiCacheController.attach_storage_backend
     assert getattr(wrapped, "__wrapped__", None) is not None, "attach hook not applied"

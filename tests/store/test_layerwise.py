@@ -237,7 +237,7 @@ def test_offload_backlog_stays_exact_under_contention(tmp_path, monkeypatch, cap
     monkeypatch.setattr(builtins, "len", yielding_len)
     try:
         while sent < 2000 and time.time() < end:
-            for _ in range(50):
+            for _ in range(min(50, 2000 - sent)):  # a refused offload (backlog full) sends none
                 sent += lw.offload([f"s{sent:063d}"], rows, [NeverReady()])
             while lw.num_completed():
                 assert not lw.pop_completed()
@@ -255,3 +255,18 @@ def test_offload_backlog_stays_exact_under_contention(tmp_path, monkeypatch, cap
     keys = [f"t{i:063d}" for i in range(64)]
     assert lw.offload(keys, torch.arange(PAGE, PAGE * 65), [NeverReady()])  # the whole bound
     lw.close()
+
+
+def test_gpu_wait_is_off_on_a_cpu_pool_and_on_refuses_it(tmp_path):
+    """tutti_gpu_wait: off by default; auto keeps the CPU path on a CPU pool and says why; on fails
+    the attach."""
+    lw, _, _ = make_lw(tmp_path / "default")
+    assert lw.gpu_wait == (False, "tutti_gpu_wait=off") and not lw.gpu_wait_on
+    lw.close()
+    lw, _, _ = make_lw(tmp_path, tutti_gpu_wait="auto")
+    assert lw.gpu_wait == (False, "the pool is not on a CUDA device") and not lw.gpu_wait_on
+    with pytest.raises(RuntimeError, match="off here"):
+        lw.gpu_wait_on = True
+    lw.close()
+    with pytest.raises(RuntimeError, match="tutti_gpu_wait=on"):
+        make_lw(tmp_path / "on", tutti_gpu_wait="on")

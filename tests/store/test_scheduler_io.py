@@ -214,17 +214,15 @@ def test_backlog_bound_refuses_stores_at_once(tmp_path):
     store.close()
 
 
-def test_linker_opens_write_windows_when_ahead(tmp_path):
+def _linker_with_a_prefix(tmp_path, **settings):
+    """A 4-layer LayerwiseKV on CPU with 8 pages offloaded; returns it, its K/V buffers, the keys,
+    the pool rows and the bytes those rows must hold after a restore."""
     torch = pytest.importorskip("torch")
     from tutti_hicache.layerwise import LayerwiseKV
-    from tutti_hicache.profiler import LayerModel, build_table
-    table = build_table(LayerModel(0.02, 0.0, 0.0), 1, read_Bps=1e12, write_Bps=1e9)
-    path = tmp_path / "slack.json"
-    table.save(str(path))
     k = [torch.randn(20 * 16, 2, 64).to(torch.bfloat16) for _ in range(4)]
     v = [torch.randn(20 * 16, 2, 64).to(torch.bfloat16) for _ in range(4)]
     cfg = TuttiConfig.from_sources({"tutti_dirs": [str(tmp_path / "s")], "tutti_capacity_gb": 0.05,
-                                    "tutti_slack_table": str(path), "tutti_stage_mb": 1}, env={})
+                                    "tutti_stage_mb": 1, **settings}, env={})
     lw = LayerwiseKV(cfg, GEOM, {"t": "lw"}, k, v, 16)
     keys = [f"p{i:063d}" for i in range(8)]
     rows = torch.arange(16, 16 * 9)
@@ -232,8 +230,16 @@ def test_linker_opens_write_windows_when_ahead(tmp_path):
     while lw.num_completed() < 1:
         time.sleep(0.01)
     assert lw.pop_completed()
-    want = [t[16:16 * 9].clone() for t in k + v]
-    for t in k + v:
+    return lw, k + v, keys, rows, [t[16:16 * 9].clone() for t in k + v]
+
+
+def test_linker_opens_write_windows_when_ahead(tmp_path):
+    from tutti_hicache.profiler import LayerModel, build_table
+    table = build_table(LayerModel(0.02, 0.0, 0.0), 1, read_Bps=1e12, write_Bps=1e9)
+    path = tmp_path / "slack.json"
+    table.save(str(path))
+    lw, bufs, keys, rows, want = _linker_with_a_prefix(tmp_path, tutti_slack_table=str(path))
+    for t in bufs:
         t[16:16 * 9] = 0
     assert lw.load("r", keys, rows)
     idx = lw.start(input_tokens=256)
@@ -243,5 +249,36 @@ def test_linker_opens_write_windows_when_ahead(tmp_path):
         lw.counter.wait_until(layer)
     assert lw.finish(idx)
     assert lw.windows_opened >= 1
-    assert all(torch.equal(t[16:16 * 9], w) for t, w in zip(k + v, want))
+    assert all(torch_equal(t[16:16 * 9], w) for t, w in zip(bufs, want))
     lw.close()
+
+
+def test_linker_learns_write_windows_from_its_forwards(tmp_path):
+    """No slack table: the windows come from the forwards' own per-layer compute (a forward that
+    spends >= 40 ms per layer on the CPU), learned over a few loads, then lent to writes."""
+    lw, bufs, keys, rows, want = _linker_with_a_prefix(tmp_path)
+    assert lw.cfg.write_windows == "online" and not lw.cfg.slack_table
+    for trial in range(6):
+        for t in bufs:
+            t[16:16 * 9] = 0
+        assert lw.load(f"r{trial}", keys, rows)
+        idx = lw.start(input_tokens=256 * (1 + trial % 3))
+        lw.counter.set_consumer(idx)
+        for layer in range(4):
+            lw.counter.wait_until(layer)
+            time.sleep(0.04)  # this layer's compute
+        assert lw.finish(idx)
+        assert all(torch_equal(t[16:16 * 9], w) for t, w in zip(bufs, want))
+    lw.counter.set_consumer(-1)  # a decode batch ends the last timed forward
+    lw.drain_loads()
+    snap = lw.windows.snapshot()
+    assert snap["mode"] == "online" and snap["observations"] >= 4  # every forward but the last
+    assert lw.windows.model.predict(0, len(keys) * 16) >= 0.04  # what the layers spent, at least
+    assert lw.windows_opened >= 1  # later loads ran ahead and lent the disk to writes
+    assert lw.stats()["linker"]["write_windows"]["observations"] == snap["observations"]
+    lw.close()
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+    return torch.equal(a, b)

@@ -151,11 +151,17 @@ def test_other_identity_sees_nothing(store_dirs):
     o.close()
 
 
-def test_changed_directory_set_is_refused(tmp_path):
+def test_changed_directory_set_heals(tmp_path):
+    """A directory dropped from the list: attach succeeds, the rest is re-homed (test_heal.py)."""
     a, b = tmp_path / "a", tmp_path / "b"
-    ObjectStore(cfg_for([a, b]), GEOM, IDENT).close()
-    with pytest.raises(ValueError, match="tutti_dirs"):
-        ObjectStore(cfg_for([a]), GEOM, IDENT)
+    s = ObjectStore(cfg_for([a, b]), GEOM, IDENT)
+    src = Pages(4, seed=3)
+    s.write_pages(keys(4), src.addrs, True)
+    s.close()
+    s = ObjectStore(cfg_for([a]), GEOM, IDENT)
+    assert s.rehome_wait(60)
+    assert sorted(s.entries()) == sorted(keys(4)[::2])  # slots 0 and 2 lived in a
+    s.close()
 
 
 def test_striping_over_two_dirs(tmp_path):

@@ -18,7 +18,7 @@ def test_defaults_env_and_extra_precedence():
     assert cfg.capacity_gb == 7.0  # extra_config beats env
     assert cfg.verify is False  # env beats default
     assert cfg.dirs == ("/a", "/b")
-    assert cfg.engine == "auto" and cfg.queue_depth == 1024
+    assert cfg.engine == "auto" and cfg.queue_depth == 0  # 0: derived from the devices
     assert cfg.capacity_bytes == 7 << 30
 
 

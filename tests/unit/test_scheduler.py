@@ -32,6 +32,37 @@ def test_write_runs_in_window_sized_chunks_when_idle():
     assert sum(chunks) + c1.nbytes == 3 * MB and p.backlog == 0
 
 
+def test_idle_devices_get_full_queue_chunks_until_a_read_comes():
+    """idle_chunk (what the device queues hold) on devices without a read for idle_after s and
+    without a lent window; window-sized chunks right after a read, and inside a lent window."""
+    p = policy(idle_chunk=8 * MB, idle_after=0.2)
+    assert p.write_arrives(1, {0, 1}, 64 * MB, now=0.0)
+    c = p.next_write(0.0)  # never a read: idle from the start
+    assert c.nbytes == 8 * MB
+    p.chunk_done(c, 0.0, 0.0)
+    p.read_arrives("r", {1})
+    p.read_starts("r")
+    assert p.next_write(0.0) is None  # device 1 is reading
+    p.read_done("r", now=1.0)
+    c = p.next_write(1.1)  # 0.1 s after the read on device 1: one window's bytes
+    assert c.nbytes == p.chunk_bytes() == MB
+    p.chunk_done(c, 1.1, 0.0)
+    c = p.next_write(1.25)  # idle_after since the read: full queue again
+    assert c.nbytes == 8 * MB
+    p.chunk_done(c, 1.25, 0.0)
+    p.set_window(0.01)  # a lent window bounds the chunk whatever the quiet
+    c = p.next_write(5.0)
+    assert c.nbytes == MB
+    p.chunk_done(c, 5.0, 0.0)
+    p.set_window(None)
+    other = policy(idle_chunk=8 * MB, idle_after=0.2)
+    other.write_arrives(2, {0}, 64 * MB, now=0.0)
+    other.read_arrives("r", {1})
+    other.read_starts("r")
+    other.read_done("r", now=1.0)  # a read on another device leaves device 0 idle
+    assert other.next_write(1.05).nbytes == 8 * MB
+
+
 def test_reads_first_and_never_together_with_writes():
     p = policy()
     p.write_arrives(1, {0}, 4 * MB, 0.0)

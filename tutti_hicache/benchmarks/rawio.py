@@ -5,6 +5,9 @@ At a glance:
     raw_read_GBps(path, nbytes, req, threads) -> GB/s   O_DIRECT read into distinct, pre-faulted memory
     raw_read_dirs(dirs, nbytes, reqs) -> dict       one file per directory, every directory at once
     drop_page_cache(paths) -> str                   drop_caches when allowed, else fadvise per file
+    raw_write_dirs(dirs, nbytes, req, threads) -> dict  O_DIRECT writes of one file per directory,
+                                                    all at once: into fallocated (unwritten) space,
+                                                    then as overwrites of the same, written space
 """
 
 from __future__ import annotations
@@ -61,24 +64,8 @@ def raw_read_GBps(path: str, nbytes: int, req: int, threads: int) -> float:
     span = max(req, min(nbytes, 1 << 30) // req * req)
     buf = _aligned(span)
     np.frombuffer(buf, dtype=np.uint8)[:] = 1  # fault the pages in, as a host pool already is
-    dst = memoryview(buf)
-
-    def worker(k: int) -> None:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-        try:
-            for off in offsets[k::threads]:
-                at = off % span
-                os.preadv(fd, [dst[at:at + req]], off)
-        finally:
-            os.close(fd)
-
-    t0 = time.perf_counter()
-    ts = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return len(offsets) * req / (time.perf_counter() - t0) / 1e9
+    seconds = _direct_pass([path], offsets, req, threads, buf, write=False)
+    return len(offsets) * req / seconds / 1e9
 
 
 def raw_read_dirs(dirs, nbytes: int, reqs=(256 << 10, 8 << 20), threads: int = 8) -> dict:
@@ -107,3 +94,67 @@ def raw_read_dirs(dirs, nbytes: int, reqs=(256 << 10, 8 << 20), threads: int = 8
             os.unlink(p)
     out["raw_read_GBps"] = max(out.values())
     return out
+
+
+def _source(nbytes: int) -> mmap.mmap:
+    """Distinct, pre-faulted source memory (up to 1 GiB), never all zero, as a host pool is."""
+    mib = 1 << 20
+    buf = _aligned(max(mib, min(nbytes, 1 << 30) // mib * mib))
+    pattern = np.frombuffer(os.urandom(mib), dtype=np.uint8) | 1
+    np.frombuffer(buf, dtype=np.uint8).reshape(-1, mib)[:] = pattern
+    return buf
+
+
+def _direct_pass(paths, offsets, req: int, threads: int, mem: mmap.mmap, write: bool) -> float:
+    """O_DIRECT requests of `req` bytes at `offsets` of every path at once, `threads` threads per
+    path, request k at memory offset (offset % len(mem)); returns the wall seconds."""
+    span = len(mem) // req * req
+    view = memoryview(mem)
+
+    def worker(p: str, k: int) -> None:
+        fd = os.open(p, (os.O_WRONLY if write else os.O_RDONLY) | os.O_DIRECT)
+        try:
+            for off in offsets[k::threads]:
+                at = off % span
+                (os.pwritev if write else os.preadv)(fd, [view[at:at + req]], off)
+        finally:
+            os.close(fd)
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=worker, args=(p, k)) for p in paths for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return time.perf_counter() - t0
+
+
+def _write_pass(paths, per: int, req: int, threads: int, src: mmap.mmap) -> float:
+    """One O_DIRECT write pass over [0, per) of every path at once; GB/s."""
+    offsets = list(range(0, per - req + 1, req))
+    return len(paths) * len(offsets) * req / _direct_pass(paths, offsets, req, threads, src, True) / 1e9
+
+
+def raw_write_dirs(dirs, nbytes: int, req: int = 8 << 20, threads: int = 8) -> dict:
+    """Raw O_DIRECT writes of nbytes split over one file per directory, every directory at once:
+    first into posix_fallocate'd space (unwritten extents, as the store's segments start), then
+    again over the same, now written, space (the store's steady state once it evicts)."""
+    req = max(4096, req // 4096 * 4096)
+    per = max(req, nbytes // len(dirs) // req * req)
+    paths = [os.path.join(d, "raw-write.bin") for d in dirs]
+    src = _source(per * len(dirs))
+    try:
+        for p in paths:
+            fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, per)
+            finally:
+                os.close(fd)
+        pre = _write_pass(paths, per, req, threads, src)
+        over = _write_pass(paths, per, req, threads, src)
+    finally:
+        for p in paths:
+            if os.path.exists(p):
+                os.unlink(p)
+    return {"raw_prealloc_GBps": pre, "raw_overwrite_GBps": over, "raw_write_req": req,
+            "raw_write_threads": threads}

@@ -9,13 +9,18 @@ At a glance:
         one engine stream over every layer (and staging chunk), each chunk into a pinned ring
         slot, the next layer's requests queued behind this one's (read_ahead), per-layer
         checksums verified as pages land, one H2D copy, one scatter kernel on the I/O stream,
-        one CUDA event -> counter.complete(index, layer)
+        one CUDA event -> counter.complete(index, layer); with tutti_gpu_wait (gpu_wait.py)
+        every layer's copy and scatter are enqueued at the start behind GPU waits on a counter
+        the read stream advances as layers pass, so no layer waits on a CPU reaction
     lw.counter.wait_until(l)                waits until layer l is enqueued, then a GPU-side wait
     lw.finish(index) -> bool                every layer landed
     lw.offload(keys, device_indices, ready_events) -> bool,  num_completed() / pop_completed()
     lw.cancel(rid), lw.drain_loads(), lw.reset(), lw.close()
     lw.stats() -> dict                      the store's counters plus the linker's (stats.py);
                                             tutti_stats_file writes them
+    lw.gpu_wait -> (on, reason)             whether the GPU-wait path is available, and why
+    lw.gpu_wait_on, lw.trace                the path loads take, settable between loads; the
+                                            benchmark's per-chunk timings
 
 The parts: counter.py (LayerCounter), staging.py (pinned rings), loader.py (the load pipeline
 and its thread), offloader.py (the offload queue, its backlog and its thread), stats.py (the
@@ -29,9 +34,9 @@ copies and the torch reference scatter.
 
 from __future__ import annotations
 
-from typing import Optional
-
+import logging
 import time
+from typing import Optional
 
 import torch
 
@@ -40,12 +45,15 @@ from ..layout import PageGeometry
 from ..profiler import SlackTable
 from ..store import ObjectStore
 from .counter import LayerCounter
+from .gpu_wait import GateSlots
 from .loader import Loader, LoadFailed
 from .offloader import Offloader
 from .staging import Staging
 from .stats import LinkerStats
+from .windows import LayerTimes, Windows
 
 __all__ = ["LayerwiseKV", "LayerCounter", "LoadFailed"]
+logger = logging.getLogger("tutti_hicache.linker")
 
 
 class LayerwiseKV:
@@ -57,10 +65,13 @@ class LayerwiseKV:
         self.page_size = page_size
         self.num_layers = geometry.num_layers
         self.writer = writer
-        self.counter = LayerCounter(self.num_layers)
-        self.store = ObjectStore(cfg, geometry, identity, writer=writer)
         self.device = self.k_bufs[0].device
         self.cuda = self.device.type == "cuda"
+        self.times = LayerTimes(self.cuda)
+        self.counter = LayerCounter(self.num_layers, self.times if cfg.write_windows == "online"
+                                    else None)
+        self.gpu_wait = self._gpu_wait_mode(cfg.gpu_wait)  # before anything is opened
+        self.store = ObjectStore(cfg, geometry, identity, writer=writer)
         self.io = self._io_stream()
         self.obj_stride = self.store.layer_object_stride()
         per_page_layer = geometry.objects_per_layer * self.obj_stride
@@ -72,9 +83,13 @@ class LayerwiseKV:
         self.out = Staging(self.out_pages * per_page, 2, self.device, self.cuda)
         self.store.register_memory(self.stage.regions() + self.out.regions())
         self.slack = SlackTable.load(cfg.slack_table) if cfg.slack_table else None
-        self._stats = LinkerStats(self.store, cfg.stats_file)
+        self.windows = Windows(cfg.write_windows, self.slack, self.times,
+                               sum(geometry.object_nbytes[:geometry.objects_per_layer]) // page_size)
+        self._stats = LinkerStats(self.store, cfg.stats_file, self.windows)
+        self._gates = GateSlots(self.io.device) if self.gpu_wait[0] else None
         self._loader = Loader(self.store, self.counter, self.stage, self.stage_pages, self.k_bufs,
-                              self.v_bufs, page_size, self.io, cfg, self.slack, self._stats)
+                              self.v_bufs, page_size, self.io, cfg, self.windows, self._stats,
+                              self._gates)
         self._offloader = Offloader(self.store, self.out, self.out_pages, self.k_bufs, self.v_bufs,
                                     page_size, self.io, writer, cfg.offload_backlog_pages,
                                     self._stats)
@@ -86,6 +101,18 @@ class LayerwiseKV:
         from ..green import io_stream
         return io_stream(self.cfg.io_sms, self.device)
 
+    def _gpu_wait_mode(self, setting: str) -> tuple:
+        """(on, reason) for tutti_gpu_wait; "on" raises where the CUDA part cannot run."""
+        if setting == "off":
+            return False, "tutti_gpu_wait=off"
+        from .. import driver
+        ok, why = driver.available() if self.cuda else (False, "the pool is not on a CUDA device")
+        if not ok and setting == "on":
+            raise RuntimeError(f"tutti_gpu_wait=on but the CUDA part is unavailable: {why}")
+        mode = (True, "the CUDA part loaded") if ok else (False, why)
+        logger.info("tutti linker: GPU-side completion waits %s (%s)", "on" if ok else "off", mode[1])
+        return mode
+
     def _warm_kernels(self) -> None:
         """Load the gather and scatter kernels at attach, so the first restore after a server
         start pays no compilation or module load: page 0's objects are gathered and scattered
@@ -96,7 +123,7 @@ class LayerwiseKV:
         with torch.cuda.stream(self.io.stream):
             dev = self.out.device
             self._offloader.gather(dev, torch.zeros(1, dtype=torch.int64, device=self.device))
-            self._loader.warm(dev)
+            self._loader.warm(dev, self._gates)
         self.io.stream.synchronize()
         self._stats.add(warmup_seconds=time.perf_counter() - t0)
 
@@ -117,6 +144,27 @@ class LayerwiseKV:
     @read_ahead.setter
     def read_ahead(self, n: int) -> None:
         self._loader.read_ahead = n
+
+    @property
+    def gpu_wait_on(self) -> bool:
+        """Whether loads take the GPU-wait path (settable between loads where it is available)."""
+        return self._loader.gates is not None
+
+    @gpu_wait_on.setter
+    def gpu_wait_on(self, on: bool) -> None:
+        if on and self._gates is None:
+            raise RuntimeError(f"GPU-side completion waits are off here: {self.gpu_wait[1]}")
+        self._loader.worker.drain()
+        self._loader.gates = self._gates if on else None
+
+    @property
+    def trace(self):
+        """None, or a list each load appends its per-chunk timings to (see Loader.trace)."""
+        return self._loader.trace
+
+    @trace.setter
+    def trace(self, value) -> None:
+        self._loader.trace = value
 
     @property
     def windows_opened(self) -> int:
@@ -179,7 +227,9 @@ class LayerwiseKV:
         self.reset()
         self._stats.dump(force=True)
         self._loader.worker.stop()
-        self._offloader.worker.stop()
+        self._offloader.close()
+        if self._gates is not None:
+            self._gates.drain()  # no GPU work reads the gate words any more
         self.store.close()
         self.stage.close()
         self.out.close()

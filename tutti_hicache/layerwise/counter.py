@@ -1,10 +1,14 @@
 """SGLang's layer counter for a layer-wise restore, ordered on the GPU.
 
 At a glance:
-    counter = LayerCounter(num_layers)
+    counter = LayerCounter(num_layers, times=None)
     counter.update_producer() -> index      [scheduler] a new batch (start_layer_wise_loading)
+    counter.describe(index, n_input, n_prefix)   [scheduler] its shape, for the write windows
     counter.complete(index, layer, event)   [loader] layer enqueued; event: its copy on the GPU
     counter.fail(index, error)              [loader] every wait returns; finish() reports False
+    counter.hold(index), counter.settle(index)   [loader] GPU-wait mode: the layers' events are
+                                            handed over before their reads ran; finish() also
+                                            waits for settle(), the loader's verdict
     counter.set_consumer(index), counter.wait_until(layer)   [forward] SGLang's interface
     counter.finish(index) -> bool           [scheduler] every layer landed (events synchronized)
     counter.reset()
@@ -15,7 +19,8 @@ never hangs; it runs on wrong bytes that finish() then refuses (SGLang aborts th
 Thread-safety: batches are created and removed under a lock; complete/fail only set a batch's
 threading.Events, which finish() waits for before it removes the batch. `consumer_index` and
 `waited` are single ints written by the forward's thread and read by the loader (a heuristic
-for slack windows, never for correctness).
+for slack windows, never for correctness). `times` (windows.LayerTimes) is told where the forward is
+(set_consumer, and around each wait), for write windows learned online; never for correctness.
 """
 
 from __future__ import annotations
@@ -34,10 +39,13 @@ class _Batch:
     enqueued: list = field(default_factory=list)
     events: list = field(default_factory=list)
     error: Optional[BaseException] = None
+    shape: tuple = (0, 0)  # (new tokens, loaded prefix tokens), for the write windows' timing
+    verdict: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self):
         self.enqueued = [threading.Event() for _ in range(self.layers)]
         self.events = [None] * self.layers
+        self.verdict.set()  # hold() clears it
 
 
 class LayerCounter:
@@ -45,8 +53,9 @@ class LayerCounter:
     ordered on the GPU: wait_until(l) blocks the CPU only until layer l's copy is enqueued,
     then makes the current stream wait on that copy's event."""
 
-    def __init__(self, num_layers: int):
+    def __init__(self, num_layers: int, times=None):
         self.num_layers = num_layers
+        self.times = times  # windows.LayerTimes: the forward's progress, for write windows
         self.consumer_index = -1
         self.producer_index = -1
         self.waited = -1  # last layer the forward waited for (its progress)
@@ -59,14 +68,31 @@ class LayerCounter:
             self._batches[self.producer_index] = _Batch(self.num_layers)
             return self.producer_index
 
+    def describe(self, index: int, n_input: int, n_prefix: int) -> None:
+        self._batches[index].shape = (n_input, n_prefix)
+
     def set_consumer(self, index: int) -> None:
         self.consumer_index = index
         self.waited = -1
+        if self.times is not None:
+            b = self._batches.get(index)
+            if b is None:
+                self.times.end()
+            else:
+                self.times.begin(*b.shape)
 
     def complete(self, index: int, layer: int, event=None) -> None:
         b = self._batches[index]
         b.events[layer] = event
         b.enqueued[layer].set()
+
+    def hold(self, index: int) -> None:
+        self._batches[index].verdict.clear()
+
+    def settle(self, index: int) -> None:
+        b = self._batches.get(index)
+        if b is not None:
+            b.verdict.set()
 
     def fail(self, index: int, error: BaseException) -> None:
         b = self._batches.get(index)
@@ -81,9 +107,14 @@ class LayerCounter:
         b = self._batches.get(self.consumer_index)
         if b is None:
             return
+        t = self.times
+        if t is not None:
+            t.arrive(layer)  # the previous layer's compute ends here
         b.enqueued[layer].wait()
         if b.events[layer] is not None:
             torch.cuda.current_stream().wait_event(b.events[layer])
+        if t is not None:
+            t.passed(layer)  # and this layer's starts here, once its KV landed
 
     def finish(self, index: int) -> bool:
         """Wait until every layer of batch `index` has landed in device memory."""
@@ -92,6 +123,7 @@ class LayerCounter:
             return True
         for ev in b.enqueued:
             ev.wait()
+        b.verdict.wait()
         for ev in b.events:
             if ev is not None:
                 ev.synchronize()

@@ -1,8 +1,8 @@
 """The load pipeline of the layer-wise path: queued pages -> the device pool, layer by layer.
 
 At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's thread):
-    loader = Loader(store, counter, stage, stage_pages, k_bufs, v_bufs, page_size, io, cfg, slack,
-                    stats)
+    loader = Loader(store, counter, stage, stage_pages, k_bufs, v_bufs, page_size, io, cfg,
+                    windows, stats)
     loader.load(rid, keys, device_indices) -> bool     [scheduler] pin and queue; no I/O
     loader.cancel(rid) -> bool, loader.cancel_all()    [scheduler] unpin queued pages
     loader.start(input_tokens) -> index                [scheduler] hand every queued page over:
@@ -11,24 +11,34 @@ At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's t
         layer's requests wait at the devices behind this one's), per-layer checksums verified
         as pages land, one H2D copy and one scatter kernel on the I/O stream, one CUDA event
         -> counter.complete(index, layer); any failure -> counter.fail(index) (never a hang)
-    loader.read_ahead, loader.windows_opened, loader.worker (drain, stop, thread)
+        GPU-wait mode (gates given: tutti_gpu_wait): every chunk's copy and gated scatter are
+        enqueued up front behind GPU waits on a gate the read stream advances (gpu_wait.py),
+        every layer's event handed to the counter at once; the loop only admits and checks
+    loader.read_ahead, loader.windows_opened, loader.read_Bps, loader.worker (drain, stop, thread)
+    loader.trace                                       None, or a list each load appends its
+        chunks' read-completion times and scatter-start events to (the benchmark)
 
 The stream holds the batch's directories for reads (the scheduler's lease) from its first read
-to its last layer, except for slack-table windows lent to writes while the reads run two layers
-ahead of the forward. Thread-safety: _queued belongs to the scheduler thread; the staging ring
-to the loader thread; the load queue is a Queue.
+to its last layer, except for write windows (windows.py: learned online from the forward, or a
+slack table) lent to writes while the reads run two layers ahead of the forward.
+Thread-safety: _queued belongs to the scheduler thread; the staging ring to the loader thread;
+the load queue is a Queue.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
+from typing import Optional
 
 import torch
 
 from ..config import TuttiConfig
 from ..layout import strided
+from . import gpu_wait
 from .counter import LayerCounter
+from .gpu_wait import GateSlots
 from .staging import Staging
 from .stats import LinkerStats
 from .worker import Worker
@@ -42,8 +52,8 @@ class LoadFailed(RuntimeError):
 
 class Loader:
     def __init__(self, store, counter: LayerCounter, stage: Staging, stage_pages: int,
-                 k_bufs: list, v_bufs, page_size: int, io, cfg: TuttiConfig, slack,
-                 stats: LinkerStats):
+                 k_bufs: list, v_bufs, page_size: int, io, cfg: TuttiConfig, windows,
+                 stats: LinkerStats, gates: Optional[GateSlots] = None):
         self._store, self._counter, self._stage = store, counter, stage
         self.stage_pages = stage_pages  # pages of one layer per ring slot
         self._k_bufs, self._v_bufs, self._page_size = k_bufs, v_bufs, page_size
@@ -52,11 +62,14 @@ class Loader:
         self._obj_stride = store.layer_object_stride()
         self._io = io  # green.IOStream on a CUDA device; None on CPU (plain copies)
         self._cuda = io is not None
-        self._slack = slack
+        self._windows = windows
+        self._rates: deque = deque(maxlen=16)  # bytes/s of recent loads
         self._stats = stats
         self._page_nbytes = self._num_layers * self._k_objs * self._obj_stride  # staged, per page
         self.read_ahead = max(1, min(cfg.read_ahead, cfg.stage_depth - 1))
         self.windows_opened = 0
+        self.gates = gates  # GPU-wait mode when set (between loads only)
+        self.trace: Optional[list] = None
         self._queued: dict[str, tuple] = {}
         self.worker = Worker("tutti-load", self._run)  # drain(): every started load finished
 
@@ -96,6 +109,7 @@ class Loader:
         ps = self._page_size
         page_ids = torch.cat([di[::ps] // ps for _, di in items])
         index = self._counter.update_producer()
+        self._counter.describe(index, input_tokens, len(entries) * ps)
         ready = None
         if self._cuda:
             ready = torch.cuda.Event()
@@ -110,6 +124,7 @@ class Loader:
         try:
             self._load(index, entries, page_ids, ready, input_tokens)
             seconds = time.perf_counter() - t0  # the first read to the last layer handed over
+            self._rates.append(len(entries) * self._page_nbytes / max(seconds, 1e-9))
             self._stats.first_load(seconds)
             self._stats.add(loads=1, load_pages=len(entries),
                             load_bytes=len(entries) * self._page_nbytes, load_seconds=seconds)
@@ -118,6 +133,7 @@ class Loader:
             self._counter.fail(index, e)
             self._stats.add(load_failures=1)
         finally:
+            self._counter.settle(index)
             self._store.unpin(entries)
 
     def _load(self, index, entries, page_ids, ready, input_tokens) -> None:
@@ -126,9 +142,10 @@ class Loader:
         and the queue never drains between layers; each chunk lands, is verified, copied and
         scattered in layer order."""
         plan = self._store.plan_pages(entries)
-        window = self._window(input_tokens, len(entries) * self._page_size)
-        if ready is not None:
-            self._io.stream.wait_event(ready)
+        prefix = len(entries) * self._page_size
+        self._windows.learn()  # the forwards that ran since the last load
+        gates = self.gates
+        cuda_stream = self._order_streams(gates is not None, ready)
         n, per_page = len(entries), self._k_objs * self._obj_stride
         chunks = [(layer, slice(c0, min(n, c0 + self.stage_pages)))
                   for layer in range(self._num_layers) for c0 in range(0, n, self.stage_pages)]
@@ -136,60 +153,136 @@ class Loader:
         slots = [(self._stage.next + i) % depth for i in range(len(chunks))]  # take() order
         dsts = [strided(self._stage.bufs[k].address, rows.stop - rows.start, per_page)
                 for (_, rows), k in zip(chunks, slots)]
-        # the stream holds the batch's directories for reads until it is closed (and then
-        # nothing lands in the staging slots any more)
-        with self._store.stream_layers(plan, chunks, dsts) as stream:
-            admitted = 0
-            for i, (layer, rows) in enumerate(chunks):
-                while admitted < min(len(chunks), i + self.read_ahead):
-                    if self._stage.take() != slots[admitted]:  # waits for its last copy
-                        raise RuntimeError("tutti linker: staging ring out of order")
-                    admitted += 1
-                stream.allow(admitted)
-                ok = stream.wait(i)
-                if not ok.all():
-                    raise LoadFailed(f"layer {layer}: {int((~ok).sum())} of {len(ok)} pages "
-                                     "unreadable or corrupt")
-                self._copy_chunk(slots[i], layer, len(ok), page_ids[rows])
-                if rows.stop < n:
-                    continue
-                self._counter.complete(index, layer, self._mark())
-                if window > 0 and layer + 1 < self._num_layers and layer - self._counter.waited >= 2:
-                    self.windows_opened += 1
-                    stream.lend(window)  # settles what was admitted, then one write window
+        gate = gates.take() if gates is not None else None
+        gpu = gpu_wait.Plan() if gate is not None else None
+        scatter_start: list = []
+        try:
+            # the stream holds the batch's directories for reads until it is closed (and then
+            # nothing lands in the staging slots any more)
+            with self._store.stream_layers(plan, chunks, dsts, gate and gate.host) as stream:
+                admitted = 0
 
-    def _window(self, input_tokens: int, prefix_tokens: int) -> float:
-        if self._slack is None:
-            return 0.0
-        return self._slack.window(input_tokens, prefix_tokens)[0]
+                def admit(upto: int) -> None:
+                    nonlocal admitted
+                    while admitted < upto:
+                        if gpu is not None and admitted >= depth:  # the copy that last read it
+                            self._stage.events[slots[admitted]] = gpu.copy_done[admitted - depth]
+                        if self._stage.take() != slots[admitted]:  # waits for its last copy
+                            raise RuntimeError("tutti linker: staging ring out of order")
+                        admitted += 1
+                    stream.allow(admitted)
 
-    def _copy_chunk(self, k: int, layer: int, n: int, page_ids) -> None:
+                if gpu is not None:  # the first reads go out, then every layer's GPU work
+                    admit(min(len(chunks), self.read_ahead))
+                    self._enqueue(gpu, cuda_stream, gate, index, chunks, slots, page_ids)
+                for i, (layer, rows) in enumerate(chunks):
+                    admit(min(len(chunks), i + self.read_ahead))
+                    ok = stream.wait(i)
+                    if not ok.all():
+                        raise LoadFailed(f"layer {layer}: {int((~ok).sum())} of {len(ok)} pages "
+                                         "unreadable or corrupt")
+                    if gpu is None:
+                        self._copy_chunk(slots[i], layer, len(ok), page_ids[rows], scatter_start)
+                    if rows.stop < n:
+                        continue
+                    if gpu is None:
+                        self._counter.complete(index, layer, self._mark())
+                    if layer + 1 < self._num_layers and layer - self._counter.waited >= 2:
+                        window = self._windows.window(input_tokens, prefix, self.read_Bps)
+                        if window > 0:
+                            self.windows_opened += 1
+                            stream.lend(window)  # settles what was admitted, then a write window
+                if self.trace is not None:
+                    self.trace.append({"mode": "gpu" if gpu is not None else "cpu",
+                                       "layers": [layer for layer, _ in chunks],
+                                       "done_ns": stream.done_ns(),
+                                       "starts": gpu.starts if gpu else scatter_start})
+        finally:
+            if gate is not None:
+                gpu_wait.close(gpu, cuda_stream, gate, len(chunks), self._stage, slots)
+                gates.retire(gate, gpu.end)
+
+    def _order_streams(self, gpu: bool, ready):
+        """The CUDA stream this load's GPU work goes on (GPU-wait loads: the I/O stream's second
+        stream, so offloads never queue behind their waits), ordered after the batch's `ready`
+        event and after whatever the other stream last did with the device staging slot."""
+        if not self._cuda:
+            return None
+        second = self._io.load_stream
+        stream = second if gpu and second is not None else self._io.stream
+        if ready is not None:
+            stream.wait_event(ready)
+        if second is not None:
+            stream.wait_stream(self._io.stream if stream is second else second)
+        return stream
+
+    def _enqueue(self, gpu: "gpu_wait.Plan", stream, gate, index: int, chunks: list, slots: list,
+                 page_ids) -> None:
+        """Every chunk's wait, copy and gated scatter on the load stream, each layer's event to
+        the counter as soon as it is enqueued (the forward's wait_until then never waits for
+        the CPU's reaction to a read)."""
+        per_page = self._k_objs * self._obj_stride
+        nbytes = [(rows.stop - rows.start) * per_page for _, rows in chunks]
+        last = [i + 1 == len(chunks) or chunks[i + 1][0] != layer
+                for i, (layer, _) in enumerate(chunks)]
+        ids = [page_ids[rows] for _, rows in chunks]
+
+        def scatter(dev, layer, i, g):
+            self._scatter(dev, layer, ids[i], g)
+
+        self._counter.hold(index)  # finish() waits for the loader's verdict, not just the GPU
+        gpu_wait.enqueue(gpu, stream, self._io.device, gate, chunks, slots, self._stage, nbytes,
+                         scatter, last, lambda layer, ev: self._counter.complete(index, layer, ev),
+                         trace=self.trace is not None)
+
+    @property
+    def read_Bps(self) -> float:
+        """The best of the recent loads' rates (a load held back by the forward reads slower than
+        the medium); before any load, the slack table's read rate, else 0 (no windows)."""
+        if self._rates:
+            return max(self._rates)
+        return self._windows.seed_read_Bps
+
+    def _copy_chunk(self, k: int, layer: int, n: int, page_ids, trace: list) -> None:
         """Ring slot k holds layer `layer` of n pages: to the device pool (H2D + scatter)."""
         host = self._stage.host[k][: n * self._k_objs * self._obj_stride]
         if not self._cuda:
             self._scatter(host, layer, page_ids)
             return
         with torch.cuda.stream(self._io.stream):
+            copy_start = gpu_wait.record(self._io.stream, True) if self.trace is not None else None
             dev = self._stage.device[: host.numel()]
             dev.copy_(host, non_blocking=True)
             ev = torch.cuda.Event()
             ev.record()
             self._stage.events[k] = ev  # the ring slot is free once this copy is done
+            if copy_start is not None:
+                trace.append((copy_start, gpu_wait.record(self._io.stream, True)))
             self._scatter(dev, layer, page_ids)
 
-    def warm(self, dev) -> None:
+    def warm(self, dev, gates: Optional[GateSlots] = None) -> None:
         """Load the scatter kernel at attach: every layer of pool page 0, staged in device
-        memory `dev` (gathered from page 0 just before), scattered back onto itself."""
+        memory `dev` (gathered from page 0 just before), scattered back onto itself; with
+        gates, its gated variant too, on a fresh gate (verified 0 < 1: it writes nothing)."""
         ids = torch.zeros(1, dtype=torch.int64, device=dev.device)
         per_layer = self._k_objs * self._obj_stride
         for layer in range(self._num_layers):
             self._scatter(dev[layer * per_layer:(layer + 1) * per_layer], layer, ids)
+        if gates is not None:
+            gate = gates.take()
+            self._scatter(dev[:per_layer], 0, ids, (gate.device[1], 1))
+            gates.retire(gate, self._mark())
 
-    def _scatter(self, staging, layer: int, page_ids) -> None:
+    def _scatter(self, staging, layer: int, page_ids, gate=None) -> None:
         import tutti_kernels as tk
-        fn = tk.scatter_layer if self._cuda else tk.scatter_layer_ref
         v_buf = None if self._v_bufs is None else self._v_bufs[layer]
-        fn(staging, self._k_bufs[layer], v_buf, page_ids, self._page_size, self._obj_stride)
+        args = (staging, self._k_bufs[layer], v_buf, page_ids, self._page_size, self._obj_stride)
+        if not self._cuda:
+            tk.scatter_layer_ref(*args)
+        elif gate is None:
+            tk.scatter_layer(*args)
+        else:
+            tk.scatter_layer(*args, gate=gate)
 
     def _mark(self):
         if not self._cuda:

@@ -4,12 +4,13 @@ At a glance ([scheduler] = SGLang's scheduler thread; [offloader] = this module'
     off = Offloader(store, out, out_pages, k_bufs, v_bufs, page_size, io, writer, max_backlog,
                     stats)
     off.offload(keys, device_indices, ready_events) -> bool   [scheduler] False: backlog full
-        keys already stored complete at once; the rest wait for ready_events, then [offloader]
-        gather kernel -> pinned -> store.write_pages (the scheduler keeps these writes off
-        directories a load is reading)
+        keys already stored complete at once; the rest wait for ready_events, then per chunk
+        of out_pages: [stage] gather kernel -> pinned (D2H) while [offloader] store.write_pages
+        writes the chunk before (the scheduler keeps these writes off directories a load is
+        reading)
     off.num_completed() / off.pop_completed() -> ok            [scheduler] FIFO results
     off.backlog                                                pages queued and not yet written
-    off.clear_results(), off.worker (drain, stop, thread)
+    off.clear_results(), off.worker (drain, thread), off.close()
 
 Thread-safety: the backlog is changed by offload() on the scheduler thread and by the offloader
 thread when a job ends, so both go through one lock (check and reserve are one step). The
@@ -23,6 +24,7 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -65,6 +67,8 @@ class Offloader:
         self._lock = threading.Lock()  # the backlog
         self._backlog = 0
         self._results: deque = deque()
+        # one chunk is gathered (and copied to the host) while the previous one is written
+        self._stage = ThreadPoolExecutor(1, thread_name_prefix="tutti-offload-stage")
         self.worker = Worker("tutti-offload", self._run)
 
     @property
@@ -129,8 +133,15 @@ class Offloader:
             for ev in job.events:
                 ev.synchronize()
             step = self._out_pages
-            for c0 in range(0, len(job.keys), step):
-                ok &= self._offload_chunk(job.keys[c0:c0 + step], job.page_ids[c0:c0 + step])
+            starts = list(range(0, len(job.keys), step))
+            stage = lambda c0: self._stage.submit(self._gather_chunk, len(job.keys[c0:c0 + step]),
+                                                  job.page_ids[c0:c0 + step])
+            ready = stage(starts[0])
+            for i, c0 in enumerate(starts):
+                addrs = ready.result()
+                if i + 1 < len(starts):  # the next chunk's gather and D2H run under this write
+                    ready = stage(starts[i + 1])
+                ok &= self._write_chunk(job.keys[c0:c0 + step], addrs)
         except BaseException as e:
             logger.error("tutti linker: offload of %d pages failed: %s", len(job.keys), e)
             ok = False
@@ -141,9 +152,12 @@ class Offloader:
             self._stats.add(offloads=1, offload_pages=len(job.keys) if ok else 0,
                             offload_seconds=time.perf_counter() - t0)
 
-    def _offload_chunk(self, keys: list, page_ids) -> bool:
+    def _gather_chunk(self, n: int, page_ids):
+        """[stage thread] Gather n pages into the next out slot (GPU: kernel + D2H copy, waited
+        for); returns their host addresses [n, objects]. The slot's last write has returned:
+        _run stages one chunk ahead and there are two slots."""
         import tutti_kernels as tk
-        n, m, stride = len(keys), self._objs_per_page, self._obj_stride
+        m, stride = self._objs_per_page, self._obj_stride
         k = self._out.take()
         host = self._out.host[k][: n * m * stride]
         if self._io is not None:
@@ -156,8 +170,15 @@ class Offloader:
             ev.synchronize()
         else:
             tk.gather_pages_ref(host, self._k_bufs, self._v_bufs, page_ids, self._page_size, stride)
-        addrs = strided(self._out.bufs[k].address, n * m, stride).reshape(n, m)
+        return strided(self._out.bufs[k].address, n * m, stride).reshape(n, m)
+
+    def _write_chunk(self, keys: list, addrs) -> bool:
         # the store's scheduler keeps these writes off directories a load batch is reading
-        exact = stride == int(self._store.layout.object_nbytes[0])  # 4 KiB multiples
+        exact = self._obj_stride == int(self._store.layout.object_nbytes[0])  # 4 KiB multiples
         return bool(self._store.write_pages(keys, addrs, exact).all())
+
+    def close(self) -> None:
+        """Stop the offload thread (queued jobs finish first) and the staging thread."""
+        self.worker.stop()
+        self._stage.shutdown(wait=True)
 

@@ -6,7 +6,8 @@ At a glance:
     stats.add(loads=1, load_pages=n, ...)   [loader, offloader] count, then rewrite the file
                                             (at most once a second)
     stats.first_load(seconds)               the first load after start (kept once)
-    stats.snapshot() -> {**store.stats(), "linker": {...}}
+    stats.snapshot() -> {**store.stats(), "linker": {...}}   store.stats()["wear"]: the bytes
+                                            the offloads put on each drive (wear.py)
     stats.dump(force=True)                  at close
 
 Thread-safety: the loader and the offloader both count; one lock around the counters.
@@ -20,8 +21,9 @@ from ..statsfile import StatsFile
 
 
 class LinkerStats:
-    def __init__(self, store, stats_file: str):
+    def __init__(self, store, stats_file: str, windows=None):
         self._store = store
+        self._windows = windows
         self._lock = threading.Lock()
         self._counts = {"loads": 0, "load_pages": 0, "load_bytes": 0, "load_seconds": 0.0,
                         "load_failures": 0, "first_load_seconds": None, "offloads": 0,
@@ -44,6 +46,8 @@ class LinkerStats:
         to the last layer handed to the GPU, failures, the first load after start), offloads."""
         with self._lock:
             mine = dict(self._counts)
+        if self._windows is not None:
+            mine["write_windows"] = self._windows.snapshot()
         return {**self._store.stats(), "linker": mine}
 
     def dump(self, force: bool = False) -> None:

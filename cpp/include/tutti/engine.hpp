@@ -54,12 +54,32 @@ struct Counters {
   uint64_t errors = 0;       ///< requests that ended with -errno
 };
 
+/// A completion gate of a read stream (optional: release == 0 means none): two 32-bit words,
+/// e.g. in pinned, device-mapped host memory that a GPU stream waits on. As chunks end, in chunk
+/// order, the stream checks each (every request moved its nbytes; group g's checksum equals
+/// expect_sum[g] where must_sum[g]) and stores v = the count of leading chunks that passed,
+/// first into *verified, then (release order) into *release. The first chunk that fails, or the
+/// stream ending before every chunk passed (cancel, error, destructor), stores kGateTerminal
+/// into *release alone: every wait on release returns, and *verified never counts a chunk that
+/// did not pass. The words must outlive the stream.
+struct StreamGate {
+  uint64_t release = 0, verified = 0;  ///< addresses of the two words (4-byte aligned)
+  std::vector<uint64_t> expect_sum;    ///< per group, empty when there are no groups
+  std::vector<uint8_t> must_sum;       ///< per group: compare its checksum
+};
+
+/// The value a gate's release word takes when its stream failed or ended early; above every
+/// chunk count, and still ">=" them in the GPU's cyclic 32-bit comparison.
+inline constexpr uint32_t kGateTerminal = 0x7fffffffu;
+
 /// The arrays of a read stream, moved into it. chunk_start runs from 0 to n (n_chunks + 1
-/// entries, non-decreasing); group_start is empty or as Groups::start, each group inside a chunk.
+/// entries, non-decreasing); group_start is empty or as Groups::start, each group inside a chunk;
+/// gate as StreamGate.
 struct StreamSpec {
   std::vector<int64_t> file, offset, nbytes;
   std::vector<uint64_t> addr;
   std::vector<int64_t> chunk_start, group_start;
+  StreamGate gate;
 };
 
 /// A chunk's final results and its groups' checksums; valid as long as the stream.
@@ -86,6 +106,8 @@ class ReadStream {
   virtual void cancel() noexcept = 0;
   /// Blocks until the stream's thread ended (nothing lands in memory after); rethrows its error.
   virtual void join() = 0;
+  /// CLOCK_MONOTONIC nanoseconds at which each chunk became final (0: not yet), for tracing.
+  [[nodiscard]] virtual std::vector<int64_t> done_ns() = 0;
 };
 
 struct EngineOptions {
@@ -93,6 +115,11 @@ struct EngineOptions {
   bool vectored = true;            ///< coalesce into READV/WRITEV (else *_FIXED per run)
   unsigned threads = 8;            ///< POSIX workers per direction; checksum threads
   int64_t max_op_bytes = 1 << 30;  ///< largest coalesced operation, 4 KiB to 1 GiB
+  /// io_uring: bytes in flight per ring, by direction (0: no cap, queue_depth ops only). A ring
+  /// always keeps at least one operation in flight, whatever its size. The store derives them
+  /// from the device queues (tutti_hicache/iodepth.py); the POSIX engine's bound is its threads.
+  int64_t read_inflight_bytes = 0;
+  int64_t write_inflight_bytes = 0;
 };
 
 class Engine {

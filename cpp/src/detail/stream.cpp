@@ -5,12 +5,22 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <time.h>
+
 #include <algorithm>
 #include <cerrno>
 
 #include "tutti/error.hpp"
 
 namespace tutti::detail {
+
+namespace {
+int64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+}  // namespace
 
 Stream::Stream(EngineBase& engine, StreamSpec spec) : engine_(engine), spec_(std::move(spec)) {
   const size_t n = spec_.file.size();
@@ -25,10 +35,12 @@ Stream::Stream(EngineBase& engine, StreamSpec spec) : engine_(engine), spec_(std
   results_.assign(n, 0);
   chunk_groups_.assign(nc, {0, 0});
   validate_groups();
+  validate_gate();
   ops_left_.assign(nc, 0);
   tasks_left_.assign(nc, 0);
   planned_.assign(nc, 0);
   done_.assign(nc, 0);
+  done_ns_.assign(nc, 0);
   batch_ = Batch{spec_.file.data(), spec_.offset.data(), spec_.nbytes.data(), spec_.addr.data(), n};
   if (!sums_.empty()) {
     groups_ = std::make_unique<GroupChecksums>(batch_.addr, batch_.nbytes, spec_.group_start.data(),
@@ -64,6 +76,10 @@ Stream::~Stream() {
   cancel();
   if (thread_.joinable()) thread_.join();
   if (groups_) groups_->wait();
+  {
+    std::lock_guard lock(mu_);
+    close_gate();
+  }
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
@@ -81,8 +97,11 @@ void Stream::run() {
       const size_t r = static_cast<size_t>(i);
       if (results_[r] == 0 && spec_.nbytes[r] != 0) results_[r] = -ECANCELED;
     }
+    if (!done_[c]) done_ns_[c] = now_ns();
     done_[c] = 1;
   }
+  advance_gate();  // releases what passed, then the terminal value at the first chunk that did not
+  close_gate();
   ended_ = true;
   cv_.notify_all();
 }
@@ -126,6 +145,11 @@ void Stream::join() {
   if (thread_.joinable()) thread_.join();
   std::lock_guard lock(mu_);
   if (error_) std::rethrow_exception(error_);
+}
+
+std::vector<int64_t> Stream::done_ns() {
+  std::lock_guard lock(mu_);
+  return done_ns_;
 }
 
 size_t Stream::allowed() {
@@ -174,7 +198,61 @@ size_t Stream::ops_left_oldest() {
 void Stream::check_done(size_t c) {
   if (done_[c] || !planned_[c] || ops_left_[c] > 0 || tasks_left_[c] > 0) return;
   done_[c] = 1;
+  done_ns_[c] = now_ns();
+  advance_gate();  // before anyone waiting on chunk c wakes
   cv_.notify_all();
+}
+
+// ---- the completion gate (see StreamGate)
+
+namespace {
+void store_word(uint64_t addr, uint32_t v) {
+  __atomic_store_n(reinterpret_cast<uint32_t*>(addr), v, __ATOMIC_RELEASE);
+}
+}  // namespace
+
+void Stream::validate_gate() {
+  const StreamGate& g = spec_.gate;
+  if (g.release == 0) return;
+  TUTTI_EXPECT(g.verified != 0 && g.release % 4 == 0 && g.verified % 4 == 0,
+               "gate words must be 4-byte aligned addresses");
+  TUTTI_EXPECT(nchunks() < kGateTerminal, "too many chunks for a gate");
+  TUTTI_EXPECT(g.expect_sum.size() == sums_.size() && g.must_sum.size() == sums_.size(),
+               "gate expect_sum and must_sum need one entry per checksum group");
+  gate_open_ = true;
+}
+
+bool Stream::chunk_passed(size_t c) const {
+  for (int64_t i = chunk_begin(c); i < chunk_end(c); ++i) {
+    const size_t r = static_cast<size_t>(i);
+    if (results_[r] != spec_.nbytes[r]) return false;
+  }
+  const auto [g0, g1] = chunk_groups_[c];
+  for (size_t g = g0; g < g1; ++g)
+    if (spec_.gate.must_sum[g] && sums_[g] != spec_.gate.expect_sum[g]) return false;
+  return true;
+}
+
+void Stream::advance_gate() {
+  if (!gate_open_) return;
+  size_t v = released_;
+  while (v < nchunks() && done_[v] && chunk_passed(v)) v++;
+  if (v != released_) {
+    released_ = v;
+    store_word(spec_.gate.verified, static_cast<uint32_t>(v));  // the kernels' check first,
+    store_word(spec_.gate.release, static_cast<uint32_t>(v));   // then what the stream waits on
+  }
+  if (v == nchunks()) {
+    gate_open_ = false;
+  } else if (done_[v]) {
+    close_gate();  // chunk v failed: release every wait, verified stays at v
+  }
+}
+
+void Stream::close_gate() {
+  if (!gate_open_) return;
+  gate_open_ = false;
+  store_word(spec_.gate.release, kGateTerminal);
 }
 
 }  // namespace tutti::detail

@@ -51,6 +51,7 @@ struct IoOp {
   int64_t offset;
   int64_t nbytes;
   int64_t done = 0;
+  int64_t sent = 0;  // bytes of the submission in flight (the io_uring engine's byte cap)
   uint32_t iov_begin;
   uint32_t iov_count;
   uint32_t req_begin;

@@ -30,6 +30,7 @@ class Stream final : public ReadStream {
   ChunkResults wait(size_t chunk) override;
   void cancel() noexcept override;
   void join() override;
+  std::vector<int64_t> done_ns() override;
 
   // ---- for the engines' run loops (on the stream's thread)
   const Batch& batch() const { return batch_; }
@@ -52,6 +53,10 @@ class Stream final : public ReadStream {
   void run();
   void task(size_t c, int delta);
   void check_done(size_t c);  // holds mu_
+  void validate_gate();
+  bool chunk_passed(size_t c) const;  // holds mu_; chunk c is done
+  void advance_gate();                // holds mu_
+  void close_gate();                  // holds mu_: the terminal value, if still open
   EngineBase& engine_;
   StreamSpec spec_;
   std::vector<int32_t> results_;
@@ -71,7 +76,10 @@ class Stream final : public ReadStream {
   std::vector<int64_t> ops_left_;
   std::vector<int32_t> tasks_left_;
   std::vector<char> planned_, done_;
+  std::vector<int64_t> done_ns_;
   size_t oldest_ = 0;
+  bool gate_open_ = false;
+  size_t released_ = 0;  // chunks the gate has released (all passed)
   std::thread thread_;
 };
 

@@ -1,0 +1,226 @@
+"""The tiered backend (tutti local SSD tier + Mooncake cluster tier) against a real Mooncake.
+
+A mooncake_master subprocess on free loopback ports; nodes A and B are separate processes
+(tutti_hicache.testing.cluster), each with its own tutti directory, SGLang host pools and SGLang's
+controller methods. Skipped with the reason only when the Mooncake client does not import.
+"""
+
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(scope="module")
+def mooncake():
+    import importlib.util
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed (scripts/setup_env.sh installs it)")
+    from tutti_hicache.cluster import mooncake_missing
+    from tutti_hicache.testing.sglang import ensure_sglang
+
+    ensure_sglang()
+
+    reason = mooncake_missing()
+    if reason:
+        pytest.skip(f"the Mooncake client does not import: {reason}")
+    from tutti_hicache.testing import cluster
+
+    return cluster
+
+
+class Cluster:
+    def __init__(self, mc, tmp):
+        self.mc, self.tmp = mc, tmp
+        self.master = mc.Master(log_path=str(tmp / "master.log")).start()
+        self.nodes = {}
+
+    def node(self, name):
+        """Node `name` (spawned on first use) with backend "kv" open: its own tutti directory."""
+        if name not in self.nodes:
+            self.nodes[name] = self.mc.Node.spawn()
+        return self.nodes[name]
+
+    def open(self, node, backend="kv", wait="up", extra=None, **kw):
+        d = self.tmp / f"{id(node)}-{backend}"
+        d.mkdir(exist_ok=True)
+        node.call("open", backend, [str(d)], {**self.mc.mooncake_extra(self.master), **(extra or {})},
+                  **kw)
+        assert node.call("wait_state", backend, wait) == wait
+
+    def close(self):
+        try:
+            for n in self.nodes.values():
+                n.exit()
+        finally:
+            self.master.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(mooncake, tmp_path_factory):
+    c = Cluster(mooncake, tmp_path_factory.mktemp("cluster"))
+    try:
+        a, b = c.node("A"), c.node("B")  # both import SGLang at the same time
+        a.ready(), b.ready()
+        c.open(a)
+        c.open(b)
+        yield c
+    finally:
+        c.close()
+
+
+def keys(n, seed):
+    from tutti_hicache.testing.sglang import make_page_keys
+    return make_page_keys(n, seed)
+
+
+@pytest.mark.slow  # node processes import SGLang and Mooncake (about 15 s for the module)
+def test_a_writes_b_finds_and_reads_byte_exact(cluster):
+    a, b = cluster.node("A"), cluster.node("B")
+    k = keys(24, 1)
+    done, want = a.call("write", "kv", k, 1)
+    assert done == 24
+    assert b.call("exists", "kv", k) == 24
+    before = b.call("stats", "kv")
+    assert b.call("read", "kv", k) == (24, want)
+    s = b.call("stats", "kv")
+    assert s["remote_hits"] - before["remote_hits"] == 24 and s["hits"] == before["hits"]
+    assert s["promoted"] - before["promoted"] == 24
+    assert b.call("read", "kv", k) == (24, want)  # promoted: now from B's own SSD tier
+    assert b.call("stats", "kv")["hits"] - s["hits"] == 24
+
+
+@pytest.mark.slow
+def test_the_master_listens_on_loopback_only(cluster):
+    """Every listener of the master is 127.0.0.1 (RPC, metrics; no HTTP metadata server). The
+    nodes' transfer-engine listeners are Mooncake's INADDR_ANY (docs/cluster.md, Security)."""
+    addrs = cluster.mc.listening(cluster.master.proc.pid)
+    assert ("127.0.0.1", cluster.master.rpc_port) in addrs
+    assert {ip for ip, _ in addrs} == {"127.0.0.1"}, addrs
+
+
+@pytest.mark.slow
+def test_mixed_local_and_remote_prefix_is_the_union(cluster):
+    a, b = cluster.node("A"), cluster.node("B")
+    k = keys(30, 2)
+    want = [None] * 30
+    _, want[0:10] = a.call("write", "kv", k[0:10], 3)  # remote for B
+    _, want[10:20] = b.call("write", "kv", k[10:20], 4)  # local to B
+    _, want[20:25] = a.call("write", "kv", k[20:25], 5)  # remote again; k[25] nowhere
+    a.call("write", "kv", k[26:30], 6)
+    assert b.call("exists", "kv", k) == 25
+    before = b.call("stats", "kv")
+    assert b.call("read", "kv", k[:25]) == (25, want[:25])
+    s = b.call("stats", "kv")
+    assert s["remote_hits"] - before["remote_hits"] == 15  # the 10 local pages were read locally
+    assert s["hits"] - before["hits"] == 10 and s["checksum_failures"] == 0
+
+
+@pytest.mark.slow
+def test_other_model_or_layout_finds_nothing(cluster):
+    a, b = cluster.node("A"), cluster.node("B")
+    k = keys(8, 7)
+    assert a.call("write", "kv", k, 7)[0] == 8
+    cluster.open(b, "other-model", model="other-model")
+    cluster.open(b, "other-layout", layout="page_first_direct")
+    assert b.call("exists", "other-model", k) == 0
+    assert b.call("exists", "other-layout", k) == 0
+    assert b.call("read", "other-layout", k)[0] == 0
+    assert b.call("exists", "kv", k) == 8  # the same layout does
+
+
+@pytest.mark.slow
+def test_tp_ranks_do_not_collide(cluster):
+    a, b = cluster.node("A"), cluster.node("B")
+    k = keys(8, 8)
+    want = {}
+    for rank in (0, 1):
+        cluster.open(a, f"tp{rank}", tp=(rank, 2))
+        cluster.open(b, f"tp{rank}", tp=(rank, 2))
+        done, want[rank] = a.call("write", f"tp{rank}", k, 10 + rank)  # same keys, other heads
+        assert done == 8
+    assert want[0] != want[1]
+    for rank in (0, 1):
+        assert b.call("read", f"tp{rank}", k) == (8, want[rank])
+
+
+@pytest.mark.slow
+def test_publish_on_hit_offers_only_reused_pages(cluster):
+    a, b = cluster.node("A"), cluster.node("B")
+    for node in (a, b):
+        cluster.open(node, "hit", extra={"tutti_cluster_publish": "hit"})
+    k = keys(6, 17)
+    done, want = a.call("write", "hit", k, 17)
+    assert done == 6 and b.call("exists", "hit", k) == 0  # stored on A's SSD only
+    assert a.call("read", "hit", k) == (6, want)  # a local hit: now offered to the cluster
+    assert b.call("exists", "hit", k) == 6
+    assert b.call("read", "hit", k) == (6, want)
+
+
+@pytest.mark.slow
+def test_writer_exit_keeps_promoted_pages(cluster):
+    a, b = cluster.node("A"), cluster.node("B")
+    k = keys(20, 9)
+    done, want = a.call("write", "kv", k, 9)
+    assert done == 20 and b.call("read", "kv", k[:12]) == (12, want[:12])  # promoted
+    a.exit()  # a client's Mooncake objects vanish with it
+    assert b.call("exists", "kv", k) == 12
+    assert b.call("read", "kv", k[:12]) == (12, want[:12])
+
+
+@pytest.mark.slow
+def test_master_death_serves_locally_warns_once_and_recovers(cluster):
+    b = cluster.node("B")
+    k, fresh, later = keys(16, 11), keys(8, 12), keys(8, 13)
+    _, want = b.call("write", "kv", k, 11)
+    b.call("warnings")
+    cluster.master.stop()
+    for i in range(3):  # local pages keep hitting; writes still land locally; nothing raises
+        assert b.call("exists", "kv", k) == 16
+        assert b.call("read", "kv", k) == (16, want)
+        assert b.call("write", "kv", [x + str(i) for x in fresh], 20 + i)[0] == 8
+    warned = [w for w in b.call("warnings") if "cluster tier" in w]
+    assert len(warned) == 1, warned
+    assert b.call("stats", "kv")["cluster_state"] == "down"
+    cluster.master.start()  # a master returns on the same port: the client re-mounts
+    assert b.call("wait_state", "kv", "up") == "up"
+    _, want_later = b.call("write", "kv", later, 14)  # published again
+    assert b.call("forget", "kv", later) == 8  # gone locally: only the cluster tier has them
+    hits = b.call("stats", "kv")["remote_hits"]
+    assert b.call("read", "kv", later) == (8, want_later)
+    assert b.call("stats", "kv")["remote_hits"] == hits + 8
+
+
+def test_unreachable_master_is_local_only_until_one_listens(sglang, mooncake, tmp_path, caplog):
+    """In this process: no master at first (one warning, local pages served), then one starts."""
+    from tutti_hicache.tiered import TieredStorage
+    master = mooncake.Master(log_path=str(tmp_path / "master.log"))
+    extra = {"tutti_dirs": [str(tmp_path / "t")], "tutti_capacity_gb": 0.05,
+             "tutti_cluster_retry_s": 0.2, **mooncake.mooncake_extra(master)}
+    (tmp_path / "t").mkdir()
+    sc = sglang.make_storage_config(is_page_first_layout=True, extra_config=extra)
+    pool = sglang.make_mha_host_pool("page_first", 2, 2, 64, 16, torch.bfloat16, 16)
+    st = TieredStorage(sc, {})
+    try:
+        with caplog.at_level(logging.WARNING, logger="tutti_hicache"):
+            st.register_mem_pool_host(pool)
+            k, idx = keys(4, 15), pool.alloc(4 * 16)
+            sglang.fill_random(pool, idx, 15)
+            assert st.batch_set_v1(k, idx) == [True] * 4
+            assert st.batch_exists(k) == 4 and st.batch_get_v1(k, idx) == [True] * 4
+            assert not st.cluster.wait_up(1.0)
+        warned = [r for r in caplog.records if "cluster tier" in r.getMessage()]
+        assert len(warned) == 1 and st.tutti_stats()["cluster_state"] == "connecting"
+        master.start()
+        assert st.cluster.wait_up(30.0)
+        want = sglang.page_bytes(pool, idx)
+        assert st.batch_set_v1(k[:2] + keys(2, 16), idx) == [True] * 4  # all four published
+        st.store.forget(k[:2])
+        dst = pool.alloc(2 * 16)
+        assert st.batch_get_v1(k[:2], dst) == [True, True]  # from Mooncake
+        assert sglang.page_bytes(pool, dst) == want[:2] and st.tutti_stats()["remote_hits"] == 2
+    finally:
+        st.close()
+        master.stop()

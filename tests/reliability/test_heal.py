@@ -1,0 +1,201 @@
+"""Attach heals the store's own files: random damage to every file, and the healing rules.
+
+test_random_damage_to_every_file: a store of 50 pages over two directories is closed, then random
+bytes are flipped in EVERY file the store wrote (identity.json and placement.json of both
+directories, every segment file, headers and payloads alike, the attach lock, a writer-registry
+entry; an empty file gets random bytes appended; half the JSON flips hit a digit, so the file
+stays JSON with another number: another directory count, stripe index or segment size). Attach must succeed; every key is restored and
+each page served is compared byte for byte (a miss is fine, a wrong byte fails); new pages must
+round-trip. Seeded (TUTTI_HEAL_SEED), TUTTI_HEAL_TRIALS trials; failures print the flips.
+The rest pin single rules: markers map reordered directories, a recorded segment size is kept,
+quarantines are reclaimed, fsck and inspect show them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from test_corruption import GEOM, IDENT, SLOT, assert_new_pages_round_trip, cfg_for, keys_of, \
+    read_all, write
+from tutti_hicache.cli import main as cli_main
+from tutti_hicache.heal import quarantines
+from tutti_hicache.store import ObjectStore
+from tutti_hicache.testing import damage
+
+SEED = int(os.environ.get("TUTTI_HEAL_SEED", "1515"))
+TRIALS = int(os.environ.get("TUTTI_HEAL_TRIALS", "12"))
+
+
+@pytest.mark.parametrize("trial", range(TRIALS))
+def test_random_damage_to_every_file(tmp_path, trial):
+    rng = random.Random(f"{SEED}-{trial}")
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    s = ObjectStore(cfg_for(dirs), GEOM, IDENT)
+    ks = keys_of(50)
+    write(s, ks)
+    ns0 = s.ns_dirs[0]
+    s.close()
+    Path(ns0, "writers", "777.1.lock").write_bytes(b"")  # what a killed writer leaves behind
+    log = damage.damage_every_file(rng, dirs, SLOT)
+    s = ObjectStore(cfg_for(dirs), GEOM, IDENT)  # must not raise, whatever was flipped
+    try:
+        assert s.rehome_wait(60)
+        ok, wrong = read_all(s, ks)
+        assert not wrong, (SEED, trial, wrong, log)
+        assert_new_pages_round_trip(s)
+    finally:
+        s.close()
+    s = ObjectStore(cfg_for(dirs), GEOM, IDENT)  # and the healed store attaches again
+    try:
+        ok2, wrong = read_all(s, keys_of(40, "new"))
+        assert ok2.all() and not wrong, (SEED, trial, log)
+    finally:
+        s.close()
+
+
+def test_reordered_dirs_keep_their_stripes_and_their_markers(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    s = ObjectStore(cfg_for([a, b]), GEOM, IDENT)
+    write(s, keys_of(30))
+    before = {k: s.locate(k) for k in keys_of(30)}
+    s.close()
+    s = ObjectStore(cfg_for([b, a]), GEOM, IDENT)
+    try:
+        assert {k: s.locate(k) for k in keys_of(30)} == before  # same files, same offsets
+        ok, wrong = read_all(s, keys_of(30))
+        assert ok.all() and not wrong
+    finally:
+        s.close()
+    with open(os.path.join(before[keys_of(1)[0]][0].rsplit("/", 1)[0], "placement.json")) as f:
+        assert json.load(f)["n_dirs"] == 2
+
+
+def test_recorded_segment_size_wins(tmp_path):
+    s = ObjectStore(cfg_for([tmp_path]), GEOM, IDENT)
+    write(s, keys_of(40))
+    sps = s.placement.slots_per_segment
+    s.close()
+    s = ObjectStore(cfg_for([tmp_path], tutti_segment_gb=4 / 1024), GEOM, IDENT)
+    try:
+        assert s.placement.slots_per_segment == sps
+        ok, wrong = read_all(s, keys_of(40))
+        assert ok.all() and not wrong
+    finally:
+        s.close()
+
+
+def test_concurrent_attaches_quarantine_once(tmp_path):
+    """MLA ranks attach together: one of them sets the namespace aside, the others see it healed."""
+    import threading
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    s = ObjectStore(cfg_for([a, b]), GEOM, IDENT)
+    write(s, keys_of(20))
+    s.close()
+    stores, errors = [], []
+
+    def attach(writer):
+        try:
+            stores.append(ObjectStore(cfg_for([a, b, c]), GEOM, IDENT, writer=writer))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=attach, args=(i == 0,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert not errors
+        assert sum(len(st.quarantined) for st in stores) == 2  # once per old directory, not 4x
+        write(stores[[st.writer for st in stores].index(True)], keys_of(10, "after"))
+    finally:
+        for st in stores:
+            st.close()
+
+
+def test_fsck_and_inspect_list_quarantines(tmp_path, capsys, caplog):
+    a, b = tmp_path / "a", tmp_path / "b"
+    s = ObjectStore(cfg_for([a, b]), GEOM, IDENT)
+    write(s, keys_of(20))
+    s.close()
+    caplog.set_level(logging.WARNING)
+    s = ObjectStore(cfg_for([a]), GEOM, IDENT, writer=False)  # a reader does not re-home
+    s.close()
+    [msg] = [r.getMessage() for r in caplog.records if r.name.startswith("tutti_hicache")]
+    assert "written over 2 directories" in msg and "set aside" in msg
+    capsys.readouterr()
+    assert cli_main(["fsck", str(a)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("quarantined:") == 1 and "written over 2 directories" in out
+    assert cli_main(["inspect", str(a)]) == 0
+    assert "quarantined:" in capsys.readouterr().out
+    s = ObjectStore(cfg_for([a]), GEOM, IDENT)  # a writer re-homes a's pages, then deletes it
+    try:
+        assert s.rehome_wait(60)
+        ok, wrong = read_all(s, keys_of(20))
+        assert not wrong and ok.sum() == 10 and not quarantines([a])  # a held slots 0, 2, ...
+    finally:
+        s.close()
+
+
+def test_fsck_reports_damaged_metadata_that_attach_then_heals(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    s = ObjectStore(cfg_for([a, b]), GEOM, IDENT)
+    write(s, keys_of(20))
+    ns = s.ns_dirs
+    s.close()
+    damage.flip(os.path.join(ns[0], "placement.json"), 0)  # no longer JSON
+    capsys.readouterr()
+    assert cli_main(["fsck", str(a), str(b)]) == 1  # reported, without a traceback
+    assert "cannot check" in capsys.readouterr().out
+    ObjectStore(cfg_for([a, b]), GEOM, IDENT).close()  # attach rebuilds it
+    assert cli_main(["fsck", str(a), str(b)]) == 0
+    assert "20 pages checked, 0 bad payloads, 0 unreadable headers" in capsys.readouterr().out
+
+
+def test_rehoming_never_launders_a_damaged_page(tmp_path):
+    """A set-aside page is re-written only when its payload matches its header's checksum:
+    re-writing computes a new checksum, so a damaged page re-homed would be served as good."""
+    rng = random.Random(f"{SEED}-launder")
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    s = ObjectStore(cfg_for([a, b]), GEOM, IDENT)
+    ks = keys_of(30)
+    write(s, ks)
+    bad = rng.sample(ks, 8)
+    for k in bad:
+        path, off = s.locate(k)
+        damage.flip(path, off + int(s.layout.object_offsets[rng.randrange(8)]) + rng.randrange(4096),
+                    rng.randrange(8))
+    s.close()
+    s = ObjectStore(cfg_for([a, b, c], tutti_verify=False), GEOM, IDENT)  # a dir appended
+    try:
+        assert s.quarantined and s.rehome_wait(60)
+        assert s.stats()["rehomed_pages"] == 22
+        ok, wrong = read_all(s, ks)
+        assert not wrong and ok.tolist() == [k not in bad for k in ks]
+    finally:
+        s.close()
+
+
+def test_reclaim_deletes_quarantined_segments_newest_first(tmp_path):
+    """With nobody re-homing it (a reader set it aside), a quarantine yields to the capacity."""
+    from tutti_hicache.heal import reclaim
+    a, b = tmp_path / "a", tmp_path / "b"
+    s = ObjectStore(cfg_for([a, b]), GEOM, IDENT)
+    write(s, keys_of(60))  # rows 0, 1 and 2 in both directories
+    s.close()
+    s = ObjectStore(cfg_for([a]), GEOM, IDENT, writer=False)
+    ns = s.ns_dirs
+    s.close()
+    [qa] = [q for q, _, _ in quarantines([a])]
+    segs = sorted(f for f in os.listdir(qa) if f.endswith(".dat"))
+    size = os.path.getsize(os.path.join(qa, segs[-1]))
+    assert reclaim(ns, 0, 10**12) == 0  # within the capacity: nothing to do
+    assert reclaim(ns, 1, sum(os.path.getsize(os.path.join(qa, f)) for f in segs)) == size
+    assert sorted(f for f in os.listdir(qa) if f.endswith(".dat")) == segs[:-1]  # the newest
+    assert reclaim(ns, 1, 0) > 0 and not quarantines([a])  # all of it, and the directory

@@ -1,0 +1,58 @@
+"""The wear counters where SGLang sees them: TuttiStorage.get_stats exports them to Prometheus
+beside SGLang's storage metrics, the stats file carries them, and the linker's stats file too."""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.sglang
+
+from test_linker import Rig, sg  # noqa: E402,F401 (the linker rig and its fixture)
+from test_storage_sglang import PAGE, make_pool, tutti  # noqa: E402
+
+HEADER = 4096
+
+
+def test_get_stats_exports_bytes_written_per_device(sglang, tmp_path):
+    prom = pytest.importorskip("prometheus_client")
+    h = sglang
+    pool = make_pool(h, "mha", "layer_first", 8)
+    st, _ = tutti(h, [tmp_path / "s"], "mha", "layer_first",
+                  tutti_stats_file=str(tmp_path / "stats.json"))
+    st.register_mem_pool_host(pool)
+    page = st.hostmap.geometry.page_nbytes  # 4 KiB objects: zero copy, no padding
+    assert all(st.batch_set_v1(h.make_page_keys(4), pool.alloc(4 * PAGE)))
+    st.get_stats()
+    dev = str(tmp_path / "s")
+    sample = lambda name, **lab: prom.REGISTRY.get_sample_value(name, {"device": dev, **lab})  # noqa: E731
+    assert sample("sglang:tutti_ssd_written_bytes_total", kind="payload") == 4 * page
+    assert sample("sglang:tutti_ssd_written_bytes_total", kind="header") == 4 * HEADER
+    assert sample("sglang:tutti_ssd_written_bytes_total", kind="tombstone") == 0
+    assert sample("sglang:tutti_kv_stored_bytes_total") == 4 * page
+    assert sample("sglang:tutti_ssd_drive_writes_per_day") > 0
+    st.clear()  # 4 tombstones, exported at the next poll (at most once a second)
+    st._wear_metrics.min_interval_s = 0.0
+    st.get_stats()
+    assert sample("sglang:tutti_ssd_written_bytes_total", kind="tombstone") == 4 * HEADER
+    st.close()
+    wear = json.loads((tmp_path / "stats.json").read_text())["wear"]
+    (d,) = wear["devices"]
+    assert (d["payload_bytes"], d["header_bytes"], d["tombstone_bytes"], d["logical_bytes"]) == \
+        (4 * page, 4 * HEADER, 4 * HEADER, 4 * page)
+    assert d["dir"] == dev and wear["logical_bytes"] == 4 * page
+
+
+def test_linker_stats_file_carries_the_wear(sg, tmp_path):
+    a = Rig([tmp_path / "s"], tutti_stats_file=str(tmp_path / "linker.json"))
+    toks = list(range(500, 512))
+    a.insert(toks, a.fill(len(toks), 5))
+    a.commit_offloads(1)
+    store = a.linker.store
+    pages, page = store.stats()["write_pages"], store.layout.geometry.page_nbytes
+    a.close()
+    wear = json.loads((tmp_path / "linker.json").read_text())["wear"]
+    assert pages == 3 and wear["logical_bytes"] == pages * page
+    assert wear["devices"][0]["header_bytes"] == pages * HEADER
+    payload = store.layout.payload_nbytes if store.layout.padded else page  # bounce: padded
+    assert wear["devices"][0]["payload_bytes"] == pages * payload

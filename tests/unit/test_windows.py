@@ -1,0 +1,76 @@
+"""Write windows learned online: the recursive least-squares fit of per-layer compute, the
+prefix-only fit for batches of unknown size, the span arithmetic of the forward's marks, and the
+window rules (table, off, no estimate -> no window)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tutti_hicache.layerwise.windows import MARGIN, LayerTimes, OnlineModel, Windows, _Forward
+from tutti_hicache.profiler import LayerModel, build_table
+
+TRUE = LayerModel(a=2e-4, b=4e-7, c=1.5e-12)  # an H200-like Llama-3-8B layer, seconds
+
+
+def _shapes(rng, k):
+    return [(int(rng.choice([512, 1024, 2048, 4096, 8192])), int(rng.choice([0, 8192, 32768, 65536])))
+            for _ in range(k)]
+
+
+def test_online_fit_converges_to_the_true_layer_model():
+    rng = np.random.default_rng(0)
+    m = OnlineModel()
+    assert m.predict(1024, 8192) is None  # nothing seen, no seed: no guess, no window
+    for n, p in _shapes(rng, 40):
+        m.observe(n, p, TRUE.seconds(n, p) * (1 + rng.normal(0, 0.02)))
+    assert m.observations == 40 and m.converged_after is not None and m.converged_after <= 40
+    for n, p in [(3000, 20000), (700, 60000), (6000, 1000)]:  # shapes never seen
+        assert abs(m.predict(n, p) - TRUE.seconds(n, p)) / TRUE.seconds(n, p) < 0.1
+
+
+def test_seed_predicts_from_the_first_forward_and_is_corrected():
+    seed = LayerModel(TRUE.a * 2, TRUE.b * 2, TRUE.c * 2)  # an offline table on another machine
+    m = OnlineModel(seed)
+    assert abs(m.predict(2048, 32768) - seed.seconds(2048, 32768)) < 1e-12
+    rng = np.random.default_rng(1)
+    for n, p in _shapes(rng, 60):
+        m.observe(n, p, TRUE.seconds(n, p))
+    assert abs(m.predict(2048, 32768) / TRUE.seconds(2048, 32768) - 1) < 0.1
+
+
+def test_unknown_batch_size_uses_the_prefix_fit():
+    m = OnlineModel()
+    assert m.predict(0, 40000) is None
+    m.observe(0, 40000, 0.010)  # a server load: n unknown
+    m.observe(0, 40000, 0.020)
+    assert abs(m.predict(0, 33000) - (0.7 * 0.010 + 0.3 * 0.020)) < 1e-12  # same bucket (32K-64K)
+    assert m.predict(0, 9000) is None  # another bucket
+    assert m.observations == 2 and m.predict(1024, 40000) is None  # no (n, p) fit from them
+
+
+def test_layer_compute_excludes_the_waits_for_io():
+    times = LayerTimes(cuda=False)
+    f = _Forward(256, 4096)
+    # layer 0 waited 0.5 s for its KV, computed 1.0 s; layer 1 waited 0.1, computed 0.9
+    f.arrive.update({0: 0.0, 1: 1.5, 2: 2.5})
+    f.passed.update({0: 0.5, 1: 1.6})
+    assert abs(times._per_layer(f, wait=True) - 0.95) < 1e-12
+    times._done.append(f)
+    assert times.collect() == [(256, 4096, times._per_layer(f, wait=True))]
+    assert times.collect() == []
+
+
+def test_window_rules():
+    table = build_table(LayerModel(0.02, 0.0, 0.0), 1, read_Bps=1e12, write_Bps=1e9)
+    times = LayerTimes(cuda=False)
+    off = Windows("off", table, times, 4096)
+    assert off.window(256, 8192, 1e10) == 0.0
+    tab = Windows("table", table, times, 4096)
+    assert tab.window(256, 8192, 1e10) == table.window(256, 8192)[0]
+    online = Windows("online", None, times, 4096)
+    assert online.window(256, 8192, 1e10) == 0.0  # no estimate yet
+    seeded = Windows("online", table, times, 4096)
+    read = 8192 * 4096 / 1e10
+    assert abs(seeded.window(256, 8192, 1e10) - MARGIN * (0.02 - read)) < 1e-9
+    assert seeded.window(256, 8192, 0.0) == 0.0  # no read rate known: no window
+    assert seeded.window(256, 8192, 1e6) == 0.0  # the read takes longer than the compute

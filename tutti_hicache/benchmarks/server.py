@@ -1,0 +1,158 @@
+"""A real SGLang server for the benchmarks (bench/e2e_sglang.py, bench/faults_sglang.py) and its
+clients: every wait ends as soon as the server process is gone.
+
+At a glance:
+    srv = Server(cmd, env, log_path, port); srv.wait_ready(timeout); srv.flush(); srv.stop()
+    one_request(srv, req, max_new) -> record     one streamed greedy generation (TTFT, ITL, cached
+                                                 tokens and SGLang's breakdown, output ids, error)
+    run_sequential(srv, reqs, max_new, flush) / run_rate(srv, reqs, rate, max_new)
+    drop_caches() -> what happened
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+from . import e2e
+
+
+# ------------------------------------------------------------------ the server
+class Server:
+    """One server process group; every wait on it ends as soon as the process is gone."""
+
+    def __init__(self, cmd: list, env: dict, log_path: str, port: int):
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = open(log_path, "a")
+        self.log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n")
+        self.log.flush()
+        # cwd: not the checkout, whose tutti_hicache/ would shadow the installed package
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     cwd=os.path.dirname(log_path), start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_ready(self, timeout: float) -> float:
+        import requests
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            if not self.alive():
+                raise RuntimeError(f"server exited with {self.proc.returncode} (log: {self.log.name})")
+            try:
+                if requests.get(self.url + "/health", timeout=2).ok:
+                    return time.time() - t0
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"server not up after {timeout:.0f} s")
+
+    def flush(self) -> bool:
+        """Empty the device (and host) caches; the storage tier keeps its pages."""
+        import requests
+        for _ in range(40):
+            if not self.alive():
+                raise RuntimeError("server died")
+            try:
+                if requests.post(self.url + "/flush_cache", timeout=10).ok:
+                    time.sleep(0.3)
+                    return True
+            except requests.RequestException:
+                pass
+            time.sleep(0.25)
+        return False
+
+    def stop(self) -> None:
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+# ------------------------------------------------------------------ clients
+def one_request(srv: Server, req: e2e.Request, max_new: int) -> dict:
+    """Stream one greedy generation: TTFT, inter-token gaps, SGLang's cached tokens, output ids."""
+    import requests
+    rec = {"id": req.id, "prompt_tokens": len(req.ids), "cached": req.cached, "ttft_s": None}
+    body = {"input_ids": req.ids, "stream": True,
+            "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
+    t0 = time.perf_counter()
+    stamps, chunks, last = [], [], {}
+    done = threading.Event()
+
+    def watchdog(resp_box):
+        while not done.wait(0.5):
+            if not srv.alive() and resp_box:
+                resp_box[0].close()  # unblocks the reader below
+                return
+    box: list = []
+    threading.Thread(target=watchdog, args=(box,), daemon=True).start()
+    try:
+        with requests.post(srv.url + "/generate", json=body, stream=True, timeout=(5, 300)) as r:
+            box.append(r)
+            for line in r.iter_lines():
+                if not line or not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+                    continue
+                stamps.append(time.perf_counter())
+                last = json.loads(line[5:])
+                chunks.append(list(last.get("output_ids") or []))
+    except Exception as e:  # a failed request is recorded, never hangs the run
+        rec["error"] = repr(e)
+    finally:
+        done.set()
+    meta = last.get("meta_info", {})
+    if stamps and "error" not in rec:
+        rec["ttft_s"] = stamps[0] - t0
+    rec.update(itl_s=[b - a for a, b in zip(stamps, stamps[1:])], e2e_s=time.perf_counter() - t0,
+               cached_tokens=meta.get("cached_tokens", 0), details=meta.get("cached_tokens_details"),
+               finish_reason=meta.get("finish_reason"),
+               output_ids=e2e.output_ids(chunks) if chunks else None)
+    if "error" in last:
+        rec["error"] = str(last["error"])
+    return rec
+
+
+def run_sequential(srv: Server, reqs: list, max_new: int, flush: bool = False) -> list:
+    out = []
+    for r in reqs:
+        if flush and not r.id.endswith("/l1"):
+            srv.flush()
+        out.append(one_request(srv, r, max_new))
+    return out
+
+
+def run_rate(srv: Server, reqs: list, rate: float, max_new: int) -> tuple[list, float]:
+    """Requests sent at `rate` per second (concurrent); (records, seconds from first send to last end)."""
+    out: list = [None] * len(reqs)
+    t0 = time.perf_counter()
+
+    def send(i):
+        out[i] = one_request(srv, reqs[i], max_new)
+    ts = []
+    for i in range(len(reqs)):
+        ts.append(threading.Thread(target=send, args=(i,)))
+        ts[-1].start()
+        time.sleep(1.0 / rate)
+        if not srv.alive():
+            break
+    for t in ts:
+        t.join()
+    return [r for r in out if r is not None], time.perf_counter() - t0
+
+
+def drop_caches() -> str:
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "drop_caches"
+    except OSError as e:
+        return f"not dropped ({e.strerror})"

@@ -1,0 +1,158 @@
+"""Re-homing: the pages of a quarantined namespace written again into the live store, by key.
+
+At a glance:
+    r = Rehome(quarantines, layout, fingerprint, write, checksums)
+    r.start()                 the background thread "tutti-rehome" (attach does not wait for it)
+    r.wait(timeout) -> bool   True once every quarantine was processed (or stop() was called)
+    r.stop()                  finish the chunk in flight, leave the rest (the next attach resumes)
+    r.pages, r.dropped        pages re-written; slots skipped (no valid header, bad checksum)
+
+A namespace set aside by heal.resolve (a directory added or removed, another slot size in its
+metadata) cannot be read in place: its placement no longer locates the pages. Its pages are
+still self-describing: every slot header carries the key, the fingerprint and the checksum, and
+slots sit at multiples of the slot size in every segment file whatever the old placement was.
+So each quarantined segment file is read 64 slots (at most 64 MiB) at a time (plain preads,
+page cache dropped after), each header is checked as a scan checks it (but trusting its own slot
+number), each payload against the header's page checksum, and only pages that pass go through the
+store's ordinary write path (dedupe, reserve, publication order): a re-homed page holds exactly
+the bytes that were written under its key, or is not re-homed. A file is deleted once read, a
+quarantine once empty, so the disk holds about one capacity plus a segment row meanwhile
+(heal.reclaim deletes quarantined files from the newest end when the store must grow first).
+Thread-safety: only the thread touches its state; the store's write path is thread-safe.
+One process re-homes a quarantine at a time: it holds an flock on the quarantine directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import threading
+from typing import Callable, Optional
+
+import numpy as np
+
+from . import header
+from .engine import extension
+from .layout import HEADER_NBYTES, SlotLayout
+
+logger = logging.getLogger("tutti_hicache.store")
+CHUNK = 64  # slots per read, at most
+CHUNK_BYTES = 64 << 20  # and at most this many bytes (a Llama-3-8B slot is 8 MiB)
+
+
+class Rehome:
+    def __init__(self, quarantines: list[str], layout: SlotLayout, fingerprint: bytes,
+                 write: Callable, checksums: Callable):
+        self._queue = list(quarantines)
+        self._layout, self._fingerprint = layout, fingerprint
+        self._write, self._checksums = write, checksums
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.pages = 0
+        self.dropped = 0
+
+    def start(self) -> "Rehome":
+        self._thread = threading.Thread(target=self._run, daemon=True, name="tutti-rehome")
+        self._thread.start()
+        return self
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return self._done.wait(timeout)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        try:
+            for q in self._queue:
+                if self._stop.is_set():
+                    break
+                self._quarantine(q)
+            if self.pages or self.dropped:
+                logger.info("tutti: re-homed %d pages from set-aside namespaces (%d slots "
+                            "without a valid page)", self.pages, self.dropped)
+        except Exception:  # a background thread must not die silently
+            logger.exception("tutti: re-homing failed; the rest is reclaimed as the store grows")
+        finally:
+            self._done.set()
+
+    def _quarantine(self, q: str) -> None:
+        try:
+            fd = os.open(q, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return  # reclaimed meanwhile
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return  # another process re-homes it
+        try:
+            for name in sorted(os.listdir(q)):
+                if self._stop.is_set():
+                    return
+                if name.startswith("seg-") and name.endswith(".dat"):
+                    path = os.path.join(q, name)
+                    self._segment(path)
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+            shutil.rmtree(q, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+    def _segment(self, path: str) -> None:
+        slot = self._layout.slot_nbytes
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        buf = extension().AlignedBuffer(max(1, min(CHUNK, CHUNK_BYTES // slot)) * slot)
+        arr = np.frombuffer(buf, dtype=np.uint8)
+        try:
+            off = 0
+            while not self._stop.is_set():
+                try:
+                    got = os.preadv(fd, [memoryview(arr)], off)
+                except OSError as e:
+                    logger.warning("tutti: cannot re-home %s: %s", path, e)
+                    return
+                n = got // slot
+                if n == 0:
+                    return
+                self._chunk(buf, arr, n)
+                with contextlib.suppress(OSError):
+                    os.posix_fadvise(fd, off, n * slot, os.POSIX_FADV_DONTNEED)
+                off += n * slot
+        finally:
+            os.close(fd)
+
+    def _chunk(self, buf, arr: np.ndarray, n: int) -> None:
+        lay, slot = self._layout, self._layout.slot_nbytes
+        raw = np.ascontiguousarray(arr[:n * slot].reshape(n, slot)[:, :HEADER_NBYTES])
+        own_slot = raw.reshape(-1).view(header.DTYPE)["slot"].copy()
+        p = header.parse(raw, self._fingerprint, own_slot, int(lay.object_nbytes.sum()),
+                         lay.geometry.units)
+        idx = np.flatnonzero(p.valid)
+        self.dropped += int((~p.valid & ~p.empty).sum())
+        if not len(idx):
+            return
+        starts = np.uint64(buf.address) + idx.astype(np.uint64) * np.uint64(slot) + \
+            np.uint64(HEADER_NBYTES)
+        addrs = lay.staged_objects(starts)
+        sums, _ = self._checksums(addrs)
+        good = sums == p.checksum[idx]
+        self.dropped += int((~good).sum())
+        best: dict = {}  # one slot per key: the newest copy
+        for j in np.flatnonzero(good):
+            k = p.keys[idx[j]]
+            if k not in best or p.seq[idx[j]] > p.seq[idx[best[k]]]:
+                best[k] = j
+        if best:
+            rows = np.array(list(best.values()), dtype=np.int64)
+            ok = self._write(list(best), addrs[rows], not lay.padded)
+            self.pages += int(np.count_nonzero(ok))

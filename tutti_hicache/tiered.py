@@ -1,0 +1,213 @@
+"""TieredStorage: tutti's local SSD tier first, SGLang's MooncakeStore as the shared cluster tier.
+
+At a glance (SGLang calls; thread in brackets), beyond TuttiStorage (storage.py):
+    register_mem_pool_host(pool)              [scheduler] opens tutti, then starts the cluster
+                                              tier in the background (cluster.py)
+    batch_exists(keys) -> int                 [prefetch] local flags first, Mooncake only for
+                                              the pages not local: prefix length of the union
+    batch_get_v1(keys, host_indices)          [io-aux] local pages by O_DIRECT, the others (and
+                                              local read failures) by Mooncake batch_get_into into
+                                              the registered host pool; remote hits promoted
+                                              into tutti (tutti_cluster_promote)
+    batch_set_v1(keys, host_indices)          [backup] tutti first, then published to Mooncake
+                                              in this node's own segment (tutti_cluster_publish)
+
+Selected with ``--hicache-storage-backend tutti-mooncake`` through the plugin, or unpatched with
+``--hicache-storage-backend dynamic`` and ``{"backend_name":"tutti-mooncake","module_path":
+"tutti_hicache.tiered","class_name":"TieredStorage","interface_v1":1,...}``. The same extra config
+carries the tutti_* settings and SGLang's Mooncake keys (master_server_address, protocol, ...);
+docs/cluster.md lists them.
+
+Keys: Mooncake object keys are SGLang's (model prefix, TP/PP suffixes) behind a tag made of the
+tutti namespace fingerprint (model, weights revision, dtype, geometry, rank coordinates) and the
+host pool layout, since Mooncake objects are raw host-layout bytes: only identical layouts match.
+
+Failures: the cluster tier never raises into SGLang's threads. An outage closes its gate (one
+warning), the backend serves the local tier alone, and the gate reopens when Mooncake answers
+again. A remote page counts only when every one of its objects arrived (SGLang's own rule).
+``clear()`` drops local pages only: MooncakeStore.clear() would wipe every node's objects. The
+legacy flat-page API (batch_get/batch_set, SGLang's generic path) is TuttiStorage's: local only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from typing import List, Optional
+
+import numpy as np
+import torch
+
+from .cluster import ClusterTier, mooncake_missing
+from .storage import TuttiStorage
+
+logger = logging.getLogger("tutti_hicache.tiered")
+
+TAG_FORMAT = 1  # bump when the tag's inputs change
+
+
+def cluster_tag(fingerprint: bytes, layout: str) -> str:
+    """What the Mooncake keys of one identity start with (16 hex digits)."""
+    text = f"{TAG_FORMAT}:{fingerprint.hex()}:{layout}"
+    return "tutti" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _pages_of(host_indices: torch.Tensor, pages: np.ndarray, page_size: int) -> torch.Tensor:
+    """The host slots of the selected pages (vectorized)."""
+    sel = torch.from_numpy(pages.astype(np.int64))
+    return host_indices.reshape(-1, page_size)[sel].reshape(-1)
+
+
+class TieredStorage(TuttiStorage):
+    def __init__(self, storage_config, kwargs=None):
+        super().__init__(storage_config, kwargs)
+        self.cluster: Optional[ClusterTier] = None
+        self._ccounts = {"remote_hits": 0, "remote_misses": 0, "promoted": 0, "published": 0}
+
+    # ------------------------------------------------------------ attach
+    def register_mem_pool_host(self, mem_pool_host) -> None:
+        super().register_mem_pool_host(mem_pool_host)
+        if self.cluster is not None:
+            self.cluster.close()
+            self.cluster = None
+        missing = mooncake_missing()
+        if missing is not None:
+            self._warn_once("nomooncake", "tutti: the Mooncake client does not import (%s); "
+                            "tutti-mooncake serves the local SSD tier only", missing)
+            return
+        tag = cluster_tag(self.store.fingerprint, str(mem_pool_host.layout))
+        self.cluster = ClusterTier(self.storage_config, mem_pool_host, tag,
+                                   self.cfg.cluster_retry_s)
+
+    # ----------------------------------------------------------- queries
+    def _remote(self):
+        cluster = self.cluster  # once: close() may set it to None
+        return cluster, (cluster.store() if cluster is not None else None)
+
+    def batch_exists(self, keys: List[str], extra_info=None) -> int:
+        keys = list(keys)
+        store = self.store
+        if store is None:
+            return 0
+        try:
+            local = store.present(keys)
+        except Exception:
+            logger.exception("tutti: batch_exists failed; reporting a miss")
+            return 0
+        rest = np.flatnonzero(~local)
+        if not len(rest):
+            return len(keys)
+        cluster, mc = self._remote()
+        if mc is None:
+            return int(rest[0])
+        try:
+            found = mc.batch_exists([keys[i] for i in rest])
+        except Exception as exc:
+            cluster.failed(exc)
+            return int(rest[0])
+        return int(rest[found]) if found < len(rest) else len(keys)
+
+    # ------------------------------------------------------ zero-copy I/O
+    def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor, extra_info=None) -> List[bool]:
+        keys = list(keys)
+        store, hm = self.store, self.hostmap
+        if store is None or hm is None:
+            self._warn_once("noattach", "tutti: storage called before register_mem_pool_host")
+            return [False] * len(keys)
+        ok = np.zeros(len(keys), dtype=bool)
+        try:
+            t0 = time.perf_counter()
+            addrs = hm.page_addresses(host_indices, len(keys))
+            local = np.flatnonzero(store.present(keys))
+            if len(local):
+                ok[local] = store.read_pages([keys[i] for i in local], addrs[local], hm.aligned)
+                self._record("get", int(ok[local].sum()), time.perf_counter() - t0)
+        except Exception:
+            logger.exception("tutti: batch get of %d pages failed; reported as a miss", len(keys))
+            return [False] * len(keys)
+        self._remote_get(keys, host_indices, addrs, ok)
+        if self.cfg.cluster_publish == "hit":
+            hits = local[ok[local]]
+            if len(hits):
+                self._publish(keys, host_indices, hits)
+        self._dump_stats()
+        return ok.tolist()
+
+    def _remote_get(self, keys, host_indices, addrs, ok: np.ndarray) -> None:
+        """Fill the pages not served locally from Mooncake; promote what arrived."""
+        rest = np.flatnonzero(~ok)
+        cluster, mc = self._remote()
+        if not len(rest) or mc is None:
+            return
+        page = self.hostmap.page_size
+        try:
+            t0 = time.perf_counter()
+            got = np.array(mc.batch_get_v1([keys[i] for i in rest],
+                                           _pages_of(host_indices, rest, page)), dtype=bool)
+        except Exception as exc:
+            cluster.failed(exc)
+            return
+        ok[rest] = got
+        self._record("get", int(got.sum()), time.perf_counter() - t0)
+        self._count(remote_hits=int(got.sum()), remote_misses=int((~got).sum()))
+        fetched = rest[got]
+        if len(fetched) and self.cfg.cluster_promote and self.store.writer:
+            try:
+                stored = self.store.write_pages([keys[i] for i in fetched], addrs[fetched],
+                                                self.hostmap.aligned)
+                self._count(promoted=int(stored.sum()))
+            except Exception:
+                logger.exception("tutti: promoting %d remote pages failed", len(fetched))
+
+    def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor, extra_info=None) -> List[bool]:
+        keys = list(keys)
+        ok = np.array(super().batch_set_v1(keys, host_indices, extra_info), dtype=bool)
+        if self.cfg.cluster_publish == "all" and self.store is not None and self.store.writer:
+            try:
+                self.hostmap.page_addresses(host_indices, len(keys))  # the same validation
+            except Exception:
+                return ok.tolist()
+            ok |= self._publish(keys, host_indices, np.arange(len(keys)))
+        return ok.tolist()
+
+    def _publish(self, keys, host_indices, pages: np.ndarray) -> np.ndarray:
+        """Put the selected pages into this node's Mooncake segment; per key whether it is there."""
+        out = np.zeros(len(keys), dtype=bool)
+        cluster, mc = self._remote()
+        if mc is None:
+            return out
+        try:
+            put = np.array(mc.batch_set_v1([keys[i] for i in pages],
+                                           _pages_of(host_indices, pages, self.hostmap.page_size)),
+                           dtype=bool)
+        except Exception as exc:
+            cluster.failed(exc)
+            return out
+        out[pages] = put
+        self._count(published=int(put.sum()))
+        return out
+
+    def _count(self, **counts: int) -> None:
+        with self._metrics_lock:  # io-aux and backup threads both count
+            for name, n in counts.items():
+                self._ccounts[name] += n
+
+    # ------------------------------------------------------- maintenance
+    def close(self) -> None:
+        cluster, self.cluster = self.cluster, None
+        if cluster is not None:
+            cluster.close()
+        super().close()
+
+    def tutti_stats(self) -> dict:
+        """TuttiStorage's counters plus the cluster tier's (hits, promotions, outages, state)."""
+        out = dict(super().tutti_stats())
+        with self._metrics_lock:
+            out.update(self._ccounts)
+        cluster = self.cluster
+        out.update(cluster.stats() if cluster is not None else {"cluster_state": "off"})
+        return out
+
+
+__all__ = ["TieredStorage", "cluster_tag"]
