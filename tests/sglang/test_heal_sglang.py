@@ -23,7 +23,7 @@ from test_linker import sg  # noqa: F401  (the fixture)
 from tutti_hicache.testing.linker_rig import P, Rig
 from tutti_hicache.cli import main as cli_main
 from tutti_hicache.testing import damage
-from tutti_hicache.testing.pagedata import page_content
+from tutti_hicache.testing.pagedata import fill_host_pages, page_content
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.sglang
@@ -56,11 +56,7 @@ def host_storage(h, dirs, pool, **extra):
 
 
 def fill(pool, idx, keys):
-    tmpl = pool.get_dummy_flat_data_page()
-    nbytes = tmpl.numel() * tmpl.element_size()
-    for i, k in enumerate(keys):
-        raw = torch.from_numpy(page_content(k, nbytes).copy())
-        pool.set_from_flat_data_page(int(idx[i * PAGE]), raw.view(tmpl.dtype))
+    fill_host_pages(pool, idx, keys, PAGE)
 
 
 def served_exact(h, st, pool, keys) -> int:

@@ -22,7 +22,7 @@ import tempfile
 
 import pytest
 
-from tutti_hicache.testing.pagedata import page_content
+from tutti_hicache.testing.pagedata import fill_host_pages, page_content
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.sglang
@@ -54,12 +54,7 @@ def storage(h, dirs, pool=None, tp=(0, 1), model="ident-test", kind="mha", **ext
 
 
 def fill(pool, idx, keys):
-    """Page i of idx holds page_content(keys[i]) (through SGLang's own flat-page setter)."""
-    tmpl = pool.get_dummy_flat_data_page()
-    nbytes = tmpl.numel() * tmpl.element_size()
-    for i, k in enumerate(keys):
-        raw = torch.from_numpy(page_content(k, nbytes).copy())
-        pool.set_from_flat_data_page(int(idx[i * PAGE]), raw.view(tmpl.dtype))
+    fill_host_pages(pool, idx, keys, PAGE)
 
 
 def wrong_pages(h, pool, idx, keys, ok):

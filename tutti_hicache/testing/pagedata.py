@@ -20,3 +20,14 @@ def page_content(key: str, nbytes: int) -> np.ndarray:
     w *= np.uint64(0x9E3779B97F4A7C15)
     w ^= w >> np.uint64(29)
     return w.view(np.uint8)
+
+
+def fill_host_pages(pool, idx, keys, page_size: int) -> None:
+    """Page i of host indices `idx` holds page_content(keys[i]), through SGLang's own flat-page
+    setter (`pool` is an SGLang host pool; torch is imported only here)."""
+    import torch
+    tmpl = pool.get_dummy_flat_data_page()
+    nbytes = tmpl.numel() * tmpl.element_size()
+    for i, k in enumerate(keys):
+        raw = torch.from_numpy(page_content(k, nbytes).copy())
+        pool.set_from_flat_data_page(int(idx[i * page_size]), raw.view(tmpl.dtype))
