@@ -40,21 +40,10 @@ import time
 
 from tutti_hicache.benchmarks import e2e
 from tutti_hicache.benchmarks.rawio import raw_read_dirs
-from tutti_hicache.benchmarks.server import Server, drop_caches, one_request, run_rate, run_sequential
+from tutti_hicache.benchmarks.server import (Server, drop_caches, one_request, run_rate, run_sequential,
+                                             tutti_stats)
 
 # ------------------------------------------------------------------ storage bookkeeping
-def tutti_stats(out_dir: str, config: str) -> list:
-    out = []
-    for p in sorted(os.listdir(out_dir)):
-        if p.startswith(f"stats-{config}-") and p.endswith(".json"):
-            try:
-                with open(os.path.join(out_dir, p)) as f:
-                    out.append(json.load(f))
-            except (OSError, ValueError):
-                pass
-    return out
-
-
 def written_bytes(args, config: str) -> int:
     if config.startswith("tutti"):
         return sum(s.get("write_bytes", 0) for s in tutti_stats(args.out_dir, config))

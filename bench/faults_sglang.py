@@ -30,7 +30,7 @@ import shutil
 import time
 
 from tutti_hicache.benchmarks import e2e
-from tutti_hicache.benchmarks.server import Server, one_request
+from tutti_hicache.benchmarks.server import Server, one_request, tutti_stats
 
 
 def store_files(args) -> list:
@@ -114,24 +114,23 @@ def ask(srv: Server, reqs: list, max_new: int, tag: str) -> list:
 def tutti_counters(args, config: str) -> dict:
     keys = ("checksum_failures", "read_errors", "load_failures", "misses", "hits", "write_failures")
     total: dict = {}
-    for p in os.listdir(args.out_dir):
-        if p.startswith(f"stats-{config}-") and p.endswith(".json"):
-            try:
-                with open(os.path.join(args.out_dir, p)) as f:
-                    s = json.load(f)
-            except (OSError, ValueError):
-                continue
-            for k in keys:
-                for v in (s.get(k), s.get("linker", {}).get(k)):
-                    if isinstance(v, (int, float)):
-                        total[k] = total.get(k, 0) + v
+    for s in tutti_stats(args.out_dir, config):
+        for k in keys:
+            for v in (s.get(k), s.get("linker", {}).get(k)):
+                if isinstance(v, (int, float)):
+                    total[k] = total.get(k, 0) + v
     return total
 
 
-def run_config(args, config: str, wl: e2e.Workload) -> dict:
+def fresh_store(args) -> None:
+    """Empty store directories (the same paths the server's tutti_dirs name)."""
     for d in args.tutti_dirs.split(","):
         shutil.rmtree(os.path.join(d, "tutti"), ignore_errors=True)
         os.makedirs(os.path.join(d, "tutti"))
+
+
+def run_config(args, config: str, wl: e2e.Workload) -> dict:
+    fresh_store(args)
     for p in os.listdir(args.out_dir):
         if p.startswith(f"stats-{config}-"):
             os.unlink(os.path.join(args.out_dir, p))
@@ -185,9 +184,7 @@ def run_config(args, config: str, wl: e2e.Workload) -> dict:
         fault("space-back", after, "back")
         if config == "tutti-host" and not args.no_injector:
             srv.stop()
-            for d in args.tutti_dirs.split(","):  # a clean store: this phase is about the injector
-                shutil.rmtree(os.path.join(d, "tutti"), ignore_errors=True)
-                os.makedirs(os.path.join(d, "tutti"))
+            fresh_store(args)  # a clean store: this phase is about the injector
             env = dict(env, SGLANG_TEST_HICACHE_BACKEND_RANDOM_FAILURE="0.2")
             srv = Server(cmd, env, log, port)
             srv.wait_ready(args.start_timeout)

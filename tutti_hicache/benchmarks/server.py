@@ -7,6 +7,7 @@ At a glance:
                                                  tokens and SGLang's breakdown, output ids, error)
     run_sequential(srv, reqs, max_new, flush) / run_rate(srv, reqs, rate, max_new)
     drop_caches() -> what happened
+    tutti_stats(out_dir, config) -> [the stats files tutti's processes of that configuration wrote]
 """
 
 from __future__ import annotations
@@ -156,3 +157,16 @@ def drop_caches() -> str:
         return "drop_caches"
     except OSError as e:
         return f"not dropped ({e.strerror})"
+
+
+def tutti_stats(out_dir: str, config: str) -> list:
+    """The JSON of every `stats-CONFIG-PID.json` in out_dir (unreadable ones skipped)."""
+    out = []
+    for p in sorted(os.listdir(out_dir)):
+        if p.startswith(f"stats-{config}-") and p.endswith(".json"):
+            try:
+                with open(os.path.join(out_dir, p)) as f:
+                    out.append(json.load(f))
+            except (OSError, ValueError):
+                pass
+    return out

@@ -10,6 +10,7 @@ At a glance:
         model.observe(n, p, seconds)          squares with forgetting, seeded by an optional
         model.predict(n, p) -> seconds | None offline slack table (`tutti-hicache profile`)
     windows = Windows(mode, table, times, layer_bytes_per_token)
+        windows.learn()                       [loader] at a load's start: the forwards since
         windows.window(n_input, n_prefix, read_Bps) -> seconds of writing between two layers
         windows.snapshot() -> {observations, converged_after, rel_error, ...}
 
@@ -206,7 +207,6 @@ class Windows:
             return 0.0 if self.table is None else self.table.window(n_input, n_prefix)[0]
         if self.mode == "off" or read_Bps <= 0:
             return 0.0
-        self.learn()
         c = self.compute(n_input, n_prefix)
         if c is None:
             return 0.0
