@@ -38,6 +38,7 @@ from tutti_hicache.layerwise import LayerCounter, LayerwiseKV
 from tutti_hicache.layout import PageGeometry
 
 ENGINE, VERIFY, STAGE_DEPTH, THREADS = "auto", True, TuttiConfig().stage_depth, 16
+GPU_WAIT = TuttiConfig().gpu_wait  # "on" when --completion asks for the GPU-wait path
 LLAMA = dict(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, mlp=14336, page=64)
 TINY = dict(layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, mlp=512, page=16)
 
@@ -181,7 +182,7 @@ def make_tutti(model, dirs, cap_gb: float) -> LayerwiseKV:
     cfg = TuttiConfig.from_sources({"tutti_dirs": list(dirs), "tutti_capacity_gb": cap_gb,
                                     "tutti_threads": THREADS, "tutti_queue_depth": 1024,
                                     "tutti_engine": ENGINE, "tutti_verify": VERIFY,
-                                    "tutti_stage_depth": STAGE_DEPTH})
+                                    "tutti_stage_depth": STAGE_DEPTH, "tutti_gpu_wait": GPU_WAIT})
     ident = {"bench": "llama-shaped", "layers": s["layers"], "page": s["page"]}
     return LayerwiseKV(cfg, g, ident, model.k, model.v, s["page"])
 
@@ -393,8 +394,10 @@ def main():
                          "pages per request): scheduler off, on, on with online write windows")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
-    global ENGINE, VERIFY, STAGE_DEPTH, THREADS
+    global ENGINE, VERIFY, STAGE_DEPTH, THREADS, GPU_WAIT
     ENGINE, VERIFY, THREADS = args.engine, not args.no_verify, args.threads
+    if "gpu" in args.completion:
+        GPU_WAIT = "on"
     STAGE_DEPTH = max(TuttiConfig().stage_depth, max(args.read_ahead) + 1)
     if args.dry_run and not args.medium:
         args.medium = [f"tmp={tempfile.mkdtemp(prefix='tutti-prefill-')}"]

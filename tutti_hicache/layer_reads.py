@@ -4,6 +4,7 @@ At a glance (ObjectStore.plan_pages / ObjectStore.stream_layers call these):
     plan = reads.plan(entries) -> PagePlan      per-page arrays, built once per batch (numpy)
     with reads.stream(plan, chunks, dsts, drop) as s:   the batch's directories are held for reads
         s.allow(n)                              admit chunks [0, n) to the devices
+        s.allow_after(device, cuda_stream, n)   the same, once a CUDA stream got there
         s.wait(i) -> ok [pages of chunk i]      whole and verified (corrupt pages are dropped)
         s.settle(n)                             wait until chunks [0, n) landed (not consumed)
         s.lend(seconds)                         settle every admitted chunk, then lend the
@@ -64,6 +65,12 @@ class LayerStream:
 
     def allow(self, n: int) -> None:
         self._stream.allow(n)
+        self._admitted = max(self._admitted, n)
+
+    def allow_after(self, device: int, cuda_stream: int, n: int) -> None:
+        """Admit chunks [0, n) once the CUDA stream reaches this point (a host function on it:
+        no thread of ours, and no GIL, takes part in admitting them)."""
+        extension().stream_allow_after(self._stream, device, cuda_stream, n)
         self._admitted = max(self._admitted, n)
 
     def settle(self, n: int) -> None:

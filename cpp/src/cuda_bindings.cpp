@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "tutti/cuda.hpp"
+#include "tutti/engine.hpp"
 
 namespace py = pybind11;
 
@@ -30,6 +31,13 @@ void bind_cuda(py::module_& m) {
       .def("__len__", &cuda::HostWords::size);
   m.def("stream_wait_value32", &cuda::wait_value32, py::arg("device"), py::arg("stream"),
         py::arg("device_address"), py::arg("value"), py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "stream_allow_after",
+      [](ReadStream& s, int device, uint64_t stream, size_t chunks) {
+        cuda::allow_after(device, stream, s.link(), chunks);
+      },
+      py::arg("read_stream"), py::arg("device"), py::arg("stream"), py::arg("chunks"),
+      py::call_guard<py::gil_scoped_release>());
   m.def("stream_write_value32", &cuda::write_value32, py::arg("device"), py::arg("stream"),
         py::arg("device_address"), py::arg("value"), py::call_guard<py::gil_scoped_release>());
 }

@@ -5,10 +5,12 @@
 // The declarations are ours, written from the driver API reference, not copied from cuda.h.
 #include <dlfcn.h>
 
+#include <memory>
 #include <mutex>
 #include <string>
 
 #include "tutti/cuda.hpp"
+#include "tutti/engine.hpp"
 
 namespace tutti::cuda {
 namespace {
@@ -55,6 +57,7 @@ struct Api {
   CUresult (*MemFreeHost)(void*) = nullptr;
   CUresult (*StreamWaitValue32)(CUstream, CUdeviceptr, unsigned, unsigned) = nullptr;
   CUresult (*StreamWriteValue32)(CUstream, CUdeviceptr, unsigned, unsigned) = nullptr;
+  CUresult (*LaunchHostFunc)(CUstream, void (*)(void*), void*) = nullptr;
   // green contexts (12.4+, their streams 12.5+): null where the driver has none
   CUresult (*DeviceGetDevResource)(CUdevice, DevResource*, int) = nullptr;
   CUresult (*DevSmResourceSplitByCount)(DevResource*, unsigned*, const DevResource*, DevResource*,
@@ -101,7 +104,8 @@ std::string load(Api& a) {
                         resolve(get, v, "cuMemHostGetDevicePointer", a.MemHostGetDevicePointer) &&
                         resolve(get, v, "cuMemFreeHost", a.MemFreeHost) &&
                         resolve(get, v, "cuStreamWaitValue32", a.StreamWaitValue32) &&
-                        resolve(get, v, "cuStreamWriteValue32", a.StreamWriteValue32);
+                        resolve(get, v, "cuStreamWriteValue32", a.StreamWriteValue32) &&
+                        resolve(get, v, "cuLaunchHostFunc", a.LaunchHostFunc);
   if (!required) return "the CUDA driver lacks a stream memory operation or host-memory call";
   resolve(get, v, "cuDeviceGetDevResource", a.DeviceGetDevResource);
   resolve(get, v, "cuDevSmResourceSplitByCount", a.DevSmResourceSplitByCount);
@@ -214,6 +218,31 @@ void write_value32(int device, uint64_t stream, uint64_t device_addr, uint32_t v
   check(api().StreamWriteValue32(reinterpret_cast<CUstream>(stream), device_addr, value,
                                  kWriteValueDefault),
         "cuStreamWriteValue32");
+}
+
+namespace {
+struct AllowCall {
+  std::shared_ptr<StreamLink> link;
+  size_t chunks;
+};
+
+// Runs on the driver's callback thread once the stream reached it: no CUDA call, no exception
+// out, nothing that blocks beyond the read stream's own lock.
+void run_allow(void* p) {
+  std::unique_ptr<AllowCall> call(static_cast<AllowCall*>(p));
+  try {
+    call->link->allow(call->chunks);
+  } catch (...) {  // a lock that failed: the chunk stays unadmitted, the loader's close ends it
+  }
+}
+}  // namespace
+
+void allow_after(int device, uint64_t stream, std::shared_ptr<StreamLink> link, size_t chunks) {
+  ensure_context(device);
+  auto call = std::make_unique<AllowCall>(AllowCall{std::move(link), chunks});
+  check(api().LaunchHostFunc(reinterpret_cast<CUstream>(stream), &run_allow, call.get()),
+        "cuLaunchHostFunc");
+  call.release();  // run_allow owns it now
 }
 
 }  // namespace tutti::cuda

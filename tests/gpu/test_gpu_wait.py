@@ -4,6 +4,9 @@ without it (off); a corrupt layer mid-load and a load cancelled or aborted mid-s
 every enqueued wait (no CUDA stream is left waiting: bounded polling of CUDA events fails the
 test instead of hanging) and land no byte of a chunk that did not pass in the pool."""
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -45,6 +48,7 @@ def test_a_stream_waits_on_a_host_word_until_the_cpu_writes_it():
     words = driver.HostWords(dev, 2)
     stream = torch.cuda.Stream()
     x = torch.zeros(1 << 16, device="cuda")
+    x.add_(0)  # loads the kernel: a lazy load behind the wait may synchronize the context first
     torch.cuda.synchronize()
     for need, value in ((1, 1), (2, extension().GATE_TERMINAL)):  # a count, then the terminal value
         driver.wait_value32(dev, stream.cuda_stream, words.device_address, need)
@@ -195,3 +199,38 @@ def test_gpu_wait_on_without_the_cuda_part_fails_the_attach(tmp_path, monkeypatc
     k = [torch.zeros(4 * PAGE, 2, 64, dtype=torch.bfloat16, device="cuda") for _ in range(GEOM.num_layers)]
     with pytest.raises(RuntimeError, match="no driver here"):
         LayerwiseKV(cfg, GEOM, {"t": "gpu-wait"}, k, [t.clone() for t in k], PAGE)
+
+
+def hold_the_gil_in_a_context_synchronize(root: str) -> None:
+    """(Run in a child process.) A GPU-wait load of 12 chunks through a ring of 2, then, once
+    its GPU work is enqueued, the main thread synchronizes the context from a call that keeps
+    the GIL (what a launch that loads a kernel lazily may do): the load must still run to its
+    end, because its copies admit its later reads, not the Python loader."""
+    import ctypes
+    import pathlib
+    lw, bufs, keys, rows, want = make_lw(pathlib.Path(root), "on", tutti_read_ahead=1,
+                                         tutti_stage_depth=2)
+    assert lw.load("held", keys, rows)
+    idx = lw.start()
+    last = lw.counter._batches[idx].enqueued[-1]  # set once all of the load's GPU work is queued
+    assert last.wait(DEADLINE_S), "the load never enqueued its GPU work"
+    assert ctypes.PyDLL("libcuda.so.1").cuCtxSynchronize() == 0  # holds the GIL throughout
+    lw.counter.set_consumer(idx)
+    assert lw.finish(idx)
+    check_pool(bufs, want)
+    lw.close()
+    print("held-gil load: exact")
+
+
+def test_a_load_runs_to_its_end_while_a_thread_holds_the_gil_in_a_context_synchronize(tmp_path):
+    driver_or_skip()
+    code = ("import runpy, sys; runpy.run_path(sys.argv[1])"
+            "['hold_the_gil_in_a_context_synchronize'](sys.argv[2])")
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    try:
+        r = subprocess.run([sys.executable, "-P", "-c", code, __file__, str(tmp_path)], env=env,
+                           capture_output=True, text=True, timeout=DEADLINE_S + 60)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the load deadlocked with the GIL held: {(e.stderr or '')[-2000:]}")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "held-gil load: exact" in r.stdout

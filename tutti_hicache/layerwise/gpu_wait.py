@@ -6,7 +6,8 @@ At a glance ([loader] thread):
     gate = gates.take()                      a zeroed gate: .host (release, verified) for the
                                              read stream, .device (release, verified) for the GPU
     enqueue(plan, stream, device, gate, chunks, ...)   on the load stream, for chunk i: wait
-        until release >= i + 1; H2D copy of its ring slot; scatter gated on verified >= i + 1
+        until release >= i + 1; H2D copy of its ring slot; copied(i) (the loader admits chunk
+        i + read_ahead to the disk there); scatter gated on verified >= i + 1
         -> plan.copy_done[i], plan.layer_done[layer], plan.end
     close(plan, stream, gate, nchunks, stage, slots)   after the load's reads ended, always
     gates.retire(gate, plan.end)             the slot is reused once the GPU passed plan.end
@@ -80,12 +81,13 @@ class GateSlots:
 
 def enqueue(plan: Plan, stream, device: int, gate: Gate, chunks: list, slots: list, stage,
             nbytes: list, scatter: Callable, last_of_layer: list, on_layer: Callable,
-            trace: bool = False) -> None:
+            copied: Callable, trace: bool = False) -> None:
     """Enqueue every chunk's wait, copy and gated scatter on `stream`, in chunk order, filling
     `plan` as it goes (a launch that raises leaves the events of what was enqueued).
     chunks[i] = (layer, rows); slots[i]: its ring slot; nbytes[i]: its staged bytes;
     scatter(dev, layer, i, gate=(address, need)) launches its scatter; last_of_layer[i]: chunk
-    i ends its layer, whose event goes to on_layer(layer, event) at once."""
+    i ends its layer, whose event goes to on_layer(layer, event) at once; copied(i) enqueues
+    what follows chunk i's copy on the stream (the loader: a host function admitting reads)."""
     handle = stream.cuda_stream
     with torch.cuda.stream(stream):
         for i, (layer, _rows) in enumerate(chunks):
@@ -95,6 +97,7 @@ def enqueue(plan: Plan, stream, device: int, gate: Gate, chunks: list, slots: li
             dev = stage.device[: nbytes[i]]
             dev.copy_(host, non_blocking=True)
             plan.copy_done.append(record(stream))
+            copied(i)
             if trace:
                 plan.starts.append((copy_start, record(stream, True)))
             scatter(dev, layer, i, (gate.device[1], i + 1))

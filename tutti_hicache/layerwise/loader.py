@@ -13,7 +13,8 @@ At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's t
         -> counter.complete(index, layer); any failure -> counter.fail(index) (never a hang)
         GPU-wait mode (gates given: tutti_gpu_wait): every chunk's copy and gated scatter are
         enqueued up front behind GPU waits on a gate the read stream advances (gpu_wait.py),
-        every layer's event handed to the counter at once; the loop only admits and checks
+        every layer's event handed to the counter at once, each copy admitting a later chunk
+        through a CUDA host function; the loop only checks the verdicts (no write windows)
     loader.read_ahead, loader.windows_opened, loader.read_Bps, loader.worker (drain, stop, thread)
     loader.trace                                       None, or a list each load appends its
         chunks' read-completion times and scatter-start events to (the benchmark)
@@ -172,11 +173,15 @@ class Loader:
                         admitted += 1
                     stream.allow(admitted)
 
-                if gpu is not None:  # the first reads go out, then every layer's GPU work
+                if gpu is not None:
+                    # the first reads go out (their slots free of the last load's copies), then
+                    # every layer's GPU work, whose copies admit the rest (no CPU thread of ours)
                     admit(min(len(chunks), self.read_ahead))
-                    self._enqueue(gpu, cuda_stream, gate, index, chunks, slots, page_ids)
+                    self._stage.advance(len(chunks) - admitted)
+                    self._enqueue(gpu, cuda_stream, gate, index, chunks, slots, page_ids, stream)
                 for i, (layer, rows) in enumerate(chunks):
-                    admit(min(len(chunks), i + self.read_ahead))
+                    if gpu is None:
+                        admit(min(len(chunks), i + self.read_ahead))
                     ok = stream.wait(i)
                     if not ok.all():
                         raise LoadFailed(f"layer {layer}: {int((~ok).sum())} of {len(ok)} pages "
@@ -187,7 +192,8 @@ class Loader:
                         continue
                     if gpu is None:
                         self._counter.complete(index, layer, self._mark())
-                    if layer + 1 < self._num_layers and layer - self._counter.waited >= 2:
+                    if gpu is None and layer + 1 < self._num_layers and \
+                            layer - self._counter.waited >= 2:
                         window = self._windows.window(input_tokens, prefix, self.read_Bps)
                         if window > 0:
                             self.windows_opened += 1
@@ -217,10 +223,13 @@ class Loader:
         return stream
 
     def _enqueue(self, gpu: "gpu_wait.Plan", stream, gate, index: int, chunks: list, slots: list,
-                 page_ids) -> None:
+                 page_ids, reads) -> None:
         """Every chunk's wait, copy and gated scatter on the load stream, each layer's event to
         the counter as soon as it is enqueued (the forward's wait_until then never waits for
-        the CPU's reaction to a read)."""
+        the CPU's reaction to a read). Chunk i's copy admits chunk i + read_ahead to the disk
+        (a host function on the stream: its ring slot is free then), so the whole load runs to
+        its end even while every Python thread is held (a context synchronization inside a
+        launch that holds the GIL, e.g. a kernel loaded lazily, waits for this stream)."""
         per_page = self._k_objs * self._obj_stride
         nbytes = [(rows.stop - rows.start) * per_page for _, rows in chunks]
         last = [i + 1 == len(chunks) or chunks[i + 1][0] != layer
@@ -230,10 +239,16 @@ class Loader:
         def scatter(dev, layer, i, g):
             self._scatter(dev, layer, ids[i], g)
 
+        ahead, n = self.read_ahead, len(chunks)
+
+        def copied(i):
+            if i + ahead < n:
+                reads.allow_after(self._io.device, stream.cuda_stream, i + ahead + 1)
+
         self._counter.hold(index)  # finish() waits for the loader's verdict, not just the GPU
         gpu_wait.enqueue(gpu, stream, self._io.device, gate, chunks, slots, self._stage, nbytes,
                          scatter, last, lambda layer, ev: self._counter.complete(index, layer, ev),
-                         trace=self.trace is not None)
+                         copied, trace=self.trace is not None)
 
     @property
     def read_Bps(self) -> float:

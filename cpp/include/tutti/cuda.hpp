@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -20,6 +21,8 @@ class module_;
 }
 
 namespace tutti {
+
+class StreamLink;
 
 class CudaError : public std::runtime_error {
  public:
@@ -67,6 +70,12 @@ class HostWords {
 void wait_value32(int device, uint64_t stream, uint64_t device_addr, uint32_t value);
 /// Enqueues a store of value at device_addr on stream (cuStreamWriteValue32).
 void write_value32(int device, uint64_t stream, uint64_t device_addr, uint32_t value);
+
+/// Enqueues on stream a host function (cuLaunchHostFunc) that admits chunks [0, chunks) of the
+/// read stream behind link once the stream's earlier work ended: the read stream's next chunks
+/// then go out without any thread of the caller (the Python loader, its GIL) taking part. A
+/// stream destroyed before then detached its link: the call does nothing.
+void allow_after(int device, uint64_t stream, std::shared_ptr<StreamLink> link, size_t chunks);
 
 }  // namespace cuda
 

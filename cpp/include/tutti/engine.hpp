@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -90,6 +91,22 @@ struct ChunkResults {
   size_t n_groups = 0;
 };
 
+class ReadStream;
+
+/// A handle through which another thread (a CUDA host function behind a copy) admits chunks of a
+/// read stream that may be gone by then: allow() is a no-op once the stream detached it (its
+/// destructor does, first). Shared by the stream and every pending caller.
+class StreamLink {
+ public:
+  explicit StreamLink(ReadStream* s) : s_(s) {}
+  void allow(size_t chunks);
+  void detach() noexcept;
+
+ private:
+  std::mutex mu_;
+  ReadStream* s_;
+};
+
 /// One read of many chunks (the layers of a restore) kept back to back at the device, run on a
 /// thread of its own: chunk c's requests go out once allow(c + 1) admitted it, queued behind the
 /// earlier chunks'. The destructor cancels and joins (errors dropped). It must not outlive its
@@ -108,6 +125,8 @@ class ReadStream {
   virtual void join() = 0;
   /// CLOCK_MONOTONIC nanoseconds at which each chunk became final (0: not yet), for tracing.
   [[nodiscard]] virtual std::vector<int64_t> done_ns() = 0;
+  /// The stream's StreamLink (allow() from threads that may outlive the stream).
+  [[nodiscard]] virtual std::shared_ptr<StreamLink> link() = 0;
 };
 
 struct EngineOptions {

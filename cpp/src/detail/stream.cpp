@@ -47,6 +47,7 @@ Stream::Stream(EngineBase& engine, StreamSpec spec) : engine_(engine), spec_(std
                                                sums_.size(), n, sums_.data(), engine_.task_pool());
     groups_->on_task = [this](uint32_t g, int delta) { task(group_chunk_[g], delta); };
   }
+  link_ = std::make_shared<StreamLink>(this);
   wake_fd_ = eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) TUTTI_SYS_FAIL(errno, "eventfd", "");
   thread_ = std::thread([this] { run(); });
@@ -73,6 +74,7 @@ void Stream::validate_groups() {
 }
 
 Stream::~Stream() {
+  link_->detach();  // no caller through the link reaches this stream any more
   cancel();
   if (thread_.joinable()) thread_.join();
   if (groups_) groups_->wait();
@@ -202,6 +204,26 @@ void Stream::check_done(size_t c) {
   advance_gate();  // before anyone waiting on chunk c wakes
   cv_.notify_all();
 }
+
+// ---- StreamLink (engine.hpp)
+
+}  // namespace tutti::detail
+
+namespace tutti {
+
+void StreamLink::allow(size_t chunks) {
+  std::lock_guard lock(mu_);
+  if (s_ != nullptr) s_->allow(chunks);
+}
+
+void StreamLink::detach() noexcept {
+  std::lock_guard lock(mu_);
+  s_ = nullptr;
+}
+
+}  // namespace tutti
+
+namespace tutti::detail {
 
 // ---- the completion gate (see StreamGate)
 

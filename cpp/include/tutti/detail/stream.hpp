@@ -31,6 +31,7 @@ class Stream final : public ReadStream {
   void cancel() noexcept override;
   void join() override;
   std::vector<int64_t> done_ns() override;
+  std::shared_ptr<StreamLink> link() override { return link_; }
 
   // ---- for the engines' run loops (on the stream's thread)
   const Batch& batch() const { return batch_; }
@@ -80,6 +81,7 @@ class Stream final : public ReadStream {
   size_t oldest_ = 0;
   bool gate_open_ = false;
   size_t released_ = 0;  // chunks the gate has released (all passed)
+  std::shared_ptr<StreamLink> link_;
   std::thread thread_;
 };
 
