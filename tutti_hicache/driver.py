@@ -7,6 +7,8 @@ At a glance:
                                              memory: .address (CPU), .device_address (GPU)
     wait_value32(device, stream, device_address, value)   the stream waits until the word,
                                              compared cyclically, is >= value (GPU side)
+    copy_word32(device, stream, device_address, host_address)   the stream copies a host word to
+                                             device memory when it gets there (one PCIe read)
     TERMINAL                                 the value a failed or cancelled load releases with
 
 The C++ side (cpp/src/cuda_shim.cpp) dlopen()s libcuda.so.1 on the first call and resolves
@@ -21,7 +23,7 @@ import functools
 
 from .engine import extension
 
-__all__ = ["available", "green_streams", "HostWords", "wait_value32", "TERMINAL"]
+__all__ = ["available", "green_streams", "HostWords", "wait_value32", "copy_word32", "TERMINAL"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -49,6 +51,10 @@ def HostWords(device: int, n: int):  # noqa: N802 (the C++ class)
 
 def wait_value32(device: int, stream: int, device_address: int, value: int) -> None:
     extension().stream_wait_value32(device, stream, device_address, value)
+
+
+def copy_word32(device: int, stream: int, device_address: int, host_address: int) -> None:
+    extension().stream_copy_word32(device, stream, device_address, host_address)
 
 
 def __getattr__(name: str):

@@ -38,6 +38,9 @@ void bind_cuda(py::module_& m) {
       },
       py::arg("read_stream"), py::arg("device"), py::arg("stream"), py::arg("chunks"),
       py::call_guard<py::gil_scoped_release>());
+  m.def("stream_copy_word32", &cuda::copy_word32, py::arg("device"), py::arg("stream"),
+        py::arg("device_address"), py::arg("host_address"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("stream_write_value32", &cuda::write_value32, py::arg("device"), py::arg("stream"),
         py::arg("device_address"), py::arg("value"), py::call_guard<py::gil_scoped_release>());
 }

@@ -58,6 +58,7 @@ struct Api {
   CUresult (*StreamWaitValue32)(CUstream, CUdeviceptr, unsigned, unsigned) = nullptr;
   CUresult (*StreamWriteValue32)(CUstream, CUdeviceptr, unsigned, unsigned) = nullptr;
   CUresult (*LaunchHostFunc)(CUstream, void (*)(void*), void*) = nullptr;
+  CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream) = nullptr;
   // green contexts (12.4+, their streams 12.5+): null where the driver has none
   CUresult (*DeviceGetDevResource)(CUdevice, DevResource*, int) = nullptr;
   CUresult (*DevSmResourceSplitByCount)(DevResource*, unsigned*, const DevResource*, DevResource*,
@@ -105,7 +106,8 @@ std::string load(Api& a) {
                         resolve(get, v, "cuMemFreeHost", a.MemFreeHost) &&
                         resolve(get, v, "cuStreamWaitValue32", a.StreamWaitValue32) &&
                         resolve(get, v, "cuStreamWriteValue32", a.StreamWriteValue32) &&
-                        resolve(get, v, "cuLaunchHostFunc", a.LaunchHostFunc);
+                        resolve(get, v, "cuLaunchHostFunc", a.LaunchHostFunc) &&
+                        resolve(get, v, "cuMemcpyHtoDAsync", a.MemcpyHtoDAsync);
   if (!required) return "the CUDA driver lacks a stream memory operation or host-memory call";
   resolve(get, v, "cuDeviceGetDevResource", a.DeviceGetDevResource);
   resolve(get, v, "cuDevSmResourceSplitByCount", a.DevSmResourceSplitByCount);
@@ -218,6 +220,13 @@ void write_value32(int device, uint64_t stream, uint64_t device_addr, uint32_t v
   check(api().StreamWriteValue32(reinterpret_cast<CUstream>(stream), device_addr, value,
                                  kWriteValueDefault),
         "cuStreamWriteValue32");
+}
+
+void copy_word32(int device, uint64_t stream, uint64_t device_addr, uint64_t host_addr) {
+  ensure_context(device);
+  check(api().MemcpyHtoDAsync(device_addr, reinterpret_cast<const void*>(host_addr), 4,
+                              reinterpret_cast<CUstream>(stream)),
+        "cuMemcpyHtoDAsync");
 }
 
 namespace {

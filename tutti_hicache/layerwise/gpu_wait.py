@@ -4,10 +4,12 @@ start of a load, each behind a wait on a counter the read stream advances.
 At a glance ([loader] thread):
     gates = GateSlots(device_index)
     gate = gates.take()                      a zeroed gate: .host (release, verified) for the
-                                             read stream, .device (release, verified) for the GPU
+                                             read stream, .device (release, verified) for the GPU,
+                                             .copy a device word the scatters read `verified` from
     enqueue(plan, stream, device, gate, chunks, ...)   on the load stream, for chunk i: wait
         until release >= i + 1; H2D copy of its ring slot; copied(i) (the loader admits chunk
-        i + read_ahead to the disk there); scatter gated on verified >= i + 1
+        i + read_ahead to the disk there); `verified` copied to device memory (gate.copy);
+        scatter gated on that copy >= i + 1
         -> plan.copy_done[i], plan.layer_done[layer], plan.end
     close(plan, stream, gate, nchunks, stage, slots)   after the load's reads ended, always
     gates.retire(gate, plan.end)             the slot is reused once the GPU passed plan.end
@@ -36,7 +38,8 @@ WORDS_PER_GATE = 16  # one 64-byte line each: release at word 0, verified at wor
 class Gate:
     k: int
     host: tuple  # (release, verified) CPU addresses
-    device: tuple  # (release, verified) GPU addresses
+    device: tuple  # (release, verified) GPU addresses of the same words
+    copy: int  # a word of device memory: `verified` copied there before each scatter
 
 
 @dataclass
@@ -54,6 +57,7 @@ class GateSlots:
     def __init__(self, device: int, n: int = 8):
         self.device = device
         self.words = driver.HostWords(device, n * WORDS_PER_GATE)
+        self.copies = torch.zeros(n * WORDS_PER_GATE, dtype=torch.int32, device=f"cuda:{device}")
         self._busy: list = [None] * n
         self._next = 0
 
@@ -68,7 +72,7 @@ class GateSlots:
         from ..layer_reads import gate_release
         gate_release(host, 0)  # zeroed before any wait on it is enqueued
         dev = (self.words.device_address + off, self.words.device_address + off + 4)
-        return Gate(k, host, dev)
+        return Gate(k, host, dev, self.copies.data_ptr() + off)
 
     def retire(self, gate: Gate, end: Optional[torch.cuda.Event]) -> None:
         self._busy[gate.k] = end
@@ -100,7 +104,10 @@ def enqueue(plan: Plan, stream, device: int, gate: Gate, chunks: list, slots: li
             copied(i)
             if trace:
                 plan.starts.append((copy_start, record(stream, True)))
-            scatter(dev, layer, i, (gate.device[1], i + 1))
+            # the kernel's programs read `verified` from device memory: read from the host by
+            # each of them, it cost one PCIe round trip per program (~30 ms a 120 MB layer)
+            driver.copy_word32(device, handle, gate.copy, gate.host[1])
+            scatter(dev, layer, i, (gate.copy, i + 1))
             if last_of_layer[i]:
                 plan.layer_done.append(record(stream))
                 on_layer(layer, plan.layer_done[-1])

@@ -285,7 +285,7 @@ class Loader:
             self._scatter(dev[layer * per_layer:(layer + 1) * per_layer], layer, ids)
         if gates is not None:
             gate = gates.take()
-            self._scatter(dev[:per_layer], 0, ids, (gate.device[1], 1))
+            self._scatter(dev[:per_layer], 0, ids, (gate.copy, 1))  # copy holds 0 (< 1)
             gates.retire(gate, self._mark())
 
     def _scatter(self, staging, layer: int, page_ids, gate=None) -> None:

@@ -71,6 +71,11 @@ void wait_value32(int device, uint64_t stream, uint64_t device_addr, uint32_t va
 /// Enqueues a store of value at device_addr on stream (cuStreamWriteValue32).
 void write_value32(int device, uint64_t stream, uint64_t device_addr, uint32_t value);
 
+/// Enqueues on stream a copy of the 32-bit word at host_addr (pinned host memory) to device_addr,
+/// read when the stream gets there (a DMA): kernels behind it read the word from device memory
+/// (one PCIe read per chunk, not one per program).
+void copy_word32(int device, uint64_t stream, uint64_t device_addr, uint64_t host_addr);
+
 /// Enqueues on stream a host function (cuLaunchHostFunc) that admits chunks [0, chunks) of the
 /// read stream behind link once the stream's earlier work ended: the read stream's next chunks
 /// then go out without any thread of the caller (the Python loader, its GIL) taking part. A
