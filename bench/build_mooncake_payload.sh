@@ -47,7 +47,7 @@ for n in libetcd_wrapper libasio; do  # the symlinks' targets, also needed by mo
 done
 strip --strip-unneeded "$T/mooncake/store.so" "$T/mooncake/mooncake_master" "$T/$L"/* 2>/dev/null || true
 for n in libibverbs.so.1 libmlx5.so.1 libnl-3.so.200 libnl-route-3.so.200 libnuma.so.1; do
-  p=$(ldconfig -p | awk -v n="$n" '$1 == n {print $NF; exit}')
+  p=$(ldconfig -p | awk -v n="$n" '$1 == n && !f {print $NF; f = 1}')
   if [ -n "$p" ]; then cp -L "$p" "$T/mooncake-syslibs/"; else echo "note: $n not on this machine, not carried" >&2; fi
 done
 tar -C "$T" -cf - . | xz -9 -T0 > "$OUTDIR/mooncake.tar.xz"

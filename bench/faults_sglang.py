@@ -30,7 +30,7 @@ import shutil
 import time
 
 from tutti_hicache.benchmarks import e2e
-from tutti_hicache.benchmarks.server import Server, one_request, tutti_stats
+from tutti_hicache.benchmarks.server import Server, tutti_stats
 
 
 def store_files(args) -> list:
@@ -85,19 +85,65 @@ def fill(args) -> list:
     return fillers
 
 
+NEAR_TIE = 0.05  # nats between the top two tokens: a greedy choice a rounding difference can flip
+
+
+def generate(srv: Server, req: e2e.Request, max_new: int) -> dict:
+    """One greedy generation with the top-2 log-probabilities of every output token (not streamed):
+    output_ids, gaps (top-1 minus top-2 logprob per position), SGLang's cached-token details."""
+    import requests
+    body = {"input_ids": req.ids, "return_logprob": True, "top_logprobs_num": 2,
+            "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
+    rec = {"id": req.id}
+    try:
+        r = requests.post(srv.url + "/generate", json=body, timeout=(5, 300))
+        out = r.json()
+    except Exception as e:  # a failed request is recorded, never hangs the run
+        rec["error"] = repr(e)
+        return rec
+    if isinstance(out, list):
+        out = out[0]
+    meta = out.get("meta_info", {}) if isinstance(out, dict) else {}
+    if not isinstance(out, dict) or "error" in out or r.status_code != 200:
+        rec["error"] = str(out)[:400]
+    tops = meta.get("output_top_logprobs") or []
+    ids = out.get("output_ids") if isinstance(out, dict) else None
+    if ids is None and meta.get("output_token_logprobs"):
+        ids = [t[1] for t in meta["output_token_logprobs"]]
+    rec.update(output_ids=ids, finish_reason=meta.get("finish_reason"),
+               cached_tokens=meta.get("cached_tokens"), details=meta.get("cached_tokens_details"),
+               gaps=[round(t[0][0] - t[1][0], 5) if t and len(t) > 1 else None for t in tops])
+    return rec
+
+
 def judge(records: list, reference: dict) -> dict:
+    """Against the from-scratch outputs: equal, failed (an error or SGLang's abort), or wrong. A wrong
+    output is also placed: the first position it differs at, and the reference's top-2 gap there
+    (below NEAR_TIE the reference itself nearly chose the other token: a numerical difference of a
+    recomputed suffix, not damaged KV, can flip it)."""
     out = {"requests": len(records), "equal": 0, "errors": 0, "wrong": 0, "wrong_ids": [],
+           "wrong_near_tie": 0, "divergences": [],
            "error_texts": sorted({r["error"][:160] for r in records if r.get("error")})[:5]}
     for r in records:
         reason = r.get("finish_reason") or {}
+        ref = reference.get(r["id"].split("#")[0])
         if r.get("error") or r.get("output_ids") is None or (
                 isinstance(reason, dict) and reason.get("type") == "abort"):
             out["errors"] += 1  # failed with an error, or aborted by SGLang (finish_reason abort)
-        elif reference.get(r["id"].split("#")[0]) in (None, r["output_ids"]):
+        elif ref is None or ref["output_ids"] == r["output_ids"]:
             out["equal"] += 1
         else:
             out["wrong"] += 1
             out["wrong_ids"].append(r["id"])
+            a, b = ref["output_ids"] or [], r["output_ids"]
+            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            gaps = ref.get("gaps") or []
+            gap = gaps[at] if at < len(gaps) else None
+            got = (r.get("gaps") or [None] * (at + 1))[at] if at < len(r.get("gaps") or []) else None
+            out["divergences"].append({"id": r["id"], "at": at, "ref_gap": gap, "gap": got,
+                                       "cached_tokens": r.get("cached_tokens"), "details": r.get("details")})
+            if gap is not None and gap < NEAR_TIE:
+                out["wrong_near_tie"] += 1
     return out
 
 
@@ -105,7 +151,7 @@ def ask(srv: Server, reqs: list, max_new: int, tag: str) -> list:
     recs = []
     for r in reqs:
         srv.flush()
-        rec = one_request(srv, r, max_new)
+        rec = generate(srv, r, max_new)
         rec["id"] = f"{r.id}#{tag}"
         recs.append(rec)
     return recs
@@ -148,16 +194,16 @@ def run_config(args, config: str, wl: e2e.Workload) -> dict:
         recs = ask(srv, reqs, args.max_new, tag)
         res["faults"][name] = {**judge(recs, reference), "serving": srv.alive(),
                                "counters": tutti_counters(args, config),
-                               "records": [{k: r.get(k) for k in ("id", "output_ids", "finish_reason", "error",
-                                                                    "cached_tokens", "details")} for r in recs]}
+                               "records": [{k: r.get(k) for k in ("id", "output_ids", "gaps", "finish_reason",
+                                                                    "error", "cached_tokens", "details")}
+                                           for r in recs]}
         print(f"  {config:14s} {name:10s} " + json.dumps({k: v for k, v in res["faults"][name].items()
                                                           if k != "records"}), flush=True)
 
     try:
         res["start_s"] = srv.wait_ready(args.start_timeout)
         for r in docs:  # computed from scratch: the reference outputs; their KV goes to the store
-            rec = one_request(srv, r, args.max_new)
-            reference[r.id] = rec.get("output_ids")
+            reference[r.id] = generate(srv, r, args.max_new)
         res["reference"] = reference
         time.sleep(args.settle_s)
         fault("baseline", docs, "base")
@@ -165,21 +211,21 @@ def run_config(args, config: str, wl: e2e.Workload) -> dict:
         fault("corrupt", docs, "corrupt")
         new = [next(fresh) for _ in range(2)]  # new pages written after the damage
         for r in new:
-            reference[r.id] = one_request(srv, r, args.max_new).get("output_ids")
+            reference[r.id] = generate(srv, r, args.max_new)
         time.sleep(args.settle_s)
         res["truncated_files"] = truncate_segments(args)
         fault("truncate", docs + new, "truncate")
         fillers = fill(args)
         full = [next(fresh) for _ in range(2)]
         for r in full:
-            reference[r.id] = one_request(srv, r, args.max_new).get("output_ids")
+            reference[r.id] = generate(srv, r, args.max_new)
         time.sleep(args.settle_s)
         fault("disk-full", docs + full, "full")
         for p in fillers:
             os.unlink(p)
         after = [next(fresh) for _ in range(2)]
         for r in after:
-            reference[r.id] = one_request(srv, r, args.max_new).get("output_ids")
+            reference[r.id] = generate(srv, r, args.max_new)
         time.sleep(args.settle_s)
         fault("space-back", after, "back")
         if config == "tutti-host" and not args.no_injector:
@@ -190,7 +236,7 @@ def run_config(args, config: str, wl: e2e.Workload) -> dict:
             srv.wait_ready(args.start_timeout)
             again = [next(fresh) for _ in range(2)]
             for r in again:
-                reference[r.id] = one_request(srv, r, args.max_new).get("output_ids")
+                reference[r.id] = generate(srv, r, args.max_new)
             time.sleep(args.settle_s)
             fault("injector", again * 3, "inject")
     except Exception as e:  # keep what was measured
