@@ -206,7 +206,7 @@ class _Node:
             t1 = time.perf_counter()
             h2d = 0.0
             if device is not None and done:
-                h2d = _h2d_seconds(pool, int(idx[0]), done * page, device)
+                h2d = _h2d_seconds(pool, idx[: done * page], device)
             return {"pages": done, "digests": self._digests(pool, idx[: done * page]),
                     "transfer_s": t1 - t0, "h2d_s": h2d}
         finally:
@@ -226,17 +226,25 @@ class _Node:
         self.backends.pop(name)[0].close()
 
 
-def _h2d_seconds(pool, first: int, tokens: int, device: str) -> float:
-    """One copy of the token range [first, first + tokens) of a page_first host pool (pinned)
-    into a device tensor: the bytes SGLang's load_to_device moves for these pages."""
+def _h2d_seconds(pool, idx, device: str) -> float:
+    """Copies of the tokens `idx` of a page_first host pool (pinned) into a device tensor, one per
+    contiguous run of indices (the pool's free list need not hand out one range): the bytes
+    SGLang's load_to_device moves for these pages."""
+    import numpy as np
     import torch
 
     kv = pool.kv_buffer  # page_first: [2, size, layers, heads, dim]
-    dst = torch.empty((2, tokens) + tuple(kv.shape[2:]), dtype=kv.dtype, device=device)
+    rows = np.asarray(idx.cpu() if hasattr(idx, "cpu") else idx, dtype=np.int64)
+    cuts = np.flatnonzero(np.diff(rows) != 1) + 1
+    runs = [(int(r[0]), len(r)) for r in np.split(rows, cuts)]
+    dst = torch.empty((2, len(rows)) + tuple(kv.shape[2:]), dtype=kv.dtype, device=device)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for i in range(2):
-        dst[i].copy_(kv[i, first:first + tokens], non_blocking=True)
+        at = 0
+        for first, n in runs:
+            dst[i, at:at + n].copy_(kv[i, first:first + n], non_blocking=True)
+            at += n
     torch.cuda.synchronize()
     return time.perf_counter() - t0
 
