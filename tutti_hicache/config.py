@@ -191,7 +191,8 @@ class TuttiConfig:
         "wait on a device-mapped counter the read stream writes once the layer is verified (no "
         "CPU reaction per layer); off = each layer launched from the CPU as its reads land; auto "
         "= on where the CUDA part of the extension loads (on fails the attach where it does not)."
-        " Off by default until its GPU tests pass on a GPU (experimental).",
+        " Off by default: on the H200 it restores as fast as off, not faster (docs/benchmarks.md"
+        " §3a); GPU-wait loads lend no write windows.",
         choices=("auto", "on", "off"))
     offload_backlog_pages: int = setting(8192,
         "Linker: pages queued for offload before new offloads are refused (the device pages stay "
