@@ -41,7 +41,7 @@ from typing import Optional
 import torch
 
 from ..config import TuttiConfig
-from ..layout import PageGeometry
+from ..layout import PageGeometry, align_up
 from ..profiler import SlackTable
 from ..store import ObjectStore
 from .counter import LayerCounter
@@ -70,7 +70,7 @@ class LayerwiseKV:
         self.times = LayerTimes(self.cuda)
         self.counter = LayerCounter(self.num_layers, self.times if cfg.write_windows == "online"
                                     else None)
-        self.gpu_wait = self._gpu_wait_mode(cfg.gpu_wait)  # before anything is opened
+        self.gpu_wait = self._gpu_wait_mode(cfg.gpu_wait, geometry)  # before anything is opened
         self.store = ObjectStore(cfg, geometry, identity, writer=writer)
         self.io = self._io_stream()
         self.obj_stride = self.store.layer_object_stride()
@@ -101,14 +101,20 @@ class LayerwiseKV:
         from ..green import io_stream
         return io_stream(self.cfg.io_sms, self.device)
 
-    def _gpu_wait_mode(self, setting: str) -> tuple:
-        """(on, reason) for tutti_gpu_wait; "on" raises where the CUDA part cannot run."""
+    def _gpu_wait_mode(self, setting: str, geometry: PageGeometry) -> tuple:
+        """(on, reason) for tutti_gpu_wait; "on" raises where the path cannot run: no CUDA part,
+        or objects padded to 4 KiB (their checksums are computed by the loader's Python thread,
+        which a GPU-wait load must never depend on: docs/design.md §8)."""
         if setting == "off":
             return False, "tutti_gpu_wait=off"
         from .. import driver
+        nbytes = int(geometry.object_nbytes[0])
         ok, why = driver.available() if self.cuda else (False, "the pool is not on a CUDA device")
+        if ok and nbytes != align_up(nbytes):
+            ok, why = False, (f"a KV object is {nbytes} B, not a multiple of 4 KiB: its checksums "
+                              "run in Python, which GPU-side waits must not depend on")
         if not ok and setting == "on":
-            raise RuntimeError(f"tutti_gpu_wait=on but the CUDA part is unavailable: {why}")
+            raise RuntimeError(f"tutti_gpu_wait=on cannot run here: {why}")
         mode = (True, "the CUDA part loaded") if ok else (False, why)
         logger.info("tutti linker: GPU-side completion waits %s (%s)", "on" if ok else "off", mode[1])
         return mode
