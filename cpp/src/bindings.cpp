@@ -205,7 +205,14 @@ PYBIND11_MODULE(_engine, m) {
       .def("wait", &stream_wait, py::arg("chunk"))
       .def("cancel", &tutti::ReadStream::cancel, py::call_guard<py::gil_scoped_release>())
       .def("join", &tutti::ReadStream::join, py::call_guard<py::gil_scoped_release>())
-      .def("done_ns", &tutti::ReadStream::done_ns);
+      .def("done_ns", &tutti::ReadStream::done_ns)
+      .def("link", &tutti::ReadStream::link);
+
+  // What a CUDA host function admits chunks through (cuda.hpp allow_after); bound for tests and
+  // for callers on other threads: allow() does nothing once its stream is gone.
+  py::class_<tutti::StreamLink, std::shared_ptr<tutti::StreamLink>>(m, "StreamLink")
+      .def("allow", &tutti::StreamLink::allow, py::arg("chunks"),
+           py::call_guard<py::gil_scoped_release>());
 
   m.def("make_engine", &make_engine, py::arg("kind"), py::arg("queue_depth") = 1024,
         py::arg("vectored") = true, py::arg("threads") = 8, py::arg("max_op_bytes") = 1 << 30,

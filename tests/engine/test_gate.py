@@ -134,6 +134,32 @@ def test_a_stream_ended_early_releases_every_wait(engine, source, end):
     assert words.values() == (E.GATE_TERMINAL, 1 if end == "cancel" else 0)
 
 
+def test_a_link_admits_chunks_from_another_thread_and_outlives_its_stream(engine, source):
+    """What a GPU-wait load's CUDA host functions do (cuda.hpp allow_after), without CUDA: admit
+    chunks through the stream's link from a thread that is not the stream's owner; once the
+    stream is destroyed, the link's allow() does nothing (a host function that runs late)."""
+    import threading
+    f, data = source
+    words = Words()
+    st, dst = stream(engine, f, words, expect=expected_sums(data))
+    link = st.link()
+    st.allow(1)
+    res, _ = st.wait(0)
+    assert (res == SZ).all()
+    t = threading.Thread(target=lambda: [link.allow(c) for c in (2, 3)])
+    t.start()
+    t.join()
+    for c in (1, 2):
+        res, _ = st.wait(c)
+        assert (res == SZ).all()
+    st.join()
+    assert words.values() == (3, 3)
+    assert (np.frombuffer(dst, np.uint8) == data).all()
+    del st
+    link.allow(3)  # detached: no stream behind it, nothing happens
+    link.allow(1)
+
+
 def test_gate_spec_is_checked(engine, source):
     f, _ = source
     words = Words()
