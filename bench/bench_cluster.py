@@ -6,8 +6,9 @@ heads x 128, bf16, page 64, --layers layers) through SGLang's _page_backup, so t
 A's SSD tier and in A's Mooncake segment. Node B (its own tutti directory, pinned host pool) then
 restores the whole prefix through SGLang's _page_transfer, each configuration --repeats times:
   remote          from A's segment by Mooncake batch_get_into, no promotion (B forgets between)
-  remote+promote  the same with tutti_cluster_promote (the default): the pages are also written
-                  to B's SSD tier inside the same call
+  remote+promote  the same with tutti_cluster_promote (the default): the pages are also copied
+                  out of the host pool inside the call and written to B's SSD tier on the
+                  promotion thread (promote_drain_s: how long after the call that ended)
   local           from B's own SSD tier (O_DIRECT), after the promotion
 each followed by one H2D copy of the restored pages into GPU memory (timed apart). Recompute: a
 prefill of C tokens of the same shape (bench_prefill.py's random-weight Llama layers, SDPA) in
@@ -103,15 +104,17 @@ def run(args) -> dict:
                 if forget:
                     b.call("forget", name, keys)
                 res = b.call("timed_read", name, keys, device, timeout=600)
+                promote_s = b.call("drain", name, timeout=600)  # the background promotion's end
                 exact = res["pages"] == pages and res["digests"] == want
                 row = dict(config=config, repeat=r, pages=res["pages"], byte_exact=exact,
                            transfer_s=res["transfer_s"], h2d_s=res["h2d_s"],
                            restore_s=res["transfer_s"] + res["h2d_s"],
-                           gbps=total / res["transfer_s"] / 1e9)
+                           promote_drain_s=promote_s, gbps=total / res["transfer_s"] / 1e9)
                 out["results"].append(row)
                 print(f"{config:15s} r{r}: {res['pages']}/{pages} pages, byte-exact {exact}, "
                       f"host {res['transfer_s']:.3f} s ({row['gbps']:.2f} GB/s), "
-                      f"H2D {res['h2d_s']:.3f} s", flush=True)
+                      f"H2D {res['h2d_s']:.3f} s, promotion drained {promote_s:.3f} s later",
+                      flush=True)
             if config == "local":
                 out["stats"] = b.call("stats", name)
     finally:

@@ -205,6 +205,11 @@ class TuttiConfig:
     cluster_promote: bool = setting(True,
         "Tiered backend: copy pages read from the cluster tier into the local SSD tier, so they "
         "outlive the node that published them.")
+    cluster_promote_mb: int = setting(1024,
+        "Tiered backend: memory (MiB) holding promoted pages between the remote read and their "
+        "write into the SSD tier, which then runs on a thread of its own, off SGLang's read call; "
+        "pages beyond it are written inside the call. 0 = every promotion inside the call.",
+        minimum=0)
     cluster_retry_s: float = setting(5.0,
         "Tiered backend: seconds between attempts to reach the cluster tier while it is "
         "unreachable or down (the backend serves the local SSD tier meanwhile).", minimum=0.05)

@@ -7,8 +7,9 @@ At a glance (SGLang calls; thread in brackets), beyond TuttiStorage (storage.py)
                                               the pages not local: prefix length of the union
     batch_get_v1(keys, host_indices)          [io-aux] local pages by O_DIRECT, the others (and
                                               local read failures) by Mooncake batch_get_into into
-                                              the registered host pool; remote hits promoted
-                                              into tutti (tutti_cluster_promote)
+                                              the registered host pool; remote hits copied out
+                                              and promoted into tutti on a thread of their own
+                                              (promote.py; tutti_cluster_promote, _promote_mb)
     batch_set_v1(keys, host_indices)          [backup] tutti first, then published to Mooncake
                                               in this node's own segment (tutti_cluster_publish)
 
@@ -40,6 +41,7 @@ import numpy as np
 import torch
 
 from .cluster import ClusterTier, mooncake_missing
+from .promote import Promoter
 from .storage import TuttiStorage
 
 logger = logging.getLogger("tutti_hicache.tiered")
@@ -63,7 +65,9 @@ class TieredStorage(TuttiStorage):
     def __init__(self, storage_config, kwargs=None):
         super().__init__(storage_config, kwargs)
         self.cluster: Optional[ClusterTier] = None
-        self._ccounts = {"remote_hits": 0, "remote_misses": 0, "promoted": 0, "published": 0}
+        self._ccounts = {"remote_hits": 0, "remote_misses": 0, "promoted": 0, "published": 0,
+                         "promote_failed": 0, "promote_inline": 0}
+        self._promoter: Optional[Promoter] = None
 
     # ------------------------------------------------------------ attach
     def register_mem_pool_host(self, mem_pool_host) -> None:
@@ -71,6 +75,15 @@ class TieredStorage(TuttiStorage):
         if self.cluster is not None:
             self.cluster.close()
             self.cluster = None
+        if self._promoter is not None:
+            self._promoter.close()
+            self._promoter = None
+        if self.cfg.cluster_promote and self.cfg.cluster_promote_mb and self.store is not None \
+                and self.store.writer and self.hostmap is not None:
+            self._promoter = Promoter(self.store, self.cfg.cluster_promote_mb << 20,
+                                      self.hostmap.object_nbytes, threads=self.cfg.threads,
+                                      on_done=lambda ok, bad: self._count(promoted=ok,
+                                                                          promote_failed=bad))
         missing = mooncake_missing()
         if missing is not None:
             self._warn_once("nomooncake", "tutti: the Mooncake client does not import (%s); "
@@ -153,12 +166,22 @@ class TieredStorage(TuttiStorage):
         self._count(remote_hits=int(got.sum()), remote_misses=int((~got).sum()))
         fetched = rest[got]
         if len(fetched) and self.cfg.cluster_promote and self.store.writer:
-            try:
-                stored = self.store.write_pages([keys[i] for i in fetched], addrs[fetched],
-                                                self.hostmap.aligned)
-                self._count(promoted=int(stored.sum()))
-            except Exception:
-                logger.exception("tutti: promoting %d remote pages failed", len(fetched))
+            self._promote([keys[i] for i in fetched], addrs[fetched])
+
+    def _promote(self, keys: list, addrs: np.ndarray) -> None:
+        """Remote hits into the local SSD tier: copied out of the host pool and written on the
+        promotion thread (promote.py), or here when tutti_cluster_promote_mb is 0."""
+        try:
+            if self._promoter is not None:
+                queued = self._promoter.submit(keys, addrs)
+                if queued.all():
+                    return
+                self._count(promote_inline=int((~queued).sum()))  # the ring is full
+                keys, addrs = [k for k, q in zip(keys, queued) if not q], addrs[~queued]
+            stored = self.store.write_pages(keys, addrs, self.hostmap.aligned)
+            self._count(promoted=int(stored.sum()), promote_failed=int((~stored).sum()))
+        except Exception:
+            logger.exception("tutti: promoting %d remote pages failed", len(keys))
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor, extra_info=None) -> List[bool]:
         keys = list(keys)
@@ -194,7 +217,15 @@ class TieredStorage(TuttiStorage):
                 self._ccounts[name] += n
 
     # ------------------------------------------------------- maintenance
+    def drain_promotions(self) -> None:
+        """Wait until every queued promotion is written (tests, benchmarks, shutdown)."""
+        if self._promoter is not None:
+            self._promoter.drain()
+
     def close(self) -> None:
+        promoter, self._promoter = self._promoter, None
+        if promoter is not None:
+            promoter.close()  # the queued promotions are written first
         cluster, self.cluster = self.cluster, None
         if cluster is not None:
             cluster.close()

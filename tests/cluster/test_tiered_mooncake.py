@@ -85,6 +85,7 @@ def test_a_writes_b_finds_and_reads_byte_exact(cluster):
     assert b.call("exists", "kv", k) == 24
     before = b.call("stats", "kv")
     assert b.call("read", "kv", k) == (24, want)
+    b.call("drain", "kv")  # the promotion runs on a thread of its own
     s = b.call("stats", "kv")
     assert s["remote_hits"] - before["remote_hits"] == 24 and s["hits"] == before["hits"]
     assert s["promoted"] - before["promoted"] == 24
@@ -165,6 +166,7 @@ def test_writer_exit_keeps_promoted_pages(cluster):
     k = keys(20, 9)
     done, want = a.call("write", "kv", k, 9)
     assert done == 20 and b.call("read", "kv", k[:12]) == (12, want[:12])  # promoted
+    b.call("drain", "kv")
     a.exit()  # a client's Mooncake objects vanish with it
     assert b.call("exists", "kv", k) == 12
     assert b.call("read", "kv", k[:12]) == (12, want[:12])
@@ -221,6 +223,52 @@ def test_unreachable_master_is_local_only_until_one_listens(sglang, mooncake, tm
         dst = pool.alloc(2 * 16)
         assert st.batch_get_v1(k[:2], dst) == [True, True]  # from Mooncake
         assert sglang.page_bytes(pool, dst) == want[:2] and st.tutti_stats()["remote_hits"] == 2
+    finally:
+        st.close()
+        master.stop()
+
+
+@pytest.mark.parametrize("promote_mb", [64, 0, "two pages"])
+def test_a_promotion_stores_the_bytes_read_even_when_the_host_pages_are_reused_at_once(
+        sglang, mooncake, tmp_path, promote_mb):
+    """In this process: a remote hit is promoted into the local SSD tier from a copy taken inside
+    batch_get_v1 (64: the promotion thread; 0: inside the call; a ring of two pages: two on the
+    thread, the other four inside the call), so SGLang overwriting the host pages right after the
+    call cannot change what the SSD tier stores under the keys."""
+    from tutti_hicache.promote import Promoter
+    from tutti_hicache.tiered import TieredStorage
+    master = mooncake.Master(log_path=str(tmp_path / "master.log")).start()
+    (tmp_path / "t").mkdir()
+    extra = {"tutti_dirs": [str(tmp_path / "t")], "tutti_capacity_gb": 0.05,
+             "tutti_cluster_promote_mb": 0 if promote_mb == 0 else 64,
+             **mooncake.mooncake_extra(master)}
+    sc = sglang.make_storage_config(is_page_first_layout=True, extra_config=extra)
+    pool = sglang.make_mha_host_pool("page_first", 2, 2, 64, 16, torch.bfloat16, 32)
+    st = TieredStorage(sc, {})
+    try:
+        st.register_mem_pool_host(pool)
+        assert (st._promoter is not None) == bool(promote_mb)
+        if promote_mb == "two pages":
+            st._promoter.close()
+            st._promoter = Promoter(st.store, 2 * st._promoter._page_bytes, st.hostmap.object_nbytes,
+                                    on_done=lambda ok, bad: st._count(promoted=ok, promote_failed=bad))
+        assert st.cluster.wait_up(30.0)
+        k, idx = keys(6, 21), pool.alloc(6 * 16)
+        sglang.fill_random(pool, idx, 21)
+        want = sglang.page_bytes(pool, idx)
+        assert st.batch_set_v1(k, idx) == [True] * 6  # local and published
+        assert st.store.forget(k) == 6  # only the cluster tier has them now
+        dst = pool.alloc(6 * 16)
+        assert st.batch_get_v1(k, dst) == [True] * 6  # remote hits, promoted
+        sglang.fill_random(pool, dst, 22)  # SGLang reuses the pages at once
+        st.drain_promotions()
+        s = st.tutti_stats()
+        assert s["remote_hits"] == 6 and s["promoted"] == 6 and s["promote_failed"] == 0
+        assert s["promote_inline"] == (4 if promote_mb == "two pages" else 0)
+        assert st.batch_exists(k) == 6 and st.store.present(k).all()
+        again = pool.alloc(6 * 16)
+        assert st.batch_get_v1(k, again) == [True] * 6
+        assert sglang.page_bytes(pool, again) == want and st.tutti_stats()["hits"] >= 6
     finally:
         st.close()
         master.stop()

@@ -212,6 +212,12 @@ class _Node:
         finally:
             pool.free(idx)
 
+    def drain(self, name):
+        """Wait until the backend's queued promotions are written; the seconds it took."""
+        t0 = time.perf_counter()
+        self.backends[name][0].drain_promotions()
+        return time.perf_counter() - t0
+
     def forget(self, name, keys):
         return self.backends[name][0].store.forget(list(keys))
 
