@@ -217,6 +217,12 @@ class TieredStorage(TuttiStorage):
                 self._ccounts[name] += n
 
     # ------------------------------------------------------- maintenance
+    def clear(self) -> None:
+        """Local pages only (see the module docstring); promotions queued before it land first,
+        so none reappears after the clear."""
+        self.drain_promotions()
+        super().clear()
+
     def drain_promotions(self) -> None:
         """Wait until every queued promotion is written (tests, benchmarks, shutdown)."""
         if self._promoter is not None:

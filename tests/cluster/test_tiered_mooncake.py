@@ -269,6 +269,9 @@ def test_a_promotion_stores_the_bytes_read_even_when_the_host_pages_are_reused_a
         again = pool.alloc(6 * 16)
         assert st.batch_get_v1(k, again) == [True] * 6
         assert sglang.page_bytes(pool, again) == want and st.tutti_stats()["hits"] >= 6
+        assert st.store.forget(k) == 6 and st.batch_get_v1(k, dst) == [True] * 6  # promoting
+        st.clear()  # local pages only, queued promotions included: none lands after it
+        assert not st.store.present(k).any()
     finally:
         st.close()
         master.stop()
