@@ -5,8 +5,9 @@ At a glance ([scheduler] = SGLang's scheduler thread; [offloader] = this module'
                     stats)
     off.offload(keys, device_indices, ready_events) -> bool   [scheduler] False: backlog full
         keys already stored complete at once; the rest wait for ready_events, then per chunk
-        of out_pages: [stage] gather kernel -> pinned (D2H) while [offloader] store.write_pages
-        writes the chunk before (the scheduler keeps these writes off directories a load is
+        of out_pages: [stage] gather kernel -> pinned (D2H) while [write] store.write_pages
+        writes the chunks before, up to out slots - 1 at once (the next chunk's writes start
+        while the last one's drain; the scheduler keeps these writes off directories a load is
         reading)
     off.num_completed() / off.pop_completed() -> ok            [scheduler] FIFO results
     off.backlog                                                pages queued and not yet written
@@ -67,8 +68,13 @@ class Offloader:
         self._lock = threading.Lock()  # the backlog
         self._backlog = 0
         self._results: deque = deque()
-        # one chunk is gathered (and copied to the host) while the previous one is written
+        # one chunk is gathered (and copied to the host) while the ones before it are written,
+        # up to one fewer than the out slots at once: a chunk's write starts while the previous
+        # chunk's last requests drain, so the devices' queues never empty between chunks
         self._stage = ThreadPoolExecutor(1, thread_name_prefix="tutti-offload-stage")
+        self._writes_in_flight = max(1, len(out.bufs) - 1)
+        self._writers = ThreadPoolExecutor(self._writes_in_flight,
+                                           thread_name_prefix="tutti-offload-write")
         self.worker = Worker("tutti-offload", self._run)
 
     @property
@@ -129,6 +135,7 @@ class Offloader:
     def _run(self, job: _Offload) -> None:
         ok = True
         t0 = time.perf_counter()
+        writes: deque = deque()  # the chunks' write futures in flight, oldest first
         try:
             for ev in job.events:
                 ev.synchronize()
@@ -139,13 +146,22 @@ class Offloader:
             ready = stage(starts[0])
             for i, c0 in enumerate(starts):
                 addrs = ready.result()
-                if i + 1 < len(starts):  # the next chunk's gather and D2H run under this write
+                # chunk i + 1 is gathered into the slot chunk i + 1 - slots was written from:
+                # that write must have ended (at most slots - 1 in flight, this one included)
+                while len(writes) >= self._writes_in_flight:
+                    ok &= writes.popleft().result()
+                writes.append(self._writers.submit(self._write_chunk, job.keys[c0:c0 + step],
+                                                   addrs))
+                if i + 1 < len(starts):  # the next chunk's gather and D2H run under the writes
                     ready = stage(starts[i + 1])
-                ok &= self._write_chunk(job.keys[c0:c0 + step], addrs)
+            while writes:
+                ok &= writes.popleft().result()
         except BaseException as e:
             logger.error("tutti linker: offload of %d pages failed: %s", len(job.keys), e)
             ok = False
         finally:
+            for w in writes:  # the next job's gathers reuse these slots: wait for every write
+                w.exception()
             with self._lock:
                 self._backlog -= len(job.keys)
             job.finish(ok)
@@ -155,7 +171,7 @@ class Offloader:
     def _gather_chunk(self, n: int, page_ids):
         """[stage thread] Gather n pages into the next out slot (GPU: kernel + D2H copy, waited
         for); returns their host addresses [n, objects]. The slot's last write has returned:
-        _run stages one chunk ahead and there are two slots."""
+        _run keeps at most slots - 1 writes in flight and stages one chunk ahead."""
         import tutti_kernels as tk
         m, stride = self._objs_per_page, self._obj_stride
         k = self._out.take()
@@ -181,4 +197,5 @@ class Offloader:
         """Stop the offload thread (queued jobs finish first) and the staging thread."""
         self.worker.stop()
         self._stage.shutdown(wait=True)
+        self._writers.shutdown(wait=True)
 
