@@ -71,13 +71,13 @@ class TieredStorage(TuttiStorage):
 
     # ------------------------------------------------------------ attach
     def register_mem_pool_host(self, mem_pool_host) -> None:
+        if self._promoter is not None:  # its queued writes go to the store they were read for
+            self._promoter.close()
+            self._promoter = None
         super().register_mem_pool_host(mem_pool_host)
         if self.cluster is not None:
             self.cluster.close()
             self.cluster = None
-        if self._promoter is not None:
-            self._promoter.close()
-            self._promoter = None
         if self.cfg.cluster_promote and self.cfg.cluster_promote_mb and self.store is not None \
                 and self.store.writer and self.hostmap is not None:
             self._promoter = Promoter(self.store, self.cfg.cluster_promote_mb << 20,
