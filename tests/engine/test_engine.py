@@ -14,15 +14,21 @@ E = extension()
 KINDS = [("uring", True), ("uring", False), ("posix", True)] if E.uring_compiled() else [("posix", True)]
 
 
-@pytest.fixture(params=KINDS, ids=lambda k: f"{k[0]}-{'vectored' if k[1] else 'fixed'}")
-def engine(request):
-    kind, vectored = request.param
+def engine_or_skip(kind: str, **options):
+    """An engine of `kind` for a fixture to yield (closed after), or the test skipped where that
+    engine cannot open here."""
     try:
-        e = open_engine(kind, queue_depth=64, vectored=vectored, threads=4)
+        e = open_engine(kind, **options)
     except OSError as exc:
         pytest.skip(f"{kind} engine unavailable here: {exc}")
     yield e
     e.close()
+
+
+@pytest.fixture(params=KINDS, ids=lambda k: f"{k[0]}-{'vectored' if k[1] else 'fixed'}")
+def engine(request):
+    kind, vectored = request.param
+    yield from engine_or_skip(kind, queue_depth=64, vectored=vectored, threads=4)
 
 
 @pytest.fixture

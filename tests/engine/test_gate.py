@@ -9,7 +9,9 @@ import os
 import numpy as np
 import pytest
 
-from tutti_hicache.engine import extension, open_engine
+from tutti_hicache.engine import extension
+
+from test_engine import engine_or_skip
 
 E = extension()
 KINDS = ["uring", "posix"] if E.uring_compiled() else ["posix"]
@@ -18,12 +20,7 @@ N, SZ, CHUNKS = 24, 4096, np.array([0, 8, 16, 24])  # three chunks of eight 4 Ki
 
 @pytest.fixture(params=KINDS)
 def engine(request):
-    try:
-        e = open_engine(request.param, queue_depth=32, threads=2)
-    except OSError as exc:
-        pytest.skip(f"{request.param} engine unavailable here: {exc}")
-    yield e
-    e.close()
+    yield from engine_or_skip(request.param, queue_depth=32, threads=2)
 
 
 @pytest.fixture
