@@ -5,7 +5,7 @@
 #   bash bench/gpu.sh write   MEDIA [bench_write.py args]              MEDIA: disk, ram, array-K, nvme-N, comma-separated
 #   bash bench/gpu.sh kernels [bench_kernels.py args]
 #   bash bench/gpu.sh profile [tutti-hicache profile args]
-#   bash bench/gpu.sh e2e     CONFIGS SECONDS [e2e_sglang.py args]     on array-8 (see family_e2e)
+#   bash bench/gpu.sh e2e     CONFIGS SECONDS [e2e_sglang.py args]     on array-8 (E2E_MEDIUM=disk: the disk)
 #   bash bench/gpu.sh faults  CONFIGS SECONDS [faults_sglang.py args]  faults in a real server, array-8
 #   bash bench/gpu.sh mooncake [MEDIUM] [bench_cluster.py args]        remote (Mooncake) vs local hit
 #                                                                      vs recompute (default ram)
@@ -95,7 +95,8 @@ family_profile() {  # per-layer compute windows -> the scheduler's slack table (
 
 family_e2e() {
   # The end-to-end server comparison on `array-8` (8 RAM-backed loop devices; tutti over their 8
-  # directories, file/nixl over one filesystem on a device-mapper stripe of the same devices).
+  # directories, file/nixl over one filesystem on a device-mapper stripe of the same devices), or
+  # with E2E_MEDIUM=disk on the machine's own disk (every backend in a directory of it).
   #   bash bench/gpu.sh e2e CONFIGS SECONDS [extra e2e_sglang.py args]
   # e.g. bash bench/gpu.sh e2e tutti-linker,recompute 470
   # Results in $OUT: e2e-$TAG.json, log.txt, logs.tar.gz (server logs, tutti stats).
@@ -104,13 +105,19 @@ family_e2e() {
   CONFIGS=${1:?configs}; BUDGET=${2:?seconds}; shift 2
   echo "stripe tools: $(for t in dmsetup mdadm mkfs.btrfs lvm; do command -v $t || echo "no-$t"; done | xargs)" \
     "modules: $(ls /sys/module | grep -E '^(dm_mod|md_mod|raid0|btrfs)$' | xargs)"
-  eval "$(bench/media.sh striped 8 8)"
-  echo "media: DIRS=$DIRS ONE=$ONE TOOL=$TOOL"; df -h /dev/shm | tail -1
+  local medium=${E2E_MEDIUM:-array-8} d
+  if [ "$medium" = disk ]; then  # the machine's own disk: every backend in one directory of it
+    d=$(bench/media.sh disk); rm -rf "$d/e2e"; mkdir -p "$d/e2e/tutti" "$d/e2e/one"
+    DIRS=$d/e2e/tutti ONE=$d/e2e/one TOOL=disk NIXL="" NOTE="the same disk"
+  else
+    eval "$(bench/media.sh striped 8 8)"
+    NIXL=""; NOTE="dm-stripe over the 8 devices"
+    [ "$TOOL" = none ] && NIXL="--nixl-dirs $DIRS" NOTE="one device of the same kind (no device-mapper)"
+  fi
+  echo "media: $medium DIRS=$DIRS ONE=$ONE TOOL=$TOOL"; df -h /dev/shm "$ONE" | tail -2
   nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-  NIXL=""; NOTE="dm-stripe over the 8 devices"
-  [ "$TOOL" = none ] && NIXL="--nixl-dirs $DIRS" NOTE="one device of the same kind (no device-mapper)"
   timeout -s INT $((BUDGET + 30)) python3 bench/e2e_sglang.py --write-model --model /tmp/llama8 --layers 8 \
-    --medium array-8 --tutti-dirs "$DIRS" --one-dir "$ONE" --configs "$CONFIGS" --deadline-s "$BUDGET" \
+    --medium "$medium" --tutti-dirs "$DIRS" --one-dir "$ONE" --configs "$CONFIGS" --deadline-s "$BUDGET" \
     --out-dir /tmp/e2e-logs --json "$OUT/e2e-${TAG:-run}.json" --one-dir-note "$NOTE" $NIXL "$@"
   echo "e2e rc=$? after ${SECONDS}s"
   tar -C /tmp -czf "$OUT/logs.tar.gz" e2e-logs

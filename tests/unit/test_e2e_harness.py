@@ -160,9 +160,11 @@ def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
         assert argv[1:3] == ["-m", "sglang.launch_server"]
         ns = parser.parse_args(argv[3:])
         assert ns.max_total_tokens == 150000 and ns.page_size == e2e.PAGE
-        hier = config not in ("recompute", "tutti-linker", "tutti-linker-dynamic")
+        hier = config != "recompute" and not config.startswith("tutti-linker")
         assert ns.enable_hierarchical_cache == hier
         assert ns.enable_unified_cache_external_linker == config.startswith("tutti-linker")
+        if config == "tutti-linker-gpuwait":
+            assert ns.unified_cache_external_linker_config["tutti_gpu_wait"] == "on"
         if config == "file":
             assert env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] == str(tmp_path / "one" / "file")
     with pytest.raises(ValueError):
