@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 
@@ -55,7 +56,11 @@ def cmd_demo(a) -> int:
           "  3. restore every page through SGLang's _page_transfer, compare every byte\n"
           "  4. the same with SGLang's built-in `file` backend, and a raw O_DIRECT read\n",
           flush=True)
-    res = run(_bench_spec(a))
+    try:
+        res = run(_bench_spec(a))
+    finally:
+        if not a.dir:  # the benchmark removes what it wrote; the directory we made goes too
+            shutil.rmtree(base, ignore_errors=True)
     print(table(res))
     good = res["tutti_verified_bytes_equal"] and res["tutti_noverify_verified_bytes_equal"]
     print("\nall restored bytes verified" if good else "\nRESTORED BYTES DIFFER")
