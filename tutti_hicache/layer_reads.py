@@ -15,6 +15,9 @@ At a glance (ObjectStore.plan_pages / ObjectStore.stream_layers call these):
         or the stream ending early -> release = GATE_TERMINAL (every GPU wait returns) and
         verified stays below it. Written by the C++ stream as chunks land; by wait() here only
         where the checksum is computed in Python (padded objects).
+    reads.stream(..., ahead=k)                  a read-ahead window: of the admitted chunks, at
+        most k past the leading run of final ones are at the devices (0: no window; the first
+        chunk not yet final always goes)
 
 chunks are [(layer, rows)] with rows a slice of the plan's pages; chunk i's page j lands that
 layer's objects (K then V; MLA one) at dsts[i][j] + o * object_stride() (uint64, 4 KiB aligned).
@@ -142,9 +145,10 @@ class LayerReads:
 
     @contextlib.contextmanager
     def stream(self, plan: PagePlan, chunks: list, dsts: list, drop: Callable[[list], None],
-               gate: Optional[tuple] = None) -> Iterator[LayerStream]:
+               gate: Optional[tuple] = None, ahead: int = 0) -> Iterator[LayerStream]:
         """drop(entries): forget pages found corrupt (the store's index). gate: (release,
-        verified) host addresses of a completion gate (the module docstring)."""
+        verified) host addresses of a completion gate; ahead: the read-ahead window (both: the
+        module docstring)."""
         with self._gate.reading(self._placement.devices(plan.slots)) as lease:
             reqs = [self._requests(plan, layer, d, rows) for (layer, rows), d in zip(chunks, dsts)]
             arrays = [np.concatenate([r[0][j] for r in reqs]) for j in range(4)]
@@ -154,7 +158,8 @@ class LayerReads:
             groups = np.arange(starts[-1] + 1, dtype=np.int64) if verify else None  # one per page
             native, py_gate = self._gate_spec(plan, chunks, gate, verify)
             stream = LayerStream(self, plan, chunks, [r[0][3] for r in reqs],
-                                 self._io.engine.read_stream(*arrays, starts, groups, native),
+                                 self._io.engine.read_stream(*arrays, starts, groups, native,
+                                                             ahead),
                                  verify, lease, drop, py_gate)
             try:
                 yield stream

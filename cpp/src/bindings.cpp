@@ -82,12 +82,13 @@ uint32_t gate_load(uint64_t addr) {
   return __atomic_load_n(reinterpret_cast<const uint32_t*>(addr), __ATOMIC_ACQUIRE);
 }
 
-// A many-chunk read kept back to back at the device (see ReadStream in engine.hpp).
+// A many-chunk read kept back to back at the device (see ReadStream in engine.hpp); ahead: the
+// read-ahead window (StreamSpec::ahead, 0: none).
 std::unique_ptr<tutti::ReadStream> read_stream(Engine& e, const I64& file, const I64& offset,
                                                const I64& nbytes, const U64& addr,
                                                const I64& chunk_start,
                                                const py::object& group_starts,
-                                               const py::object& gate) {
+                                               const py::object& gate, size_t ahead) {
   same_length({file.size(), offset.size(), nbytes.size(), addr.size()});
   tutti::StreamSpec spec;
   if (!group_starts.is_none()) spec.group_start = vec(group_starts.cast<I64>());
@@ -97,6 +98,7 @@ std::unique_ptr<tutti::ReadStream> read_stream(Engine& e, const I64& file, const
   spec.offset = vec(offset);
   spec.nbytes = vec(nbytes);
   spec.chunk_start = vec(chunk_start);
+  spec.ahead = ahead;
   py::gil_scoped_release release;
   return e.read_stream(std::move(spec));
 }
@@ -194,7 +196,7 @@ PYBIND11_MODULE(_engine, m) {
            py::arg("nbytes"), py::arg("addrs"), py::arg("group_starts") = py::none())
       .def("read_stream", &read_stream, py::arg("files"), py::arg("offsets"), py::arg("nbytes"),
            py::arg("addrs"), py::arg("chunk_starts"), py::arg("group_starts") = py::none(),
-           py::arg("gate") = py::none(), py::keep_alive<0, 1>())
+           py::arg("gate") = py::none(), py::arg("ahead") = 0, py::keep_alive<0, 1>())
       .def("counters", &counters)
       .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>());
 

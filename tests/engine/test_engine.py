@@ -345,6 +345,160 @@ def test_read_stream_refuses_groups_across_chunks(engine, tmp_path):
                            np.array([0, 3, 4]))
 
 
+def _scattered_stream(engine, tmp_path, n_chunks, per, sz, seed, ahead):
+    """A read stream of n_chunks chunks of `per` requests at scattered file offsets, one checksum
+    group per request: (stream, source bytes, destination bytes, file order, chunk starts,
+    destination buffer)."""
+    n = n_chunks * per
+    f, a = _stream_file(engine, tmp_path, n, sz, seed)
+    order = np.random.default_rng(seed).permutation(n)
+    dst, b = buf_of(n * sz)
+    chunks = np.arange(0, n + 1, per)
+    st = engine.read_stream(np.full(n, f), order * sz, np.full(n, sz),
+                            dst.address + np.arange(n, dtype=np.uint64) * sz, chunks,
+                            np.arange(n + 1), ahead=ahead)
+    return st, a, b, order, chunks, dst
+
+
+@pytest.mark.parametrize("ahead", [1, 2, 1 << 40], ids=["ahead1", "ahead2", "ahead-huge"])
+def test_read_stream_window_lands_every_chunk_when_all_are_allowed_up_front(engine, tmp_path, ahead):
+    """ahead: at most that many chunks past the last final one go to the devices, whatever
+    allow() admitted. Every chunk still lands with the bytes and checksums of a plain read, and
+    with ahead=1 each chunk goes out only once the one before it is final, so they end in order."""
+    n_chunks, per, sz = 40, 3, 8192
+    st, a, b, order, chunks, _dst = _scattered_stream(engine, tmp_path, n_chunks, per, sz, 12, ahead)
+    st.allow(n_chunks)
+    got_sums = []
+    for c in range(n_chunks):
+        res, sums = st.wait(c)
+        assert (res == sz).all() and len(sums) == per
+        got_sums.append(sums)
+    st.join()
+    n = n_chunks * per
+    src = a.reshape(n, sz)[order]
+    assert (b.reshape(n, sz) == src).all()
+    want = E.checksum_groups(a.ctypes.data + (order * sz).astype(np.uint64), np.full(n, sz),
+                             np.arange(n + 1), 1)
+    assert (np.concatenate(got_sums) == want).all()
+    done = np.asarray(st.done_ns())
+    assert (done > 0).all()
+    if ahead == 1:
+        assert (np.diff(done) >= 0).all()
+
+
+def test_read_stream_cancel_with_a_window_ends_and_keeps_cancel_semantics(engine, tmp_path):
+    """cancel() while the window holds admitted chunks back: the stream ends (no hang), every
+    chunk's wait returns, requests that ran hold their bytes, the rest -ECANCELED and no bytes."""
+    n_chunks, per, sz = 64, 2, 4096
+    st, a, b, order, chunks, _dst = _scattered_stream(engine, tmp_path, n_chunks, per, sz, 13, 1)
+    st.allow(n_chunks)
+    st.wait(2)
+    st.cancel()
+    joiner = threading.Thread(target=st.join)
+    joiner.start()
+    joiner.join(60)
+    assert not joiner.is_alive(), "a cancelled stream with a window did not end"
+    src = a.reshape(-1, sz)[order]
+    for c in range(n_chunks):
+        res, _ = st.wait(c)
+        assert len(res) == per
+        for j, r in enumerate(res):
+            i = chunks[c] + j
+            assert r in (sz, -errno.ECANCELED) and (c > 2 or r == sz)
+            assert (b[i * sz:(i + 1) * sz] == (src[i] if r == sz else 0)).all()
+
+
+def _feed(fifo, nbytes, value):
+    """nbytes of `value` into a FIFO the engine holds open (O_RDWR), so opening it never waits."""
+    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        assert os.write(fd, bytes([value]) * nbytes) == nbytes
+    finally:
+        os.close(fd)
+
+
+def _fifo_stream(engine, tmp_path, n, sz, ahead, groups, at=0):
+    """n + 1 one-request chunks: chunk `at` reads a FIFO (in flight until the test feeds it), the
+    others the n requests of a file in order. (stream, file bytes, destination bytes, FIFO path,
+    destination buffer)."""
+    f, a = _stream_file(engine, tmp_path, n, sz, 14)
+    fifo = str(tmp_path / f"chunk{at}.fifo")
+    os.mkfifo(fifo)
+    p = engine.open_file(fifo, True, False)  # O_RDWR: the open does not wait for a writer
+    files = np.insert(np.full(n, f), at, p)
+    offsets = np.insert(np.arange(n) * sz, at, 0)
+    dst, b = buf_of((n + 1) * sz)
+    st = engine.read_stream(files, offsets, np.full(n + 1, sz),
+                            dst.address + np.arange(n + 1, dtype=np.uint64) * sz, np.arange(n + 2),
+                            np.arange(n + 2) if groups else None, ahead=ahead)
+    return st, a, b, fifo, dst
+
+
+def _wait_within(st, c, seconds=30.0):
+    """st.wait(c) on a thread: its results, or an assertion when it did not end in time."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(st.wait(c)), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert out, f"chunk {c} did not land within {seconds} s"
+    return out[0]
+
+
+@pytest.mark.parametrize("groups", [False, True], ids=["no-checksums", "checksums"])
+@pytest.mark.parametrize("ahead,at", [(0, 0), (1, 0), (3, 0), (1, 1), (2, 1), (3, 1)])
+def test_read_stream_window_holds_back_chunks_past_an_unfinished_one(engine, tmp_path, ahead, at,
+                                                                    groups):
+    """Chunk `at` reads a FIFO, so it stays in flight until the test writes into it, and every
+    chunk is allowed up front: the chunks before at + ahead land, nothing past them is read, and
+    once chunk `at` lands the window moves and the rest follows. Without a window (0) every other
+    chunk lands first. at=1 with checksums: chunk 0 becomes final on a checksum thread while the
+    FIFO read is in flight, and that must wake the ring (the stream's eventfd) to submit the
+    chunks the window now admits. io_uring only: preadv refuses a FIFO (ESPIPE)."""
+    if engine.name != "uring":
+        pytest.skip("the POSIX engine's preadv cannot read a FIFO")
+    n, sz = 8, 4096
+    st, a, b, fifo, _dst = _fifo_stream(engine, tmp_path, n, sz, ahead, groups, at)
+    first = [c for c in range(n + 1) if c != at and (ahead == 0 or c < at + ahead)]
+    try:
+        st.allow(n + 1)
+        for c in first:
+            res, _ = _wait_within(st, c)
+            assert (res == sz).all()
+        time.sleep(0.1)  # time for anything wrongly submitted past the window to land
+        done = np.asarray(st.done_ns())
+        assert done[at] == 0 and (done[first] > 0).all()
+        rest = [c for c in range(n + 1) if c != at and c not in first]
+        assert (done[rest] == 0).all() and all((b[c * sz:(c + 1) * sz] == 0).all() for c in rest)
+    finally:
+        _feed(fifo, sz, 7)  # chunk `at` lands (also when an assertion failed: nothing hangs)
+    for c in range(n + 1):
+        res, _ = _wait_within(st, c)
+        assert (res == sz).all()
+    st.join()
+    got = b.reshape(n + 1, sz)
+    assert (got[at] == 7).all() and (np.delete(got, at, axis=0) == a.reshape(n, sz)).all()
+
+
+def test_read_stream_cancel_while_the_window_holds_chunks_back(engine, tmp_path):
+    """cancel() while chunk 0 is in flight and the window (2) holds chunks 2.. back: chunk 0 still
+    lands once fed and joins, chunk 1 ran, chunks 2.. were never submitted (-ECANCELED)."""
+    if engine.name != "uring":
+        pytest.skip("the POSIX engine's preadv cannot read a FIFO")
+    n, sz = 6, 4096
+    st, a, b, fifo, _dst = _fifo_stream(engine, tmp_path, n, sz, 2, True)
+    try:
+        st.allow(n + 1)
+        st.wait(1)
+        st.cancel()
+    finally:
+        _feed(fifo, sz, 9)
+    st.join()
+    assert (st.wait(0)[0] == sz).all() and (st.wait(1)[0] == sz).all()
+    for c in range(2, n + 1):
+        assert (st.wait(c)[0] == -errno.ECANCELED).all()
+    assert (b[:sz] == 9).all() and (b[sz:2 * sz] == a[:sz]).all() and b[2 * sz:].max() == 0
+
+
 @pytest.mark.skipif(not E.uring_compiled(), reason="the byte cap is the io_uring engine's")
 def test_inflight_byte_cap_bounds_what_a_ring_submits(tmp_path):
     """read/write_inflight_bytes: with a cap of one operation's bytes the ring submits one at a

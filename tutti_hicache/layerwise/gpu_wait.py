@@ -8,7 +8,7 @@ At a glance ([loader] thread):
                                              .copy a device word the scatters read `verified` from
     enqueue(plan, stream, device, gate, chunks, ...)   on the load stream, for chunk i: wait
         until release >= i + 1; H2D copy of its ring slot; copied(i) (the loader admits chunk
-        i + read_ahead to the disk there); `verified` copied to device memory (gate.copy);
+        i + depth, the next to use the slot, there); `verified` copied to device memory (gate.copy);
         scatter gated on that copy >= i + 1
         -> plan.copy_done[i], plan.layer_done[layer], plan.end
     close(plan, stream, gate, nchunks, stage, slots)   after the load's reads ended, always

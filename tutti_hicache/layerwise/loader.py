@@ -7,14 +7,16 @@ At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's t
     loader.cancel(rid) -> bool, loader.cancel_all()    [scheduler] unpin queued pages
     loader.start(input_tokens) -> index                [scheduler] hand every queued page over:
         [loader] one store read stream over every (layer, staging chunk) of the batch, each
-        chunk into the next pinned ring slot, `read_ahead` chunks admitted at once (the next
-        layer's requests wait at the devices behind this one's), per-layer checksums verified
+        chunk into the next pinned ring slot, `read_ahead` chunks at the devices at once (the
+        next layer's requests wait there behind this one's), per-layer checksums verified
         as pages land, one H2D copy and one scatter kernel on the I/O stream, one CUDA event
         -> counter.complete(index, layer); any failure -> counter.fail(index) (never a hang)
         GPU-wait mode (gates given: tutti_gpu_wait): every chunk's copy and gated scatter are
         enqueued up front behind GPU waits on a gate the read stream advances (gpu_wait.py),
-        every layer's event handed to the counter at once, each copy admitting a later chunk
-        through a CUDA host function; the loop only checks the verdicts (no write windows)
+        every layer's event handed to the counter at once, each copy admitting the chunk that
+        reuses its ring slot through a CUDA host function, the stream's read-ahead window
+        keeping at most `read_ahead` chunks past the last final one at the devices; the loop
+        only checks the verdicts (no write windows)
     loader.read_ahead, loader.windows_opened, loader.read_Bps, loader.worker (drain, stop, thread)
     loader.trace                                       None, or a list each load appends its
         chunks' read-completion times and scatter-start events to (the benchmark)
@@ -139,9 +141,12 @@ class Loader:
 
     def _load(self, index, entries, page_ids, ready, input_tokens) -> None:
         """Every (layer, staging chunk) of the batch is one store stream: `read_ahead` chunks are
-        admitted at once, so the next layer's requests wait at the devices behind this layer's
-        and the queue never drains between layers; each chunk lands, is verified, copied and
-        scattered in layer order."""
+        at the devices at once, so the next layer's requests wait there behind this layer's and
+        the queue never drains between layers; each chunk lands, is verified, copied and
+        scattered in layer order. CPU path: chunk i + read_ahead - 1 is admitted before chunk i
+        is waited for. GPU-wait path: the ring slots admit (chunk j once the copy of chunk
+        j - depth, the slot's last user, is done) and the stream's window (ahead=read_ahead)
+        holds the reads to `read_ahead` chunks past the last final one."""
         plan = self._store.plan_pages(entries)
         prefix = len(entries) * self._page_size
         self._windows.learn()  # the forwards that ran since the last load
@@ -156,27 +161,33 @@ class Loader:
                 for (_, rows), k in zip(chunks, slots)]
         gate = gates.take() if gates is not None else None
         gpu = gpu_wait.Plan() if gate is not None else None
+        ahead = self.read_ahead if gpu is not None else 0  # the CPU path admits chunk by chunk
         scatter_start: list = []
         try:
             # the stream holds the batch's directories for reads until it is closed (and then
             # nothing lands in the staging slots any more)
-            with self._store.stream_layers(plan, chunks, dsts, gate and gate.host) as stream:
+            with self._store.stream_layers(plan, chunks, dsts, gate and gate.host,
+                                           ahead=ahead) as stream:
                 admitted = 0
 
                 def admit(upto: int) -> None:
                     nonlocal admitted
                     while admitted < upto:
-                        if gpu is not None and admitted >= depth:  # the copy that last read it
-                            self._stage.events[slots[admitted]] = gpu.copy_done[admitted - depth]
                         if self._stage.take() != slots[admitted]:  # waits for its last copy
                             raise RuntimeError("tutti linker: staging ring out of order")
                         admitted += 1
                     stream.allow(admitted)
 
                 if gpu is not None:
-                    # the first reads go out (their slots free of the last load's copies), then
-                    # every layer's GPU work, whose copies admit the rest (no CPU thread of ours)
+                    # the first reads go out (their slots free of the last load's copies, waited
+                    # for here); the rest of the ring's slots once the load stream has passed
+                    # those copies (it is ordered after them: _order_streams), by a host function
+                    # ahead of this load's GPU work; then every layer's GPU work, whose copies
+                    # admit the rest (no CPU thread of ours). Slots past the waited ones are
+                    # handed out unwaited; gpu_wait.close leaves each the event of its last copy.
                     admit(min(len(chunks), self.read_ahead))
+                    stream.allow_after(self._io.device, cuda_stream.cuda_stream,
+                                       min(len(chunks), depth))
                     self._stage.advance(len(chunks) - admitted)
                     self._enqueue(gpu, cuda_stream, gate, index, chunks, slots, page_ids, stream)
                 for i, (layer, rows) in enumerate(chunks):
@@ -226,9 +237,10 @@ class Loader:
                  page_ids, reads) -> None:
         """Every chunk's wait, copy and gated scatter on the load stream, each layer's event to
         the counter as soon as it is enqueued (the forward's wait_until then never waits for
-        the CPU's reaction to a read). Chunk i's copy admits chunk i + read_ahead to the disk
-        (a host function on the stream: its ring slot is free then), so the whole load runs to
-        its end even while every Python thread is held (a context synchronization inside a
+        the CPU's reaction to a read). Chunk i's copy admits chunk i + depth, the next to read
+        into its ring slot (a host function on the stream: the slot is free then); the read
+        stream's window decides when an admitted chunk goes to the disk. So the whole load runs
+        to its end even while every Python thread is held (a context synchronization inside a
         launch that holds the GIL, e.g. a kernel loaded lazily, waits for this stream)."""
         per_page = self._k_objs * self._obj_stride
         nbytes = [(rows.stop - rows.start) * per_page for _, rows in chunks]
@@ -239,11 +251,11 @@ class Loader:
         def scatter(dev, layer, i, g):
             self._scatter(dev, layer, ids[i], g)
 
-        ahead, n = self.read_ahead, len(chunks)
+        depth, n = len(self._stage.bufs), len(chunks)
 
-        def copied(i):
-            if i + ahead < n:
-                reads.allow_after(self._io.device, stream.cuda_stream, i + ahead + 1)
+        def copied(i):  # chunk i's ring slot is free: chunk i + depth may be read into it
+            if i + depth < n:
+                reads.allow_after(self._io.device, stream.cuda_stream, i + depth + 1)
 
         self._counter.hold(index)  # finish() waits for the loader's verdict, not just the GPU
         gpu_wait.enqueue(gpu, stream, self._io.device, gate, chunks, slots, self._stage, nbytes,

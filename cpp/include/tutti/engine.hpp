@@ -75,12 +75,15 @@ inline constexpr uint32_t kGateTerminal = 0x7fffffffu;
 
 /// The arrays of a read stream, moved into it. chunk_start runs from 0 to n (n_chunks + 1
 /// entries, non-decreasing); group_start is empty or as Groups::start, each group inside a chunk;
-/// gate as StreamGate.
+/// gate as StreamGate. ahead: a read-ahead window, at most this many chunks past the leading run
+/// of final ones go to the devices, whatever allow() admitted (0: no window). The first chunk
+/// not yet final is always inside it, so a window never stalls an admitted chunk.
 struct StreamSpec {
   std::vector<int64_t> file, offset, nbytes;
   std::vector<uint64_t> addr;
   std::vector<int64_t> chunk_start, group_start;
   StreamGate gate;
+  size_t ahead = 0;
 };
 
 /// A chunk's final results and its groups' checksums; valid as long as the stream.
@@ -108,14 +111,16 @@ class StreamLink {
 };
 
 /// One read of many chunks (the layers of a restore) kept back to back at the device, run on a
-/// thread of its own: chunk c's requests go out once allow(c + 1) admitted it, queued behind the
-/// earlier chunks'. The destructor cancels and joins (errors dropped). It must not outlive its
-/// engine.
+/// thread of its own: chunk c's requests go out once allow(c + 1) admitted it and it is inside
+/// the window (StreamSpec::ahead: c < the count of leading final chunks + ahead), queued behind
+/// the earlier chunks'. The destructor cancels and joins (errors dropped). It must not outlive
+/// its engine.
 class ReadStream {
  public:
   virtual ~ReadStream() = default;
   [[nodiscard]] virtual size_t nchunks() const noexcept = 0;
-  /// Chunks [0, chunks) may be submitted; never shrinks (a smaller count is ignored).
+  /// Chunks [0, chunks) may be submitted (within the window, if any); never shrinks (a smaller
+  /// count is ignored).
   virtual void allow(size_t chunks) = 0;
   /// Blocks until chunk's results and checksums are final; rethrows the stream's error.
   [[nodiscard]] virtual ChunkResults wait(size_t chunk) = 0;

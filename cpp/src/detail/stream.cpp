@@ -1,5 +1,6 @@
-// The read stream's bookkeeping: what may be submitted, when a chunk is final; its thread runs
-// the engine's stream loop (EngineBase::run_stream, or the io_uring ring's).
+// The read stream's bookkeeping: what may be submitted (allow() and the read-ahead window), when
+// a chunk is final; its thread runs the engine's stream loop (EngineBase::run_stream, or the
+// io_uring ring's).
 #include "tutti/detail/stream.hpp"
 
 #include <sys/eventfd.h>
@@ -86,6 +87,10 @@ Stream::~Stream() {
 }
 
 void Stream::run() {
+  {
+    std::lock_guard lock(mu_);
+    loop_thread_ = std::this_thread::get_id();
+  }
   try {
     engine_.run_stream(*this);
   } catch (...) {
@@ -102,6 +107,7 @@ void Stream::run() {
     if (!done_[c]) done_ns_[c] = now_ns();
     done_[c] = 1;
   }
+  done_prefix_ = nchunks();
   advance_gate();  // releases what passed, then the terminal value at the first chunk that did not
   close_gate();
   ended_ = true;
@@ -115,6 +121,10 @@ void Stream::allow(size_t chunks) {
     allowed_ = std::min(chunks, nchunks());
   }
   cv_.notify_all();
+  wake_loop();
+}
+
+void Stream::wake_loop() {
   uint64_t one = 1;
   if (::write(wake_fd_, &one, sizeof one) < 0) { /* the counter is full: a wake is pending */ }
 }
@@ -126,8 +136,7 @@ void Stream::cancel() noexcept {
     cancelled_ = true;
   }
   cv_.notify_all();
-  uint64_t one = 1;
-  if (::write(wake_fd_, &one, sizeof one) < 0) { /* a wake is pending */ }
+  wake_loop();
 }
 
 ChunkResults Stream::wait(size_t chunk) {
@@ -156,7 +165,15 @@ std::vector<int64_t> Stream::done_ns() {
 
 size_t Stream::allowed() {
   std::lock_guard lock(mu_);
-  return allowed_;
+  return admissible();
+}
+
+// min(allowed_, done_prefix_ + ahead), without overflow for any ahead. With ahead >= 1 the first
+// chunk not done is inside the window whenever allow() admitted it: a window never deadlocks.
+size_t Stream::admissible() const {
+  const size_t a = spec_.ahead;
+  if (a == 0 || done_prefix_ >= allowed_ || allowed_ - done_prefix_ <= a) return allowed_;
+  return done_prefix_ + a;
 }
 
 bool Stream::cancelled() {
@@ -166,27 +183,39 @@ bool Stream::cancelled() {
 
 size_t Stream::wait_allowed(size_t have) {
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return allowed_ > have || cancelled_; });
-  return cancelled_ ? have : allowed_;
+  cv_.wait(lock, [&] { return admissible() > have || cancelled_; });
+  return cancelled_ ? have : admissible();
 }
 
 void Stream::planned(size_t c, size_t ops) {
-  std::lock_guard lock(mu_);
-  ops_left_[c] += static_cast<int64_t>(ops);
-  planned_[c] = 1;
-  check_done(c);
+  bool wake;
+  {
+    std::lock_guard lock(mu_);
+    ops_left_[c] += static_cast<int64_t>(ops);
+    planned_[c] = 1;
+    wake = check_done(c);
+  }
+  if (wake) wake_loop();
 }
 
 void Stream::op_finished(size_t c) {
-  std::lock_guard lock(mu_);
-  ops_left_[c]--;
-  check_done(c);
+  bool wake;
+  {
+    std::lock_guard lock(mu_);
+    ops_left_[c]--;
+    wake = check_done(c);
+  }
+  if (wake) wake_loop();
 }
 
-void Stream::task(size_t c, int delta) {
-  std::lock_guard lock(mu_);
-  tasks_left_[c] += delta;
-  check_done(c);
+void Stream::task(size_t c, int delta) {  // on a checksum thread (GroupChecksums::on_task)
+  bool wake;
+  {
+    std::lock_guard lock(mu_);
+    tasks_left_[c] += delta;
+    wake = check_done(c);
+  }
+  if (wake) wake_loop();  // before the task counts as ended: wake_fd_ is still open
 }
 
 size_t Stream::ops_left_oldest() {
@@ -197,12 +226,17 @@ size_t Stream::ops_left_oldest() {
   return static_cast<size_t>(std::max<int64_t>(1, ops_left_[oldest_]));
 }
 
-void Stream::check_done(size_t c) {
-  if (done_[c] || !planned_[c] || ops_left_[c] > 0 || tasks_left_[c] > 0) return;
+bool Stream::check_done(size_t c) {
+  if (done_[c] || !planned_[c] || ops_left_[c] > 0 || tasks_left_[c] > 0) return false;
   done_[c] = 1;
   done_ns_[c] = now_ns();
+  const size_t before = admissible();
+  while (done_prefix_ < nchunks() && done_[done_prefix_]) done_prefix_++;
   advance_gate();  // before anyone waiting on chunk c wakes
-  cv_.notify_all();
+  cv_.notify_all();  // the POSIX loop's wait_allowed, and wait()
+  // The ring's loop sleeps in io_uring_enter with a read armed on wake_fd_: it needs a write only
+  // when the window held it back, and not from its own thread (it re-reads allowed() first).
+  return admissible() > before && std::this_thread::get_id() != loop_thread_;
 }
 
 // ---- StreamLink (engine.hpp)

@@ -42,9 +42,9 @@ class Stream final : public ReadStream {
   Completion* on_done() { return groups_.get(); }  // the groups' checksums, or nullptr
   int wake_fd() const { return wake_fd_; }
   uint64_t* wake_buf() { return &wake_buf_; }  // target of the ring's read on wake_fd
-  size_t allowed();                   // chunks allowed so far
+  size_t allowed();                   // chunks that may be submitted now (allow() and window)
   bool cancelled();
-  size_t wait_allowed(size_t have);   // until more than `have` are allowed or cancelled
+  size_t wait_allowed(size_t have);   // until more than `have` may be submitted or cancelled
   void planned(size_t c, size_t ops); // chunk c will finish after `ops` operations
   void op_finished(size_t c);         // one operation of chunk c ended (results set)
   size_t ops_left_oldest();  // operations left in the oldest chunk with any in flight (>= 1)
@@ -53,7 +53,11 @@ class Stream final : public ReadStream {
   void validate_groups();
   void run();
   void task(size_t c, int delta);
-  void check_done(size_t c);  // holds mu_
+  // holds mu_; chunk c may have become final: true when that widened the window for a run loop
+  // that does not wait on cv_ (the caller then wakes it, after unlocking)
+  bool check_done(size_t c);
+  size_t admissible() const;  // holds mu_: allowed_, capped by the window
+  void wake_loop();           // a write to wake_fd_: ends the ring's wait for completions
   void validate_gate();
   bool chunk_passed(size_t c) const;  // holds mu_; chunk c is done
   void advance_gate();                // holds mu_
@@ -71,6 +75,8 @@ class Stream final : public ReadStream {
   std::mutex mu_;
   std::condition_variable cv_;
   size_t allowed_ = 0;
+  size_t done_prefix_ = 0;       // leading chunks that are done (the window's base)
+  std::thread::id loop_thread_;  // the stream's thread, once run() started
   bool cancelled_ = false;
   bool ended_ = false;
   std::exception_ptr error_;
