@@ -34,12 +34,13 @@ it needs a GPU (tests/README.md); its workload and report code is tested on CPU.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import shutil
 import time
 
-from tutti_hicache.benchmarks import e2e
+from tutti_hicache.benchmarks import e2e, timeline
 from tutti_hicache.benchmarks.rawio import raw_read_dirs
 from tutti_hicache.benchmarks.server import (Server, drop_caches, one_request, run_rate, run_sequential,
                                              tutti_stats)
@@ -81,7 +82,7 @@ def clear_storage(args, config: str) -> None:
         os.makedirs(os.path.join(d, "tutti"), exist_ok=True)
     os.makedirs(os.path.join(args.one_dir, config if config in ("file", "nixl") else "."), exist_ok=True)
     for p in os.listdir(args.out_dir):
-        if p.startswith(f"stats-{config}-"):
+        if p.startswith((f"stats-{config}-", f"timeline-{config}-")):
             os.unlink(os.path.join(args.out_dir, p))
 
 
@@ -139,6 +140,8 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float) 
     finally:
         srv.stop()
     run["tutti_stats"] = tutti_stats(args.out_dir, config)
+    run["timeline"] = [timeline.summarize(r) for r in timeline.read(
+        sorted(glob.glob(os.path.join(args.out_dir, f"timeline-{config}-*.jsonl"))))]
     run.update(restore_summary(run["tutti_stats"]))
     run.update(wear_summary(run["tutti_stats"]))
     return run

@@ -4,6 +4,7 @@ both engines; a bad page in the middle of the pipeline fails the batch and leave
 flight behind it; a write starving behind a long load never deadlocks it."""
 
 import logging
+import os
 import threading
 import time
 
@@ -270,3 +271,58 @@ def test_gpu_wait_is_off_on_a_cpu_pool_and_on_refuses_it(tmp_path):
     lw.close()
     with pytest.raises(RuntimeError, match="tutti_gpu_wait=on"):
         make_lw(tmp_path / "on", tutti_gpu_wait="on")
+
+
+def test_timeline_file_records_each_load_in_order(tmp_path):
+    """tutti_timeline_file: one JSON line per load, its times ordered as the pipeline runs them
+    (start < first read <= last read <= last layer handed over <= finish), a failed load's error,
+    and the summary the e2e harness reports."""
+    import json
+
+    from tutti_hicache.benchmarks import timeline
+    path = tmp_path / "tl-{pid}.jsonl"
+    lw, k, v = make_lw(tmp_path, tutti_timeline_file=str(path))
+    keys = [f"p{i:063d}" for i in range(N)]
+    rows = torch.arange(PAGE, PAGE * (N + 1))
+    offload_all(lw, keys, rows)
+    assert restore(lw, keys, rows)
+    assert restore(lw, keys[:10], rows[:10 * PAGE], rid="r2")
+    files = list(tmp_path.glob("tl-*.jsonl"))
+    assert len(files) == 1 and str(os.getpid()) in files[0].name
+    recs = [json.loads(x) for x in files[0].read_text().splitlines()]
+    assert [r["index"] for r in recs] == [0, 1] and [r["pages"] for r in recs] == [N, 10]
+    r = recs[0]
+    assert r["mode"] == "cpu" and r["chunk_layers"] == [l for l in range(GEOM.num_layers) for _ in range(3)]
+    done = r["chunk_done_ns"]
+    assert len(done) == 3 * GEOM.num_layers and all(done)
+    assert r["start_ns"] < min(done) <= max(done) <= max(r["complete_ns"]) <= r["finish_ns"][1]
+    assert all(w[0] <= w[1] for w in r["wait_ns"]) and all(w[0] for w in r["wait_ns"])
+    for layer in range(GEOM.num_layers):  # a layer is handed over after its last chunk landed
+        assert r["complete_ns"][layer] >= max(done[3 * layer:3 * layer + 3])
+    s = timeline.summarize(r)
+    assert 0 < s["first_read_ms"] <= s["reads_ms"] <= s["handed_ms"] <= s["finish_ms"]
+    assert s["react_ms_p50"] >= 0 and s["forward_wait_ms"] >= 0 and s["error"] is None
+    assert timeline.read([files[0], tmp_path / "missing"]) == recs
+    assert "| 0 | cpu | 300 |" in timeline.table(recs)
+    # a load that fails (its slots cut short on disk) is recorded with its error
+    for seg in (tmp_path / "a").rglob("*"):
+        if seg.is_file() and seg.stat().st_size > 1 << 20:
+            os.truncate(seg, 4096)
+    for seg in (tmp_path / "b").rglob("*"):
+        if seg.is_file() and seg.stat().st_size > 1 << 20:
+            os.truncate(seg, 4096)
+    assert not restore(lw, keys, rows, rid="r3")
+    last = json.loads(files[0].read_text().splitlines()[-1])
+    assert last["index"] == 2 and "LoadFailed" in last["error"]
+    lw.close()
+
+
+def test_no_timeline_file_by_default(tmp_path):
+    lw, _, _ = make_lw(tmp_path)
+    assert lw.counter.timeline is None
+    keys = [f"p{i:063d}" for i in range(8)]
+    rows = torch.arange(PAGE, PAGE * 9)
+    offload_all(lw, keys, rows)
+    assert restore(lw, keys, rows)
+    assert not list(tmp_path.glob("*.jsonl"))
+    lw.close()

@@ -163,6 +163,8 @@ def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
         hier = config != "recompute" and not config.startswith("tutti-linker")
         assert ns.enable_hierarchical_cache == hier
         assert ns.enable_unified_cache_external_linker == config.startswith("tutti-linker")
+        if config.startswith("tutti-linker") and config != "tutti-linker-dynamic":
+            assert ns.unified_cache_external_linker_config["tutti_timeline_file"].endswith(".jsonl")
         if config == "tutti-linker-gpuwait":
             assert ns.unified_cache_external_linker_config["tutti_gpu_wait"] == "on"
         if config == "file":

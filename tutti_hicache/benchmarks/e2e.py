@@ -341,7 +341,8 @@ def tutti_config(args, config: str) -> dict:
     """tutti's settings of a run: striped over args.tutti_dirs, a stats file per server process."""
     return {"tutti_dirs": [os.path.join(d, "tutti") for d in args.tutti_dirs.split(",")],
             "tutti_capacity_gb": args.capacity_gb,
-            "tutti_stats_file": os.path.join(args.out_dir, f"stats-{config}-{{pid}}.json")}
+            "tutti_stats_file": os.path.join(args.out_dir, f"stats-{config}-{{pid}}.json"),
+            "tutti_timeline_file": os.path.join(args.out_dir, f"timeline-{config}-{{pid}}.jsonl")}
 
 
 def server_cmd(args, config: str, port: int) -> tuple[list, dict]:

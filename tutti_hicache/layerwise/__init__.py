@@ -21,10 +21,13 @@ At a glance:
     lw.gpu_wait -> (on, reason)             whether the GPU-wait path is available, and why
     lw.gpu_wait_on, lw.trace                the path loads take, settable between loads; the
                                             benchmark's per-chunk timings
+    tutti_timeline_file                     one JSON line per load (timeline.py): when each
+                                            chunk landed, each layer was handed over and the
+                                            forward waited for it
 
 The parts: counter.py (LayerCounter), staging.py (pinned rings), loader.py (the load pipeline
 and its thread), offloader.py (the offload queue, its backlog and its thread), stats.py (the
-linker's counters and stats file), worker.py.
+linker's counters and stats file), timeline.py (the timeline file), worker.py.
 k_bufs / v_bufs: per-layer device tensors [rows, heads, dim] (SGLang's NHD pools; MLA passes
 v_bufs=None and its [rows, 1, kv_cache_dim] buffers as k_bufs; see devicemap.py). Page p covers
 rows [p*page_size, (p+1)*page_size); device_indices are token rows, page-aligned.
@@ -50,6 +53,7 @@ from .loader import Loader, LoadFailed
 from .offloader import Offloader
 from .staging import Staging
 from .stats import LinkerStats
+from .timeline import TimelineFile
 from .windows import LayerTimes, Windows
 
 __all__ = ["LayerwiseKV", "LayerCounter", "LoadFailed"]
@@ -69,7 +73,8 @@ class LayerwiseKV:
         self.cuda = self.device.type == "cuda"
         self.times = LayerTimes(self.cuda)
         self.counter = LayerCounter(self.num_layers, self.times if cfg.write_windows == "online"
-                                    else None)
+                                    else None,
+                                    TimelineFile(cfg.timeline_file) if cfg.timeline_file else None)
         self.gpu_wait = self._gpu_wait_mode(cfg.gpu_wait, geometry)  # before anything is opened
         self.store = ObjectStore(cfg, geometry, identity, writer=writer)
         self.io = self._io_stream()

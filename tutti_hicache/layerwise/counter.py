@@ -11,6 +11,7 @@ At a glance:
                                             waits for settle(), the loader's verdict
     counter.set_consumer(index), counter.wait_until(layer)   [forward] SGLang's interface
     counter.finish(index) -> bool           [scheduler] every layer landed (events synchronized)
+    counter.annotate(index, **fields)       [loader] adds to the batch's timeline record
     counter.reset()
 
 wait_until(l) blocks the CPU only until layer l's copy is enqueued, then makes the current CUDA
@@ -21,6 +22,8 @@ threading.Events, which finish() waits for before it removes the batch. `consume
 `waited` are single ints written by the forward's thread and read by the loader (a heuristic
 for slack windows, never for correctness). `times` (windows.LayerTimes) is told where the forward is
 (set_consumer, and around each wait), for write windows learned online; never for correctness.
+`timeline` (timeline.TimelineFile, tutti_timeline_file) gets one record per batch at finish():
+when it started, each layer was handed over, the forward waited for it, and finish ran.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+
+from .timeline import now_ns
 
 
 @dataclass
@@ -41,6 +46,7 @@ class _Batch:
     error: Optional[BaseException] = None
     shape: tuple = (0, 0)  # (new tokens, loaded prefix tokens), for the write windows' timing
     verdict: threading.Event = field(default_factory=threading.Event)
+    rec: Optional[dict] = None  # the timeline record, when one is kept
 
     def __post_init__(self):
         self.enqueued = [threading.Event() for _ in range(self.layers)]
@@ -53,9 +59,10 @@ class LayerCounter:
     ordered on the GPU: wait_until(l) blocks the CPU only until layer l's copy is enqueued,
     then makes the current stream wait on that copy's event."""
 
-    def __init__(self, num_layers: int, times=None):
+    def __init__(self, num_layers: int, times=None, timeline=None):
         self.num_layers = num_layers
         self.times = times  # windows.LayerTimes: the forward's progress, for write windows
+        self.timeline = timeline  # timeline.TimelineFile, or None
         self.consumer_index = -1
         self.producer_index = -1
         self.waited = -1  # last layer the forward waited for (its progress)
@@ -65,8 +72,17 @@ class LayerCounter:
     def update_producer(self) -> int:
         with self._lock:
             self.producer_index += 1
-            self._batches[self.producer_index] = _Batch(self.num_layers)
+            b = self._batches[self.producer_index] = _Batch(self.num_layers)
+            if self.timeline is not None:
+                n = self.num_layers
+                b.rec = {"index": self.producer_index, "start_ns": now_ns(), "complete_ns": [0] * n,
+                         "wait_ns": [[0, 0] for _ in range(n)], "finish_ns": [0, 0]}
             return self.producer_index
+
+    def annotate(self, index: int, **fields) -> None:
+        b = self._batches.get(index)
+        if b is not None and b.rec is not None:
+            b.rec.update(fields)
 
     def describe(self, index: int, n_input: int, n_prefix: int) -> None:
         self._batches[index].shape = (n_input, n_prefix)
@@ -84,6 +100,8 @@ class LayerCounter:
     def complete(self, index: int, layer: int, event=None) -> None:
         b = self._batches[index]
         b.events[layer] = event
+        if b.rec is not None:
+            b.rec["complete_ns"][layer] = now_ns()
         b.enqueued[layer].set()
 
     def hold(self, index: int) -> None:
@@ -99,6 +117,8 @@ class LayerCounter:
         if b is None:
             return
         b.error = b.error or error
+        if b.rec is not None:
+            b.rec["error"] = repr(b.error)
         for ev in b.enqueued:
             ev.set()  # the forward runs on (wrong) bytes; finish() reports the failure
 
@@ -107,7 +127,9 @@ class LayerCounter:
         b = self._batches.get(self.consumer_index)
         if b is None:
             return
-        t = self.times
+        t, w = self.times, (b.rec["wait_ns"][layer] if b.rec is not None else None)
+        if w is not None and not w[0]:
+            w[0] = now_ns()
         if t is not None:
             t.arrive(layer)  # the previous layer's compute ends here
         b.enqueued[layer].wait()
@@ -115,12 +137,15 @@ class LayerCounter:
             torch.cuda.current_stream().wait_event(b.events[layer])
         if t is not None:
             t.passed(layer)  # and this layer's starts here, once its KV landed
+        if w is not None:
+            w[1] = now_ns()
 
     def finish(self, index: int) -> bool:
         """Wait until every layer of batch `index` has landed in device memory."""
         b = self._batches.get(index)
         if b is None:
             return True
+        t0 = now_ns()
         for ev in b.enqueued:
             ev.wait()
         b.verdict.wait()
@@ -129,6 +154,9 @@ class LayerCounter:
                 ev.synchronize()
         with self._lock:
             del self._batches[index]
+        if b.rec is not None:
+            b.rec["finish_ns"] = [t0, now_ns()]
+            self.timeline.write(b.rec)
         return b.error is None
 
     def reset(self) -> None:

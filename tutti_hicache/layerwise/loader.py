@@ -43,6 +43,7 @@ from . import gpu_wait
 from .counter import LayerCounter
 from .gpu_wait import GateSlots
 from .staging import Staging
+from .timeline import now_ns
 from .stats import LinkerStats
 from .worker import Worker
 
@@ -202,6 +203,8 @@ class Loader:
                     if rows.stop < n:
                         continue
                     if gpu is None:
+                        if layer + 1 == self._num_layers:  # before finish() can write the record
+                            self._annotate(index, "cpu", len(entries), chunks, stream)
                         self._counter.complete(index, layer, self._mark())
                     if gpu is None and layer + 1 < self._num_layers and \
                             layer - self._counter.waited >= 2:
@@ -209,6 +212,8 @@ class Loader:
                         if window > 0:
                             self.windows_opened += 1
                             stream.lend(window)  # settles what was admitted, then a write window
+                if gpu is not None:  # finish() waits for settle(), after this
+                    self._annotate(index, "gpu", len(entries), chunks, stream)
                 if self.trace is not None:
                     self.trace.append({"mode": "gpu" if gpu is not None else "cpu",
                                        "layers": [layer for layer, _ in chunks],
@@ -218,6 +223,14 @@ class Loader:
             if gate is not None:
                 gpu_wait.close(gpu, cuda_stream, gate, len(chunks), self._stage, slots)
                 gates.retire(gate, gpu.end)
+
+    def _annotate(self, index: int, mode: str, pages: int, chunks: list, stream) -> None:
+        """The loader's part of the batch's timeline record (tutti_timeline_file), if kept."""
+        if self._counter.timeline is not None:
+            self._counter.annotate(index, mode=mode, pages=pages,
+                                   chunk_layers=[layer for layer, _ in chunks],
+                                   chunk_done_ns=[int(t) for t in stream.done_ns()],
+                                   loader_end_ns=now_ns())
 
     def _order_streams(self, gpu: bool, ready):
         """The CUDA stream this load's GPU work goes on (GPU-wait loads: the I/O stream's second

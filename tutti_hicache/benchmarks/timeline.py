@@ -1,0 +1,89 @@
+"""Where a layer-wise restore's time goes, from a `tutti_timeline_file` (layerwise/timeline.py).
+
+    python -m tutti_hicache.benchmarks.timeline FILE [FILE ...]     one row per load
+
+At a glance:
+    read(paths) -> [record]         every JSON line of the files (unreadable lines skipped)
+    summarize(record) -> dict       milliseconds from the load's start (LayerwiseKV.start):
+        reads_ms          the last staging chunk's reads final (the I/O span)
+        first_read_ms     the first chunk's
+        handed_ms         the last layer handed to the forward
+        react_ms_p50/max  per layer: handed to the forward minus its last chunk's reads final
+                          (the CPU path's reaction; GPU-wait loads hand every layer over at once,
+                          so theirs is negative and not reported)
+        forward_start_ms  the forward's first wait_until (it reached layer 0's attention)
+        forward_wait_ms   the forward's time inside wait_until, summed over the layers
+        forward_end_ms    the return of its last wait_until
+        finish_ms, finish_wait_ms   finish_layer_wise_loading's return, and its time inside
+    table(records) -> markdown
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+
+def read(paths) -> list:
+    out = []
+    for p in paths:
+        try:
+            with open(p) as f:
+                for line in f:
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        continue
+        except OSError:
+            continue
+    return out
+
+
+def summarize(rec: dict) -> dict:
+    t0 = rec["start_ns"]
+
+    def ms(t):
+        return round((t - t0) / 1e6, 3) if t else None
+
+    out = {"index": rec.get("index"), "mode": rec.get("mode"), "pages": rec.get("pages"),
+           "error": rec.get("error")}
+    done, layers = rec.get("chunk_done_ns") or [], rec.get("chunk_layers") or []
+    if done:
+        out["first_read_ms"], out["reads_ms"] = ms(min(done)), ms(max(done))
+    complete = rec.get("complete_ns") or []
+    if complete and all(complete):
+        out["handed_ms"] = ms(max(complete))
+        last = {}
+        for layer, t in zip(layers, done):
+            last[layer] = max(last.get(layer, 0), t)
+        react = [(complete[l] - t) / 1e6 for l, t in last.items() if l < len(complete)]
+        if react and rec.get("mode") != "gpu":
+            out["react_ms_p50"] = round(statistics.median(react), 3)
+            out["react_ms_max"] = round(max(react), 3)
+    waits = [w for w in rec.get("wait_ns") or [] if w[0] and w[1]]
+    if waits:
+        out["forward_start_ms"] = ms(min(w[0] for w in waits))
+        out["forward_wait_ms"] = round(sum(w[1] - w[0] for w in waits) / 1e6, 3)
+        out["forward_end_ms"] = ms(max(w[1] for w in waits))
+    fin = rec.get("finish_ns") or [0, 0]
+    if fin[1]:
+        out["finish_ms"], out["finish_wait_ms"] = ms(fin[1]), round((fin[1] - fin[0]) / 1e6, 3)
+    return out
+
+
+COLUMNS = ("index", "mode", "pages", "first_read_ms", "reads_ms", "handed_ms", "react_ms_p50",
+           "react_ms_max", "forward_start_ms", "forward_wait_ms", "forward_end_ms", "finish_ms",
+           "finish_wait_ms", "error")
+
+
+def table(records: list) -> str:
+    rows = [summarize(r) for r in records]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    for r in rows:
+        lines.append("| " + " | ".join("-" if r.get(c) is None else str(r[c]) for c in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table(read(sys.argv[1:])))

@@ -1,0 +1,53 @@
+"""`tutti_timeline_file`: one JSON line per layer-wise load, for tracing where a restore's time goes.
+
+At a glance:
+    tl = TimelineFile(path_template)    "{pid}" in the template is replaced by the process id
+    tl.write(record)                    appends json.dumps(record) + newline; never raises (tracing
+                                        must not break loads): the first failure is logged once
+    now_ns()                            CLOCK_MONOTONIC nanoseconds, the read stream's clock
+
+A record (layerwise/counter.py builds it; the loader adds its part) holds, all in now_ns():
+    index, start_ns                 the batch handed to the loader (LayerwiseKV.start)
+    complete_ns[layer]              the layer handed to the forward (its copy enqueued)
+    wait_ns[layer] = [in, out]      the forward's wait_until(layer): entry and return (0, 0: never)
+    finish_ns = [in, out]           finish_layer_wise_loading
+    mode, pages, chunk_layers, chunk_done_ns, load_end_ns   from the loader: the completion path,
+                                    the pages loaded, each staging chunk's layer and the time its
+                                    reads became final, the loader's end; error on failure
+tutti_hicache/benchmarks/timeline.py summarizes a file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+
+logger = logging.getLogger("tutti_hicache.timeline")
+
+
+def now_ns() -> int:
+    return time.monotonic_ns()  # CLOCK_MONOTONIC on Linux, as the read stream's done_ns
+
+
+class TimelineFile:
+    def __init__(self, template: str):
+        self.path = template.replace("{pid}", str(os.getpid())) if template else ""
+        self._failed = False
+        self._lock = threading.Lock()
+
+    def write(self, record: dict) -> bool:
+        if not self.path:
+            return False
+        try:
+            line = json.dumps(record) + "\n"
+            with self._lock, open(self.path, "a") as f:
+                f.write(line)
+            return True
+        except (OSError, TypeError, ValueError) as e:
+            if not self._failed:
+                self._failed = True
+                logger.warning("tutti: cannot write tutti_timeline_file %s: %s", self.path, e)
+            return False
