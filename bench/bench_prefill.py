@@ -266,10 +266,12 @@ def run(args) -> dict:
 
 
 def set_completion(lw: LayerwiseKV, mode) -> str:
-    """Switch the loads' completion path ("cpu" | "gpu", None: keep); returns the one in use."""
+    """Switch the loads' completion path ("cpu" | "gpu" | "copies": CPU launches, chunks admitted
+    by the copies; None: keep); returns the one in use."""
     if mode is not None:
         lw.gpu_wait_on = mode == "gpu"
-    return "gpu" if lw.gpu_wait_on else "cpu"
+        lw.copy_admission_on = mode == "copies"
+    return "gpu" if lw.gpu_wait_on else "copies" if lw.copy_admission_on else "cpu"
 
 
 def traced_prefill(lw: LayerwiseKV, model, c: int, pages: int, keys: list, cal) -> tuple:
@@ -388,7 +390,8 @@ def main():
                     default=[TuttiConfig().read_ahead],
                     help="layer chunks read at once; a list (e.g. 1,2) measures each at every point")
     ap.add_argument("--completion", type=lambda v: v.split(","), default=["auto"],
-                    help="cpu,gpu: both completion paths at every point (auto: the default one)")
+                    help="cpu,gpu,copies: completion paths measured at every point (copies: CPU "
+                         "launches, chunks admitted by the copies; auto: the default one)")
     ap.add_argument("--offload-stream", type=int, default=0, metavar="PAGES",
                     help="also TTFT at the largest C, h=0.9 with a continuous offload stream (at most PAGES "
                          "pages per request): scheduler off, on, on with online write windows")

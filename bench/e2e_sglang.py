@@ -9,6 +9,7 @@ Configurations (one or two server starts each, one after another):
   tutti-linker          TuttiLinker (--unified-cache-external-linker-backend tutti): layer-wise SSD -> GPU
   tutti-linker-dynamic  the same through `dynamic` and the module path (no plugin)
   tutti-linker-gpuwait  tutti-linker with tutti_gpu_wait=on (every layer's copy and scatter wait on the GPU)
+  tutti-linker-copies   tutti-linker with tutti_admission=copies (each copy admits the next read)
 Phases (workload: tutti_hicache/benchmarks/e2e.py): `warm` (each document first seen), then for storage
 configurations a **restart and a page-cache drop**; `first` (the first request after the start), `sweep`
 (hit fractions: per point the prompt restored from the tier, then one sharing its prefix with new tokens

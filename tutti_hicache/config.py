@@ -189,6 +189,16 @@ class TuttiConfig:
         "Linker: staging chunks (layers) admitted to the read stream at once: the next layers' "
         "requests wait at the devices behind this layer's, so the queue never drains between "
         "layers; 1 reads layer after layer. At most stage_depth - 1 are used.", minimum=1)
+    admission: str = setting("loader",
+        "Linker, loads launched from the CPU (tutti_gpu_wait off): what admits a load's next "
+        "staging chunk to the devices. loader = the loader thread, as it reaches the chunk; it "
+        "can lend write windows between layers. copies = the H2D copy of the chunk that last "
+        "used the ring slot, through a CUDA host function, with the read stream's C++ window "
+        "holding read_ahead chunks at the devices, so the disk never waits for the loader's "
+        "Python thread (which in a server competes for the GIL with SGLang's scheduler, "
+        "docs/benchmarks.md §7.1); no write windows are lent (writes run while the devices are "
+        "idle). copies needs the CUDA part; without it loader is used and the reason logged.",
+        choices=("loader", "copies"))
     io_sms: int = setting(8,
         "Linker: SMs reserved for the I/O kernels through a CUDA green context (Hopper); 0 = an "
         "ordinary high-priority stream.", minimum=0)

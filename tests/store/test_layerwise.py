@@ -22,6 +22,8 @@ ENGINES = ["uring", "posix"] if extension().uring_compiled() else ["posix"]
 
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # cuda: the GPU machine
+# (device, tutti_admission): the copies admitting the reads needs CUDA host functions
+PATHS = [("cpu", "loader")] + ([("cuda", "loader"), ("cuda", "copies")] if torch.cuda.is_available() else [])
 
 
 def make_lw(tmp_path, engine="posix", device="cpu", **extra):
@@ -53,12 +55,13 @@ def restore(lw, keys, rows, rid="r"):
     return lw.finish(idx)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device,admission", PATHS)
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("read_ahead,depth", [(1, 2), (2, 3), (3, 4)])
-def test_multi_chunk_layers_restore_byte_exact(tmp_path, engine, read_ahead, depth, device):
-    lw, k, v = make_lw(tmp_path, engine, device, tutti_read_ahead=read_ahead, tutti_stage_depth=depth)
-    assert lw.stage_pages == 128 and lw.read_ahead == read_ahead
+def test_multi_chunk_layers_restore_byte_exact(tmp_path, engine, read_ahead, depth, device, admission):
+    lw, k, v = make_lw(tmp_path, engine, device, tutti_read_ahead=read_ahead, tutti_stage_depth=depth,
+                       tutti_admission=admission)
+    assert lw.stage_pages == 128 and lw.read_ahead == read_ahead and lw.admission[0] == admission
     keys = [f"p{i:063d}" for i in range(N)]
     rows = torch.arange(PAGE, PAGE * (N + 1), device=device)
     offload_all(lw, keys, rows)
@@ -82,10 +85,12 @@ def test_read_ahead_is_capped_by_the_staging_ring(tmp_path):
     lw.close()
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device,admission", PATHS)
 @pytest.mark.parametrize("engine", ENGINES)
-def test_bad_page_mid_pipeline_fails_the_batch_and_the_next_load_is_clean(tmp_path, engine, device):
-    lw, k, v = make_lw(tmp_path, engine, device, tutti_read_ahead=2)
+def test_bad_page_mid_pipeline_fails_the_batch_and_the_next_load_is_clean(tmp_path, engine, device,
+                                                                          admission):
+    lw, k, v = make_lw(tmp_path, engine, device, tutti_read_ahead=2, tutti_admission=admission)
+    assert lw.admission[0] == admission
     keys = [f"p{i:063d}" for i in range(N)]
     rows = torch.arange(PAGE, PAGE * (N + 1), device=device)
     offload_all(lw, keys, rows)
@@ -271,6 +276,29 @@ def test_gpu_wait_is_off_on_a_cpu_pool_and_on_refuses_it(tmp_path):
     lw.close()
     with pytest.raises(RuntimeError, match="tutti_gpu_wait=on"):
         make_lw(tmp_path / "on", tutti_gpu_wait="on")
+
+
+def test_copy_admission_needs_cuda_and_falls_back_to_the_loader(tmp_path, caplog):
+    """tutti_admission: loader by default; copies on a CPU pool keeps the loader's admission, says
+    why once, restores byte-exact; switching to it where it cannot run raises."""
+    lw, _, _ = make_lw(tmp_path / "default")
+    assert lw.admission == ("loader", "tutti_admission=loader") and not lw.copy_admission_on
+    lw.close()
+    with caplog.at_level(logging.WARNING, logger="tutti_hicache"):
+        lw, k, v = make_lw(tmp_path, tutti_admission="copies")
+    assert lw.admission == ("loader", "the pool is not on a CUDA device") and not lw.copy_admission_on
+    assert sum("tutti_admission=copies cannot run here" in r.getMessage() for r in caplog.records) == 1
+    with pytest.raises(RuntimeError, match="copy admission cannot run here"):
+        lw.copy_admission_on = True
+    keys = [f"p{i:063d}" for i in range(N)]
+    rows = torch.arange(PAGE, PAGE * (N + 1))
+    offload_all(lw, keys, rows)
+    want = [t[PAGE:].clone() for t in k + v]
+    for t in k + v:
+        t[PAGE:] = -7
+    assert restore(lw, keys, rows)
+    assert all(torch.equal(t[PAGE:], w) for t, w in zip(k + v, want))
+    lw.close()
 
 
 def test_timeline_file_records_each_load_in_order(tmp_path):

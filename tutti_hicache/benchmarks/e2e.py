@@ -321,8 +321,10 @@ def _config_row(run: dict, eq: dict) -> list:
 
 # ------------------------------------------------------------------ server configurations
 CONFIGS = ("recompute", "dram", "file", "nixl", "tutti-host", "tutti-linker", "tutti-linker-dynamic",
-           "tutti-linker-gpuwait")
-PERSISTENT = {"file", "nixl", "tutti-host", "tutti-linker", "tutti-linker-dynamic", "tutti-linker-gpuwait"}
+           "tutti-linker-gpuwait", "tutti-linker-copies")
+PERSISTENT = {"file", "nixl", "tutti-host", "tutti-linker", "tutti-linker-dynamic", "tutti-linker-gpuwait",
+              "tutti-linker-copies"}
+LINKERS = ("tutti-linker", "tutti-linker-dynamic", "tutti-linker-gpuwait", "tutti-linker-copies")
 LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
              "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
              "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
@@ -374,10 +376,12 @@ def server_cmd(args, config: str, port: int) -> tuple[list, dict]:
         cmd += hicache + ["--hicache-size", str(args.host_gb), "--hicache-mem-layout", "layer_first",
                           "--hicache-storage-backend", "tutti", "--hicache-storage-backend-extra-config",
                           json.dumps(tutti_config(args, config))]
-    elif config in ("tutti-linker", "tutti-linker-dynamic", "tutti-linker-gpuwait"):
+    elif config in LINKERS:
         cfg = tutti_config(args, config)
         if config == "tutti-linker-gpuwait":  # on, not auto: a server that cannot fails its attach
             cfg["tutti_gpu_wait"] = "on"
+        if config == "tutti-linker-copies":
+            cfg["tutti_admission"] = "copies"
         backend = "tutti"
         if config == "tutti-linker-dynamic":
             backend, cfg = "dynamic", {"linker": "TuttiLinker", "linker_module_path": "tutti_hicache.linker",

@@ -19,8 +19,9 @@ At a glance:
     lw.stats() -> dict                      the store's counters plus the linker's (stats.py);
                                             tutti_stats_file writes them
     lw.gpu_wait -> (on, reason)             whether the GPU-wait path is available, and why
-    lw.gpu_wait_on, lw.trace                the path loads take, settable between loads; the
-                                            benchmark's per-chunk timings
+    lw.admission -> (mode, reason)          who admits a CPU-launched load's chunks (tutti_admission)
+    lw.gpu_wait_on, lw.copy_admission_on, lw.trace   the path loads take, settable between
+                                            loads; the benchmark's per-chunk timings
     tutti_timeline_file                     one JSON line per load (timeline.py): when each
                                             chunk landed, each layer was handed over and the
                                             forward waited for it
@@ -96,6 +97,8 @@ class LayerwiseKV:
         self._loader = Loader(self.store, self.counter, self.stage, self.stage_pages, self.k_bufs,
                               self.v_bufs, page_size, self.io, cfg, self.windows, self._stats,
                               self._gates)
+        self.admission = self._admission_mode(cfg.admission)
+        self._loader.copy_admission = self.admission[0] == "copies"
         self._offloader = Offloader(self.store, self.out, self.out_pages, self.k_bufs, self.v_bufs,
                                     page_size, self.io, writer, cfg.offload_backlog_pages,
                                     self._stats)
@@ -124,6 +127,19 @@ class LayerwiseKV:
         mode = (True, "the CUDA part loaded") if ok else (False, why)
         logger.info("tutti linker: GPU-side completion waits %s (%s)", "on" if ok else "off", mode[1])
         return mode
+
+    def _admission_mode(self, setting: str) -> tuple:
+        """(mode, reason) for tutti_admission: copies needs CUDA host functions (the CUDA part)."""
+        if setting == "loader":
+            return "loader", "tutti_admission=loader"
+        from .. import driver
+        ok, why = driver.available() if self.cuda else (False, "the pool is not on a CUDA device")
+        if not ok:
+            logger.warning("tutti linker: tutti_admission=copies cannot run here (%s); the loader "
+                           "thread admits the chunks", why)
+            return "loader", why
+        logger.info("tutti linker: each chunk's copy admits the next read into its ring slot")
+        return "copies", "the CUDA part loaded"
 
     def _warm_kernels(self) -> None:
         """Load the gather and scatter kernels at attach, so the first restore after a server
@@ -168,6 +184,22 @@ class LayerwiseKV:
             raise RuntimeError(f"GPU-side completion waits are off here: {self.gpu_wait[1]}")
         self._loader.worker.drain()
         self._loader.gates = self._gates if on else None
+
+    @property
+    def copy_admission_on(self) -> bool:
+        """Whether CPU-launched loads' copies admit the chunks (tutti_admission=copies; settable
+        between loads where CUDA host functions run)."""
+        return self._loader.copy_admission
+
+    @copy_admission_on.setter
+    def copy_admission_on(self, on: bool) -> None:
+        if on and self.admission[0] != "copies":
+            from .. import driver
+            ok, why = driver.available() if self.cuda else (False, "the pool is not on a CUDA device")
+            if not ok:
+                raise RuntimeError(f"copy admission cannot run here: {why}")
+        self._loader.worker.drain()
+        self._loader.copy_admission = on
 
     @property
     def trace(self):

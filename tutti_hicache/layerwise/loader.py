@@ -17,7 +17,11 @@ At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's t
         reuses its ring slot through a CUDA host function, the stream's read-ahead window
         keeping at most `read_ahead` chunks past the last final one at the devices; the loop
         only checks the verdicts (no write windows)
+        copy admission (copy_admission: tutti_admission=copies, CPU-launched loads): the
+        copies and scatters are launched by the loop as chunks land, and each copy admits the
+        chunk that reuses its slot as in GPU-wait mode (no write windows)
     loader.read_ahead, loader.windows_opened, loader.read_Bps, loader.worker (drain, stop, thread)
+    loader.gates, loader.copy_admission                the admission paths (between loads only)
     loader.trace                                       None, or a list each load appends its
         chunks' read-completion times and scatter-start events to (the benchmark)
 
@@ -33,6 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from functools import partial
 from typing import Optional
 
 import torch
@@ -73,6 +78,7 @@ class Loader:
         self.read_ahead = max(1, min(cfg.read_ahead, cfg.stage_depth - 1))
         self.windows_opened = 0
         self.gates = gates  # GPU-wait mode when set (between loads only)
+        self.copy_admission = False  # tutti_admission=copies, for CPU-launched loads (CUDA only)
         self.trace: Optional[list] = None
         self._queued: dict[str, tuple] = {}
         self.worker = Worker("tutti-load", self._run)  # drain(): every started load finished
@@ -145,9 +151,9 @@ class Loader:
         at the devices at once, so the next layer's requests wait there behind this layer's and
         the queue never drains between layers; each chunk lands, is verified, copied and
         scattered in layer order. CPU path: chunk i + read_ahead - 1 is admitted before chunk i
-        is waited for. GPU-wait path: the ring slots admit (chunk j once the copy of chunk
-        j - depth, the slot's last user, is done) and the stream's window (ahead=read_ahead)
-        holds the reads to `read_ahead` chunks past the last final one."""
+        is waited for. GPU-wait path and copy admission: the ring slots admit (chunk j once the
+        copy of chunk j - depth, the slot's last user, is done) and the stream's window
+        (ahead=read_ahead) holds the reads to `read_ahead` chunks past the last final one."""
         plan = self._store.plan_pages(entries)
         prefix = len(entries) * self._page_size
         self._windows.learn()  # the forwards that ran since the last load
@@ -162,7 +168,10 @@ class Loader:
                 for (_, rows), k in zip(chunks, slots)]
         gate = gates.take() if gates is not None else None
         gpu = gpu_wait.Plan() if gate is not None else None
-        ahead = self.read_ahead if gpu is not None else 0  # the CPU path admits chunk by chunk
+        # who admits: the loader chunk by chunk (0: no window), or the copies (GPU-wait loads, and
+        # CPU-launched ones with tutti_admission=copies) with the stream's window
+        hosted = gpu is None and self.copy_admission
+        ahead = self.read_ahead if gpu is not None or hosted else 0
         scatter_start: list = []
         try:
             # the stream holds the batch's directories for reads until it is closed (and then
@@ -179,34 +188,43 @@ class Loader:
                         admitted += 1
                     stream.allow(admitted)
 
-                if gpu is not None:
+                if gpu is not None or hosted:
                     # the first reads go out (their slots free of the last load's copies, waited
                     # for here); the rest of the ring's slots once the load stream has passed
                     # those copies (it is ordered after them: _order_streams), by a host function
-                    # ahead of this load's GPU work; then every layer's GPU work, whose copies
-                    # admit the rest (no CPU thread of ours). Slots past the waited ones are
-                    # handed out unwaited; gpu_wait.close leaves each the event of its last copy.
+                    # ahead of this load's GPU work; then each chunk's copy admits the chunk that
+                    # reads into its slot next (GPU-wait: every layer's GPU work enqueued now, no
+                    # CPU thread of ours; hosted: the copies launched below, as chunks land).
+                    # Slots past the waited ones are handed out unwaited; each copy leaves its
+                    # slot its event (gpu_wait.close, _copy_chunk).
                     admit(min(len(chunks), self.read_ahead))
                     stream.allow_after(self._io.device, cuda_stream.cuda_stream,
                                        min(len(chunks), depth))
                     self._stage.advance(len(chunks) - admitted)
+                if gpu is not None:
                     self._enqueue(gpu, cuda_stream, gate, index, chunks, slots, page_ids, stream)
                 for i, (layer, rows) in enumerate(chunks):
-                    if gpu is None:
+                    if gpu is None and not hosted:
                         admit(min(len(chunks), i + self.read_ahead))
                     ok = stream.wait(i)
                     if not ok.all():
                         raise LoadFailed(f"layer {layer}: {int((~ok).sum())} of {len(ok)} pages "
                                          "unreadable or corrupt")
                     if gpu is None:
-                        self._copy_chunk(slots[i], layer, len(ok), page_ids[rows], scatter_start)
+                        after = None  # hosted: the copy admits the slot's next reader
+                        if hosted and i + depth < len(chunks):
+                            after = partial(stream.allow_after, self._io.device,
+                                            self._io.stream.cuda_stream, i + depth + 1)
+                        self._copy_chunk(slots[i], layer, len(ok), page_ids[rows], scatter_start,
+                                         after)
                     if rows.stop < n:
                         continue
                     if gpu is None:
                         if layer + 1 == self._num_layers:  # before finish() can write the record
-                            self._annotate(index, "cpu", len(entries), chunks, stream)
+                            self._annotate(index, "copies" if hosted else "cpu", len(entries),
+                                           chunks, stream)
                         self._counter.complete(index, layer, self._mark())
-                    if gpu is None and layer + 1 < self._num_layers and \
+                    if gpu is None and not hosted and layer + 1 < self._num_layers and \
                             layer - self._counter.waited >= 2:
                         window = self._windows.window(input_tokens, prefix, self.read_Bps)
                         if window > 0:
@@ -283,8 +301,11 @@ class Loader:
             return max(self._rates)
         return self._windows.seed_read_Bps
 
-    def _copy_chunk(self, k: int, layer: int, n: int, page_ids, trace: list) -> None:
-        """Ring slot k holds layer `layer` of n pages: to the device pool (H2D + scatter)."""
+    def _copy_chunk(self, k: int, layer: int, n: int, page_ids, trace: list,
+                    after_copy=None) -> None:
+        """Ring slot k holds layer `layer` of n pages: to the device pool (H2D + scatter);
+        after_copy() runs with the I/O stream current right after the copy is enqueued (before
+        the scatter), e.g. to enqueue the admission of the slot's next read."""
         host = self._stage.host[k][: n * self._k_objs * self._obj_stride]
         if not self._cuda:
             self._scatter(host, layer, page_ids)
@@ -296,6 +317,8 @@ class Loader:
             ev = torch.cuda.Event()
             ev.record()
             self._stage.events[k] = ev  # the ring slot is free once this copy is done
+            if after_copy is not None:
+                after_copy()
             if copy_start is not None:
                 trace.append((copy_start, gpu_wait.record(self._io.stream, True)))
             self._scatter(dev, layer, page_ids)
