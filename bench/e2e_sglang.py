@@ -91,7 +91,8 @@ def clear_storage(args, config: str) -> None:
 def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float) -> dict:
     port = 30000 + e2e.CONFIGS.index(config)
     clear_storage(args, config)
-    run = {"config": config, "medium": args.medium, **raw, "layers": args.layers, "one_dir": args.one_dir_note,
+    run = {"config": config, "medium": args.medium, **raw, "layers": args.layers, "page_bytes": args.bpt * e2e.PAGE,
+           "one_dir": args.one_dir_note,
            "phases": {}, "summaries": {}, "start_s": [],
            "host_pool_gb": args.dram_gb if config == "dram" else (args.host_gb if config in
                                                                   ("file", "nixl", "tutti-host") else 0)}

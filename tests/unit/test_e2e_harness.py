@@ -171,3 +171,21 @@ def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
             assert env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] == str(tmp_path / "one" / "file")
     with pytest.raises(ValueError):
         e2e.server_cmd(args, "lmcache", 30000)
+
+
+def test_timeline_rows_and_their_table():
+    """Loads' timeline summaries (bench/e2e_sglang.py keeps them per run): medians per
+    configuration, the read rate from pages and page bytes; failed loads and runs without a
+    timeline left out; the report gets the table only when some run has one."""
+    runs, bpt, _ = _runs()
+    assert "Where the loads' time went" not in e2e.report_markdown(runs, bpt)
+    ok = [{"pages": 100, "reads_ms": r, "handed_ms": r + 2, "react_ms_p50": 0.5, "forward_wait_ms": 10,
+           "finish_ms": r + 3} for r in (100.0, 200.0, 400.0)]
+    linker = next(r for r in runs if r["config"] == "tutti-linker")
+    linker.update(page_bytes=10**7, timeline=ok + [{"pages": 5, "reads_ms": 1.0, "error": "LoadFailed()"}])
+    rows = e2e.timeline_rows(runs)
+    assert len(rows) == 1 and rows[0]["config"] == "tutti-linker" and rows[0]["loads"] == 3
+    assert rows[0]["reads_ms"] == 200.0 and rows[0]["handed_ms"] == 202.0 and rows[0]["finish_ms"] == 203.0
+    assert rows[0]["read_GBps"] == pytest.approx(5.0)  # 1 GB in 0.2 s
+    text = e2e.report_markdown(runs, bpt)
+    assert "Where the loads' time went" in text and "| m | tutti-linker | 3 | 5.00 | 200.0 |" in text

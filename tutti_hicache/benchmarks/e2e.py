@@ -301,7 +301,39 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0) -> str:
          "outputs = recompute (sequential phases)", "outputs = recompute (concurrent phases)"],
         [_config_row(run, outputs_vs(runs).get(f"{run['config']}@{run.get('medium', '')}", {}))
          for run in runs])]
+    tl = timeline_rows(runs)
+    if tl:
+        parts += ["### Where the loads' time went (tutti_timeline_file; medians over each "
+                  "configuration's loads, ms from the load's start)", _table(
+                      ["medium", "config", "loads", "GB/s over the reads", "reads done", "last layer handed over",
+                       "reaction p50", "forward inside wait_until", "finish returned"],
+                      [[r["medium"], r["config"], r["loads"], _f(r["read_GBps"], ".2f"), _f(r["reads_ms"], ".1f"),
+                        _f(r["handed_ms"], ".1f"), _f(r["react_ms_p50"], ".2f"),
+                        _f(r["forward_wait_ms"], ".1f"), _f(r["finish_ms"], ".1f")] for r in tl])]
     return "\n\n".join(parts)
+
+
+def timeline_rows(runs: list) -> list:
+    """Per configuration with timeline records (bench/e2e_sglang.py keeps their summaries under
+    "timeline"): medians of the summaries' fields, and the bytes read per second of reads."""
+    import statistics
+    out = []
+    for run in runs:
+        recs = [t for t in run.get("timeline") or [] if not t.get("error") and t.get("reads_ms")]
+        if not recs:
+            continue
+
+        def med(key):
+            vals = [t[key] for t in recs if t.get(key) is not None]
+            return statistics.median(vals) if vals else None
+        page_bytes = run.get("page_bytes")
+        rates = [t["pages"] * page_bytes / (t["reads_ms"] / 1e3) / 1e9 for t in recs
+                 if page_bytes and t.get("pages")]
+        out.append({"medium": run.get("medium"), "config": run["config"], "loads": len(recs),
+                    "read_GBps": statistics.median(rates) if rates else None,
+                    **{k: med(k) for k in ("reads_ms", "handed_ms", "react_ms_p50", "forward_wait_ms",
+                                           "finish_ms")}})
+    return out
 
 
 def _config_row(run: dict, eq: dict) -> list:
