@@ -26,6 +26,11 @@ cached_tokens_details says per request where the hit came from.
       --configs tutti-linker,recompute --json out.json
   python bench/plot_e2e.py docs/img out.json [more.json ...]     # tables + PNGs
 
+--share-linker-store: linker configurations after the first one that warmed start on the store it
+wrote (a page-cache drop, then one server start: no warm phase), their questions and new tokens
+salted (ids "sweep~s1/...") so no prompt past its document is already stored; an A/B of linker
+settings then costs one server start each. Salted requests are not compared with recompute's.
+
 The model directory needs only a config.json (`--write-model` writes a Llama-3-8B-shaped one with
 `--layers` layers); the server loads random weights (--load-format dummy --skip-tokenizer-init), and
 clients send token ids. Every client stops waiting as soon as the server process is gone. Not a test:
@@ -73,8 +78,8 @@ def settle(args, config: str, quiet_s: float = 3.0, limit_s: float = 120.0) -> f
     return time.time() - t0
 
 
-def clear_storage(args, config: str) -> None:
-    for d in args.tutti_dirs.split(","):
+def clear_storage(args, config: str, keep_tutti: bool = False) -> None:
+    for d in args.tutti_dirs.split(",") if not keep_tutti else ():
         shutil.rmtree(os.path.join(d, "tutti"), ignore_errors=True)
     for d in [args.one_dir] + [x for x in args.nixl_dirs.split(",") if x]:
         for name in ("file", "nixl"):
@@ -88,12 +93,16 @@ def clear_storage(args, config: str) -> None:
 
 
 # ------------------------------------------------------------------ one configuration
-def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float) -> dict:
+def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
+               store_from: str = "") -> dict:
+    """One configuration's phases. store_from: a linker configuration that wrote the store this
+    one starts on (--share-linker-store): no warm phase and no first server, and the workload
+    salted so nothing past the documents is already stored."""
     port = 30000 + e2e.CONFIGS.index(config)
-    clear_storage(args, config)
+    clear_storage(args, config, keep_tutti=bool(store_from))
     run = {"config": config, "medium": args.medium, **raw, "layers": args.layers, "page_bytes": args.bpt * e2e.PAGE,
            "one_dir": args.one_dir_note,
-           "phases": {}, "summaries": {}, "start_s": [],
+           "phases": {}, "summaries": {}, "start_s": [], "store_from": store_from or None, "salt": wl.salt,
            "host_pool_gb": args.dram_gb if config == "dram" else (args.host_gb if config in
                                                                   ("file", "nixl", "tutti-host") else 0)}
     log = os.path.join(args.out_dir, f"server-{config}.log")
@@ -108,12 +117,14 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float) 
         print(f"  {config:22s} {name:10s} " + json.dumps({k: v for k, v in run["summaries"][name].items()
                                                           if k != "cached_by_tier_mean"}), flush=True)
 
+    if store_from:
+        run["page_cache"] = drop_caches()
     srv = Server(cmd, env, log, port)
     try:
         run["start_s"].append(srv.wait_ready(args.start_timeout))
-        if config != "recompute":
+        if config != "recompute" and not store_from:
             phase("warm", run_sequential(srv, wl.warm(), args.max_new))
-        if config in e2e.PERSISTENT:
+        if config in e2e.PERSISTENT and not store_from:
             run["settle_s"] = settle(args, config)
             srv.stop()
             run["page_cache"] = drop_caches()
@@ -213,6 +224,9 @@ def main():
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--deadline-s", type=float, default=0, help="skip configurations that would not finish")
     ap.add_argument("--config-s", type=float, default=200, help="time one configuration needs")
+    ap.add_argument("--share-linker-store", action="store_true",
+                    help="linker configurations after the first start on the store it wrote (no warm "
+                         "phase, no first server), with salted questions and new tokens")
     ap.add_argument("--out-dir", default="/tmp/tutti-e2e")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
@@ -232,12 +246,20 @@ def main():
     if os.path.exists(args.json):
         with open(args.json) as f:
             results = json.load(f)
+    writer = ""  # the linker configuration whose store later ones share (--share-linker-store)
     for config in args.configs.split(","):
         if time.time() + args.config_s > deadline:
             print(f"skipped {config}: out of time", flush=True)
             results.append({"config": config, "medium": args.medium, "skipped": "out of time"})
             continue
-        results.append(run_config(args, config, wl, raw, deadline))
+        shared = args.share_linker_store and writer and config in e2e.LINKERS
+        salt = sum(r.get("store_from") is not None for r in results) + 1 if shared else 0
+        run = run_config(args, config, e2e.Workload(wl.contexts, wl.docs, salt=salt) if shared else wl,
+                         raw, deadline, writer if shared else "")
+        results.append(run)
+        if args.share_linker_store and not writer and config in e2e.LINKERS and "warm" in run["phases"] \
+                and "error" not in run:
+            writer = config
         with open(args.json, "w") as f:
             json.dump(results, f, default=str)
     print(e2e.report_markdown(results, args.bpt), flush=True)

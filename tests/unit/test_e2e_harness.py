@@ -189,3 +189,57 @@ def test_timeline_rows_and_their_table():
     assert rows[0]["read_GBps"] == pytest.approx(5.0)  # 1 GB in 0.2 s
     text = e2e.report_markdown(runs, bpt)
     assert "Where the loads' time went" in text and "| m | tutti-linker | 3 | 5.00 | 200.0 |" in text
+
+
+def test_a_salted_workload_keeps_the_documents_and_changes_what_follows():
+    """--share-linker-store: a second linker configuration asks salted prompts on the same store:
+    the documents (hence the stored prefixes) are the same, everything after them differs, and the
+    ids say so, so no salted output is compared with an unsalted recompute."""
+    a, b = e2e.Workload([4096], 2), e2e.Workload([4096], 2, salt=1)
+    assert a.document(4096, 1) == b.document(4096, 1) and a.system == b.system
+    sa, sb = a.sweep([0.9]), b.sweep([0.9])
+    assert [r.id for r in sa] == ["sweep/4096/0.9"] and [r.id for r in sb] == ["sweep~s1/4096/0.9"]
+    assert sa[0].cached == sb[0].cached and sa[0].ids[: sa[0].cached] == sb[0].ids[: sb[0].cached]
+    assert sa[0].ids[sa[0].cached:] != sb[0].ids[sb[0].cached:]
+    ta, tb = e2e.sweep_requests(a, [0.9])[1], e2e.sweep_requests(b, [0.9])[1]
+    assert tb.id == "sweep~s1/4096/0.9/l1" and ta.ids[ta.cached:] != tb.ids[tb.cached:]
+    assert a.first().id == "first/4096/0" and b.first().id == "first~s1/4096/0"
+    assert a.first().ids != b.first().ids and a.warm()[0].ids[:4096] == b.warm()[0].ids[:4096]
+    assert b.capacity_warm(1, 4096)[0].ids[:4096] == a.capacity_warm(1, 4096)[0].ids[:4096]
+    rec = {"id": "sweep~s1/4096/0.9", "output_ids": [1], "ttft_s": 0.1}
+    runs = [{"config": "recompute", "medium": "m", "phases": {"sweep": [{"id": "sweep/4096/0.9", "output_ids": [2]}]}},
+            {"config": "tutti-linker-copies", "medium": "m", "phases": {"sweep": [rec]}}]
+    assert e2e.outputs_vs(runs)["tutti-linker-copies@m"]["sweep"] == (0, 0, [])
+    assert e2e.sweep_rows([runs[1]], 1000)[0]["h"] == 0.9
+
+
+def test_share_linker_store_order(tmp_path, monkeypatch):
+    """bench/e2e_sglang.py --share-linker-store: the first linker configuration that warmed writes
+    the store; later linker configurations start on it with salts 1, 2, ...; others never share."""
+    import importlib.util
+    import pathlib
+    import sys
+    path = pathlib.Path(__file__).parents[2] / "bench" / "e2e_sglang.py"
+    spec = importlib.util.spec_from_file_location("e2e_sglang_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    calls = []
+
+    def fake_run(args, config, wl, raw, deadline, store_from=""):
+        calls.append((config, store_from, wl.salt))
+        return {"config": config, "medium": "m", "phases": {} if store_from else {"warm": []},
+                "store_from": store_from or None}
+    monkeypatch.setattr(mod, "run_config", fake_run)
+    monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": 1.0})
+    argv = ["x", "--medium", "m", "--tutti-dirs", str(tmp_path / "a"), "--one-dir", str(tmp_path / "o"),
+            "--configs", "dram,tutti-linker,tutti-linker-copies,tutti-linker-gpuwait", "--contexts", "4096",
+            "--json", str(tmp_path / "out.json"), "--out-dir", str(tmp_path / "logs"), "--share-linker-store"]
+    monkeypatch.setattr(sys, "argv", argv)
+    mod.main()
+    assert calls == [("dram", "", 0), ("tutti-linker", "", 0), ("tutti-linker-copies", "tutti-linker", 1),
+                     ("tutti-linker-gpuwait", "tutti-linker", 2)]
+    calls.clear()
+    (tmp_path / "out.json").unlink()
+    monkeypatch.setattr(sys, "argv", [a for a in argv if a != "--share-linker-store"])
+    mod.main()
+    assert all(c[1] == "" and c[2] == 0 for c in calls)

@@ -49,19 +49,25 @@ class Request:
 
 
 class Workload:
-    """Seeded documents and questions. `docs` documents per context; questions of `q_tokens`."""
+    """Seeded documents and questions. `docs` documents per context; questions of `q_tokens`.
+    salt != 0 changes every token that follows a document (questions, a sweep point's new
+    tokens, its twin's), never the documents: a second configuration on a store the first one
+    wrote then asks nothing that store already holds past the documents."""
 
     def __init__(self, contexts: Iterable[int] = (16384, 32768, 65536), docs: int = 2,
-                 q_tokens: int = 96, seed: int = 0):
+                 q_tokens: int = 96, seed: int = 0, salt: int = 0):
         self.contexts = tuple(int(c) for c in contexts)
         if any(c <= SYSTEM_TOKENS + PAGE for c in self.contexts):
             raise ValueError(f"contexts must exceed {SYSTEM_TOKENS + PAGE} tokens: {self.contexts}")
-        self.docs, self.q_tokens, self.seed = int(docs), int(q_tokens), int(seed)
+        self.docs, self.q_tokens, self.seed, self.salt = int(docs), int(q_tokens), int(seed), int(salt)
         self.system = self.tokens("system", SYSTEM_TOKENS)
 
     def tokens(self, tag: str, n: int, *key: int) -> list:
-        """n seeded token ids; the same (seed, tag, key) always gives the same ids."""
+        """n seeded token ids; the same (seed, tag, key) always gives the same ids (and the salt,
+        for every tag but the system prompt's and the documents')."""
         words = [self.seed, sum(map(ord, tag)) * 7919 + len(tag), *key]
+        if self.salt and tag not in ("system", "doc", "cap"):
+            words.append(1_000_003 * self.salt)
         return np.random.default_rng(words).integers(*TOKEN_RANGE, n).tolist()
 
     def document(self, context: int, d: int, tag: str = "doc") -> list:
@@ -71,8 +77,16 @@ class Workload:
     def _question(self, *key: int) -> list:
         return self.tokens("question", self.q_tokens, *key)
 
+    def rid(self, name: str) -> str:
+        """A request id; with a salt, its first part says so ("sweep~s1/32768/0.9"): salted
+        prompts differ from unsalted ones under the same name, so ids must too."""
+        if not self.salt:
+            return name
+        head, _, rest = name.partition("/")
+        return f"{head}~s{self.salt}/{rest}" if rest else f"{head}~s{self.salt}"
+
     def _ask(self, rid: str, doc: list, context: int, *key: int) -> Request:
-        return Request(rid, doc + self._question(*key), context, len(doc) // PAGE * PAGE)
+        return Request(self.rid(rid), doc + self._question(*key), context, len(doc) // PAGE * PAGE)
 
     def warm(self) -> list:
         """Each document once (first seen: computed, its KV written to the tier)."""
@@ -96,7 +110,7 @@ class Workload:
                 keep = int(h * c) // PAGE * PAGE
                 fresh = self.tokens("fresh", c - keep, c, d, int(round(h * 1000)))
                 ids = self.document(c, d)[:keep] + fresh
-                out.append(Request(f"sweep/{c}/{h:g}", ids + self._question(c, d, 2, i), c, keep))
+                out.append(Request(self.rid(f"sweep/{c}/{h:g}"), ids + self._question(c, d, 2, i), c, keep))
         return out
 
     def rates(self, rate: float, n: int) -> list:
