@@ -4,6 +4,7 @@ At a glance:
     sf = StatsFile(path_template)       "{pid}" in the template is replaced by the process id
     sf.dump(counters, force=False)      -> bool written; never raises (observability must not
                                         break storage): the first failure is logged once
+    warn_once(failed, log, setting, path, error) -> True   that logging, shared with timeline.py
 Thread-safe: one lock around the rate limit and the write.
 """
 
@@ -40,7 +41,13 @@ class StatsFile:
                 os.replace(self.path + ".tmp", self.path)
                 return True
             except (OSError, TypeError, ValueError) as e:
-                if not self._failed:
-                    self._failed = True
-                    logger.warning("tutti: cannot write tutti_stats_file %s: %s", self.path, e)
+                self._failed = warn_once(self._failed, logger, "tutti_stats_file", self.path, e)
                 return False
+
+
+def warn_once(failed: bool, log: logging.Logger, setting: str, path: str, error: Exception) -> bool:
+    """Log an observability file's first write failure (later ones are not repeated); returns
+    True, the new `failed` flag. Such files never break storage."""
+    if not failed:
+        log.warning("tutti: cannot write %s %s: %s", setting, path, error)
+    return True

@@ -15,7 +15,9 @@ PADDED = PageGeometry("mha", 2, 16, 200, 200)  # 3200 B objects: padded to 4 KiB
 
 
 def mode(setting, geometry, cuda=True):
-    return LayerwiseKV._gpu_wait_mode(types.SimpleNamespace(cuda=cuda), setting, geometry)
+    kv = types.SimpleNamespace(cuda=cuda)
+    kv._cuda_part = lambda: LayerwiseKV._cuda_part(kv)
+    return LayerwiseKV._gpu_wait_mode(kv, setting, geometry)
 
 
 @pytest.fixture

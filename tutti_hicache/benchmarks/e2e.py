@@ -368,9 +368,8 @@ def _config_row(run: dict, eq: dict) -> list:
 # ------------------------------------------------------------------ server configurations
 CONFIGS = ("recompute", "dram", "file", "nixl", "tutti-host", "tutti-linker", "tutti-linker-dynamic",
            "tutti-linker-gpuwait", "tutti-linker-copies")
-PERSISTENT = {"file", "nixl", "tutti-host", "tutti-linker", "tutti-linker-dynamic", "tutti-linker-gpuwait",
-              "tutti-linker-copies"}
 LINKERS = ("tutti-linker", "tutti-linker-dynamic", "tutti-linker-gpuwait", "tutti-linker-copies")
+PERSISTENT = {"file", "nixl", "tutti-host", *LINKERS}
 LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
              "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
              "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,

@@ -110,15 +110,22 @@ class LayerwiseKV:
         from ..green import io_stream
         return io_stream(self.cfg.io_sms, self.device)
 
+    def _cuda_part(self) -> tuple:
+        """(ok, reason): the CUDA part of the extension runs for this pool (GPU waits, host
+        functions)."""
+        if not self.cuda:
+            return False, "the pool is not on a CUDA device"
+        from .. import driver
+        return driver.available()
+
     def _gpu_wait_mode(self, setting: str, geometry: PageGeometry) -> tuple:
         """(on, reason) for tutti_gpu_wait; "on" raises where the path cannot run: no CUDA part,
         or objects padded to 4 KiB (their checksums are computed by the loader's Python thread,
         which a GPU-wait load must never depend on: docs/design.md §8)."""
         if setting == "off":
             return False, "tutti_gpu_wait=off"
-        from .. import driver
         nbytes = int(geometry.object_nbytes[0])
-        ok, why = driver.available() if self.cuda else (False, "the pool is not on a CUDA device")
+        ok, why = self._cuda_part()
         if ok and nbytes != align_up(nbytes):
             ok, why = False, (f"a KV object is {nbytes} B, not a multiple of 4 KiB: its checksums "
                               "run in Python, which GPU-side waits must not depend on")
@@ -132,8 +139,7 @@ class LayerwiseKV:
         """(mode, reason) for tutti_admission: copies needs CUDA host functions (the CUDA part)."""
         if setting == "loader":
             return "loader", "tutti_admission=loader"
-        from .. import driver
-        ok, why = driver.available() if self.cuda else (False, "the pool is not on a CUDA device")
+        ok, why = self._cuda_part()
         if not ok:
             logger.warning("tutti linker: tutti_admission=copies cannot run here (%s); the loader "
                            "thread admits the chunks", why)
@@ -194,8 +200,7 @@ class LayerwiseKV:
     @copy_admission_on.setter
     def copy_admission_on(self, on: bool) -> None:
         if on and self.admission[0] != "copies":
-            from .. import driver
-            ok, why = driver.available() if self.cuda else (False, "the pool is not on a CUDA device")
+            ok, why = self._cuda_part()
             if not ok:
                 raise RuntimeError(f"copy admission cannot run here: {why}")
         self._loader.worker.drain()

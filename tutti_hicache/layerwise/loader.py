@@ -171,6 +171,7 @@ class Loader:
         # who admits: the loader chunk by chunk (0: no window), or the copies (GPU-wait loads, and
         # CPU-launched ones with tutti_admission=copies) with the stream's window
         hosted = gpu is None and self.copy_admission
+        mode = "gpu" if gpu is not None else "copies" if hosted else "cpu"  # the timeline's, trace's
         ahead = self.read_ahead if gpu is not None or hosted else 0
         scatter_start: list = []
         try:
@@ -221,8 +222,7 @@ class Loader:
                         continue
                     if gpu is None:
                         if layer + 1 == self._num_layers:  # before finish() can write the record
-                            self._annotate(index, "copies" if hosted else "cpu", len(entries),
-                                           chunks, stream)
+                            self._annotate(index, mode, len(entries), chunks, stream)
                         self._counter.complete(index, layer, self._mark())
                     if gpu is None and not hosted and layer + 1 < self._num_layers and \
                             layer - self._counter.waited >= 2:
@@ -231,9 +231,9 @@ class Loader:
                             self.windows_opened += 1
                             stream.lend(window)  # settles what was admitted, then a write window
                 if gpu is not None:  # finish() waits for settle(), after this
-                    self._annotate(index, "gpu", len(entries), chunks, stream)
+                    self._annotate(index, mode, len(entries), chunks, stream)
                 if self.trace is not None:
-                    self.trace.append({"mode": "gpu" if gpu is not None else "cpu",
+                    self.trace.append({"mode": mode,
                                        "layers": [layer for layer, _ in chunks],
                                        "done_ns": stream.done_ns(),
                                        "starts": gpu.starts if gpu else scatter_start})

@@ -25,6 +25,8 @@ import os
 import threading
 import time
 
+from ..statsfile import warn_once
+
 logger = logging.getLogger("tutti_hicache.timeline")
 
 
@@ -47,7 +49,5 @@ class TimelineFile:
                 f.write(line)
             return True
         except (OSError, TypeError, ValueError) as e:
-            if not self._failed:
-                self._failed = True
-                logger.warning("tutti: cannot write tutti_timeline_file %s: %s", self.path, e)
+            self._failed = warn_once(self._failed, logger, "tutti_timeline_file", self.path, e)
             return False

@@ -1,0 +1,24 @@
+"""The observability files (tutti_stats_file, tutti_timeline_file) never raise: a write that fails
+returns False, and only the first failure is logged."""
+
+import logging
+
+from tutti_hicache.layerwise.timeline import TimelineFile
+from tutti_hicache.statsfile import StatsFile
+
+
+def test_a_failing_file_is_logged_once_and_never_raises(tmp_path, caplog):
+    missing = tmp_path / "no-such-dir"
+    sf = StatsFile(str(missing / "stats-{pid}.json"), min_interval_s=0)
+    tl = TimelineFile(str(missing / "timeline-{pid}.jsonl"))
+    with caplog.at_level(logging.WARNING, logger="tutti_hicache"):
+        for _ in range(3):
+            assert sf.dump({"a": 1}, force=True) is False
+            assert tl.write({"a": 1}) is False
+    msgs = [r.getMessage() for r in caplog.records]
+    assert sum("cannot write tutti_stats_file" in m for m in msgs) == 1
+    assert sum("cannot write tutti_timeline_file" in m for m in msgs) == 1
+    ok = TimelineFile(str(tmp_path / "t.jsonl"))
+    assert ok.write({"a": 1}) and ok.write({"b": 2})
+    assert (tmp_path / "t.jsonl").read_text().splitlines() == ['{"a": 1}', '{"b": 2}']
+    assert not TimelineFile("").write({"a": 1}) and not StatsFile("").dump({"a": 1})
