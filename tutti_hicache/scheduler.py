@@ -16,9 +16,14 @@ At a glance:
 
 Rules, per device (= store directory):
   1. Reads first: a read starts at once unless a write chunk is in flight on its devices; it then
-     waits for that one chunk only.
+     waits for the chunks in flight only (one, or on idle devices at most `idle_chunk` bytes).
   2. No write chunk starts on a device while a read is pending or in flight there.
   3. At most one write chunk in flight per device; on a device, writes are served oldest first.
+     Except on idle devices (rule 4) without a lent window: there a younger write's chunk may
+     join those in flight once every older write there has issued its last chunk, as long as
+     the chunks' bytes together stay within `idle_chunk`. Two writers (the linker's chunk
+     writes) then keep the queues full while the older one drains, and a read arriving still
+     waits for about one queue's bytes.
   4. Chunk bytes = window x measured write bandwidth (at least `min_chunk`): a newly arriving read
      waits behind at most one chunk of about one window. On idle devices (no read for
      `idle_after` seconds) and without a lent window, at least `idle_chunk` (the bytes their
@@ -74,10 +79,11 @@ class Policy:
     pending_reads: dict = field(default_factory=dict)  # id -> devices
     reads: dict = field(default_factory=dict)  # in flight: id -> devices
     writes: deque = field(default_factory=deque)
-    inflight: dict = field(default_factory=dict)  # device -> Chunk
+    inflight: dict = field(default_factory=dict)  # device -> [Chunk] (more than one: rule 3)
     backlog: int = 0
     last_progress: float = 0.0
     last_read: dict = field(default_factory=dict)  # device -> when its last read ended
+    shared: set = field(default_factory=set)  # chunks that shared a device: no bandwidth sample
 
     # ---------------------------------------------------------------- reads
     def read_arrives(self, read_id, devices: Iterable) -> None:
@@ -125,23 +131,35 @@ class Policy:
 
     def next_write(self, now: float, only: Optional[int] = None) -> Optional[Chunk]:
         """The write chunk that may start now, if any (of write `only` when given): the oldest
-        write whose devices are free; a younger write never overtakes an older one on a device."""
+        write whose devices are free, or on idle devices one that fits beside the chunks in
+        flight there (rule 3); a younger write never overtakes an older one on a device."""
         active = {d for devs in self.reads.values() for d in devs}
         if not self.starving(now):
             active |= {d for devs in self.pending_reads.values() for d in devs}
         older: set = set()
         for w in self.writes:
-            free = not any(d in self.inflight or d in active or d in older for d in w.devices)
+            blocked = any(d in active or d in older for d in w.devices)
             older |= w.devices
-            if not free or (only is not None and w.id != only):
+            if blocked or (only is not None and w.id != only):
                 continue
-            size = self.chunk_bytes(self.idle(w.devices, now))
+            idle = self.idle(w.devices, now)
+            size = self.chunk_bytes(idle)
+            busy = max((sum(c.nbytes for c in self.inflight.get(d, ())) for d in w.devices), default=0)
+            if busy:  # rule 3: join the chunks in flight only on idle devices, within idle_chunk
+                if not (idle and self.window is None and self.idle_chunk):
+                    continue
+                size = min(size, self.idle_chunk - busy)
+                if size < max(w.unit, self.min_chunk) and size < w.remaining:
+                    continue
             n = min(max(w.unit, size // w.unit * w.unit), w.remaining)
             chunk = Chunk(w.id, w.next_index, w.devices, n, last=n == w.remaining)
+            if busy:  # neither chunk's time is the device's rate any more
+                self.shared.add(chunk)
+                self.shared.update(c for d in w.devices for c in self.inflight.get(d, ()))
             w.remaining -= n
             w.next_index += 1
             for d in w.devices:
-                self.inflight[d] = chunk
+                self.inflight.setdefault(d, []).append(chunk)
             if chunk.last:
                 self.writes.remove(w)
             return chunk
@@ -149,11 +167,16 @@ class Policy:
 
     def chunk_done(self, chunk: Chunk, now: float, seconds: float) -> None:
         for d in chunk.devices:
-            if self.inflight.get(d) == chunk:
-                del self.inflight[d]
+            here = self.inflight.get(d)
+            if here and chunk in here:
+                here.remove(chunk)
+                if not here:
+                    del self.inflight[d]
         self.backlog -= chunk.nbytes
         self.last_progress = now
-        if seconds > 0 and chunk.nbytes >= self.min_chunk:
+        if chunk in self.shared:
+            self.shared.discard(chunk)
+        elif seconds > 0 and chunk.nbytes >= self.min_chunk:
             self.write_bw = 0.7 * self.write_bw + 0.3 * (chunk.nbytes / seconds)
 
     def set_window(self, seconds: Optional[float]) -> None:

@@ -1,7 +1,7 @@
 // io_uring engine: O_DIRECT files registered once, memory registered once
-// (IORING_REGISTER_BUFFERS, sparse table updated in place), one write ring and
-// kReadRings read rings (so a reader can put the next read batch in flight while
-// another reader's batch drains), many SQEs per io_uring_enter, short transfers
+// (IORING_REGISTER_BUFFERS, sparse table updated in place), kWriteRings write rings and
+// kReadRings read rings (so a reader, or a writer, can put its next batch in flight while
+// another one's batch drains), many SQEs per io_uring_enter, short transfers
 // and -EAGAIN re-queued here so callers only ever see whole requests.
 #include "tutti/detail/engine_base.hpp"
 #include "tutti/error.hpp"
@@ -30,6 +30,10 @@ constexpr unsigned kMaxFiles = 4096;
 constexpr unsigned kMaxBuffers = 16384;
 constexpr uint64_t kMaxBufferBytes = 1ull << 30;  // kernel limit per registered buffer
 constexpr unsigned kReadRings = 2;  // read batches that may be in flight at once
+// Write batches that may be in flight at once: two writers (the linker's chunk writers) overlap
+// one's drain with the other's submissions instead of queueing on one ring for whole batches.
+// How many bytes they put on a device together is the store's write scheduler's to bound.
+constexpr unsigned kWriteRings = 2;
 
 // One line on stderr the first time a kind of registration update fails in this process:
 // what failed, the errno, and what follows from it.
@@ -314,8 +318,9 @@ void Ring::run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicC
 class UringEngine final : public EngineBase {
  public:
   explicit UringEngine(const EngineOptions& opt) : EngineBase(opt) {
-    rings_[0] = std::make_unique<Ring>(opt.queue_depth, opt.write_inflight_bytes);
-    for (unsigned i = 1; i <= kReadRings; i++)
+    for (unsigned i = 0; i < kWriteRings; i++)
+      rings_[i] = std::make_unique<Ring>(opt.queue_depth, opt.write_inflight_bytes);
+    for (unsigned i = kWriteRings; i < kWriteRings + kReadRings; i++)
       rings_[i] = std::make_unique<Ring>(opt.queue_depth, opt.read_inflight_bytes);
   }
   ~UringEngine() override { close(); }
@@ -402,22 +407,20 @@ class UringEngine final : public EngineBase {
     return pol;
   }
 
-  Ring& write_ring() {
-    rings_[0]->mu.lock();
-    return *rings_[0];
-  }
+  Ring& write_ring() { return pick(0, kWriteRings, next_write_); }
+  Ring& read_ring() { return pick(kWriteRings, kReadRings, next_read_); }
 
-  // A locked read ring: the first free one, else wait for the next in turn.
-  Ring& read_ring() {
-    for (unsigned i = 1; i <= kReadRings; i++)
+  // A locked ring of rings_[first, first + n): the first free one, else wait for the next in turn.
+  Ring& pick(unsigned first, unsigned n, std::atomic<unsigned>& next) {
+    for (unsigned i = first; i < first + n; i++)
       if (rings_[i]->mu.try_lock()) return *rings_[i];
-    Ring& r = *rings_[1 + next_read_++ % kReadRings];
+    Ring& r = *rings_[first + next++ % n];
     r.mu.lock();
     return r;
   }
 
-  std::unique_ptr<Ring> rings_[1 + kReadRings];  // [0] writes, the rest reads
-  std::atomic<unsigned> next_read_{0};
+  std::unique_ptr<Ring> rings_[kWriteRings + kReadRings];  // writes first, then reads
+  std::atomic<unsigned> next_write_{0}, next_read_{0};
   std::mutex map_mu_;
   BufferMap buffers_;
   unsigned nbufs_ = 0;

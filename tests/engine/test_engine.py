@@ -499,6 +499,58 @@ def test_read_stream_cancel_while_the_window_holds_chunks_back(engine, tmp_path)
     assert (b[:sz] == 9).all() and (b[sz:2 * sz] == a[:sz]).all() and b[2 * sz:].max() == 0
 
 
+@pytest.mark.skipif(not E.uring_compiled(), reason="the write rings are the io_uring engine's")
+def test_a_second_write_batch_runs_while_the_first_is_still_in_flight(tmp_path):
+    """Two writers at once (the linker's chunk writers): the first batch writes into a full FIFO,
+    so it stays in flight until the test drains it, and a second batch on another file still
+    completes meanwhile (its own write ring), byte-exact; then the first one lands too."""
+    try:
+        e = open_engine("uring", 64, True, 2)
+    except OSError as exc:
+        pytest.skip(f"uring engine unavailable here: {exc}")
+    fifo = str(tmp_path / "w.fifo")
+    os.mkfifo(fifo)
+    p = e.open_file(fifo, True, False)
+    ours = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    sz, first, second = 4096, [], []
+    try:
+        while True:  # fill the pipe: the engine's write then waits for a reader
+            try:
+                os.write(ours, b"x" * 65536)
+            except BlockingIOError:
+                break
+        src, _ = buf_of(sz, seed=3)
+        f = e.open_file(make_file(tmp_path, 8 * sz, "other.bin"), True, True)  # opens take every ring
+        t1 = threading.Thread(target=lambda: first.append(
+            e.submit("write", np.full(1, p), np.zeros(1), np.full(1, sz), np.full(1, src.address))),
+            daemon=True)
+        t1.start()
+        time.sleep(0.2)
+        assert not first, "the FIFO write should wait for a reader"
+        mem, a = buf_of(8 * sz, seed=4)
+        t2 = threading.Thread(target=lambda: second.append(e.submit(
+            "write", np.full(8, f), np.arange(8) * sz, np.full(8, sz), mem.address + np.arange(8) * sz)),
+            daemon=True)
+        t2.start()
+        t2.join(10)
+        assert second and (second[0] == sz).all(), "the second batch waited behind the first"
+        assert not first
+        back, b = buf_of(8 * sz)
+        assert (e.submit("read", np.full(8, f), np.arange(8) * sz, np.full(8, sz),
+                         back.address + np.arange(8) * sz) == sz).all() and (a == b).all()
+    finally:
+        deadline = time.monotonic() + 10
+        while t1.is_alive() and time.monotonic() < deadline:  # drain: the first write lands
+            try:
+                os.read(ours, 1 << 20)
+            except BlockingIOError:
+                time.sleep(0.01)
+        t1.join(10)
+        os.close(ours)
+    assert first and (first[0] == sz).all()
+    e.close()
+
+
 @pytest.mark.skipif(not E.uring_compiled(), reason="the byte cap is the io_uring engine's")
 def test_inflight_byte_cap_bounds_what_a_ring_submits(tmp_path):
     """read/write_inflight_bytes: with a cap of one operation's bytes the ring submits one at a

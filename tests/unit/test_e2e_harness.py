@@ -191,6 +191,30 @@ def test_timeline_rows_and_their_table():
     assert "Where the loads' time went" in text and "| m | tutti-linker | 3 | 5.00 | 200.0 |" in text
 
 
+def test_split_rows_join_requests_with_the_load_that_started_between_send_and_first_token():
+    """The client's CLOCK_MONOTONIC send and first-token times against the timeline's load start
+    and finish: TTFT = before + load + after, each request with the load inside its own span
+    (not a neighbour's); requests without a load there, twins (/l1) and failed loads left out."""
+    run = {"config": "tutti-linker", "medium": "m", "phases": {"sweep": [
+        {"id": "sweep/4096/0.9", "sent_ns": 1_000_000_000, "first_token_ns": 1_300_000_000},
+        {"id": "sweep/4096/0.9/l1", "sent_ns": 1_400_000_000, "first_token_ns": 1_450_000_000},
+        {"id": "sweep/4096/0.99", "sent_ns": 2_000_000_000, "first_token_ns": 2_250_000_000},
+        {"id": "sweep/8192/0.9", "sent_ns": 3_000_000_000, "first_token_ns": 3_100_000_000}]},
+        "timeline": [
+            {"start_ns": 2_040_000_000, "finish_ns": 2_200_000_000, "reads_ms": 150.0},
+            {"start_ns": 1_030_000_000, "finish_ns": 1_280_000_000, "reads_ms": 240.0},
+            {"start_ns": 1_420_000_000, "finish_ns": 1_440_000_000, "reads_ms": 10.0},
+            {"start_ns": 3_010_000_000, "finish_ns": 3_050_000_000, "error": "LoadFailed()"}]}
+    rows = e2e.split_rows([run, {"config": "dram", "phases": run["phases"]}])
+    assert [(r["context"], r["h"]) for r in rows] == [(4096, 0.9), (4096, 0.99)]
+    a, b = rows
+    assert (a["before_ms"], a["load_ms"], a["after_ms"], a["reads_ms"]) == pytest.approx((30, 250, 20, 240))
+    assert a["before_ms"] + a["load_ms"] + a["after_ms"] == pytest.approx(a["ttft_ms"]) == pytest.approx(300)
+    assert (b["before_ms"], b["load_ms"], b["after_ms"]) == pytest.approx((40, 160, 50))
+    text = e2e.report_markdown([run], 1000)
+    assert "| m | tutti-linker | 4096 | 0.99 | 250 | 40.0 | 160.0 | 150.0 | 50.0 |" in text
+
+
 def test_a_salted_workload_keeps_the_documents_and_changes_what_follows():
     """--share-linker-store: a second linker configuration asks salted prompts on the same store:
     the documents (hence the stored prefixes) are the same, everything after them differs, and the

@@ -63,6 +63,54 @@ def test_idle_devices_get_full_queue_chunks_until_a_read_comes():
     assert other.next_write(1.05).nbytes == 8 * MB
 
 
+def test_on_idle_devices_a_younger_write_joins_the_chunks_in_flight_within_idle_chunk():
+    """Rule 3's exception: two writers on idle devices keep the queue full. A younger write's
+    chunk joins an older one's last chunk while their bytes fit idle_chunk (then no more); not
+    while the older write still has chunks to issue, not after a recent read, not inside a lent
+    window; a read waits for every chunk in flight; shared chunks give no bandwidth sample."""
+    p = policy(idle_chunk=8 * MB, idle_after=0.2)
+    for wid in (1, 2, 3):
+        assert p.write_arrives(wid, {0, 1}, 4 * MB, now=0.0)
+    a = p.next_write(0.0)
+    b = p.next_write(0.0)
+    assert (a.write_id, a.nbytes, a.last) == (1, 4 * MB, True) and (b.write_id, b.nbytes) == (2, 4 * MB)
+    assert p.next_write(0.0) is None  # 8 MB in flight: no room for write 3
+    p.read_arrives("r", {1})
+    assert not p.read_may_start("r", 0.0)
+    bw = p.write_bw
+    p.chunk_done(a, 0.05, 0.05)
+    assert not p.read_may_start("r", 0.05)  # write 2's chunk is still in flight there
+    p.chunk_done(b, 0.06, 0.06)
+    assert p.write_bw == bw and not p.shared  # shared chunks: no sample
+    assert p.read_may_start("r", 0.06)
+    p.read_starts("r")
+    p.read_done("r", now=0.1)
+    c = p.next_write(0.2)  # 0.1 s after the read: window-sized, and nothing joins it
+    assert c.write_id == 3 and c.nbytes == MB
+    assert p.next_write(0.2) is None
+    p.chunk_done(c, 0.2, 0.0)
+
+    q = policy(idle_chunk=8 * MB, idle_after=0.2)
+    q.write_arrives(1, {0}, 12 * MB, now=0.0)  # older write with chunks still to issue
+    q.write_arrives(2, {0}, 2 * MB, now=0.0)
+    first = q.next_write(0.0)
+    assert first.nbytes == 8 * MB and q.next_write(0.0) is None
+    q.chunk_done(first, 0.01, 0.01)
+    last = q.next_write(0.01)
+    assert (last.write_id, last.nbytes, last.last) == (1, 4 * MB, True)
+    joined = q.next_write(0.01)  # 4 MB of room: write 2 (2 MB) joins
+    assert (joined.write_id, joined.nbytes) == (2, 2 * MB)
+    q.chunk_done(last, 0.02, 0.01)
+    q.chunk_done(joined, 0.02, 0.01)
+    assert not q.inflight and q.backlog == 0
+
+    r = policy(idle_chunk=8 * MB, idle_after=0.2)
+    r.write_arrives(1, {0}, 4 * MB, now=0.0)
+    r.write_arrives(2, {0}, 4 * MB, now=0.0)
+    r.set_window(0.5)  # a lent window: one chunk per device, as before
+    assert r.next_write(0.0).write_id == 1 and r.next_write(0.0) is None
+
+
 def test_reads_first_and_never_together_with_writes():
     p = policy()
     p.write_arrives(1, {0}, 4 * MB, 0.0)

@@ -5,8 +5,10 @@ window rules (table, off, no estimate -> no window)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from tutti_hicache.layerwise.windows import MARGIN, LayerTimes, OnlineModel, Windows, _Forward
+from tutti_hicache.layerwise.windows import (MARGIN, LayerTimes, OnlineModel, Windows, _Forward,
+                                             running_error)
 from tutti_hicache.profiler import LayerModel, build_table
 
 TRUE = LayerModel(a=2e-4, b=4e-7, c=1.5e-12)  # an H200-like Llama-3-8B layer, seconds
@@ -56,8 +58,31 @@ def test_layer_compute_excludes_the_waits_for_io():
     f.passed.update({0: 0.5, 1: 1.6})
     assert abs(times._per_layer(f, wait=True) - 0.95) < 1e-12
     times._done.append(f)
-    assert times.collect() == [(256, 4096, times._per_layer(f, wait=True))]
+    assert times.collect() == [(256, 4096, times._per_layer(f, wait=True), None)]  # 2 layers: no error
     assert times.collect() == []
+
+
+def test_in_forward_error_is_the_running_median_against_each_later_layer():
+    """collect's fourth field and the snapshot's in_forward_error_*: the estimate after k layers
+    (their median) against layer k, from the third layer on; the model's own rel_error_* (n = 0 in
+    a server) stays separate."""
+    assert running_error([1.0, 1.0, 1.0, 1.0]) == 0.0
+    assert running_error([1.0, 1.0]) is None
+    # layers 2 and 3: estimates 1.0 and median(1, 1, 2) = 1.0 against 2.0 and 1.0 -> 0.5 and 0.0
+    assert running_error([1.0, 1.0, 2.0, 1.0]) == pytest.approx(0.25)
+    times = LayerTimes(cuda=False)
+    f = _Forward(0, 40000)
+    t = 0.0
+    for layer, span in enumerate([0.01, 0.01, 0.01, 0.011, 0.0]):
+        f.arrive[layer] = t
+        f.passed[layer] = t + 0.002  # the wait for its KV: not compute
+        t += 0.002 + span
+    times._done.append(f)
+    w = Windows("online", None, times, 4096)
+    w.learn()
+    snap = w.snapshot()
+    assert snap["in_forward_error_p50"] == pytest.approx(0.5 / 11)  # median of 0 and 0.001 / 0.011
+    assert snap["observations"] == 1 and snap["rel_error_p50"] is None
 
 
 def test_window_rules():

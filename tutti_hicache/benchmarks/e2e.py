@@ -7,6 +7,7 @@ At a glance:
     summarize(records, seconds) -> dict                    TTFT mean/p50/p99, ITL, throughput, cached tokens
     outputs_vs(runs, ref="recompute") -> {config: {phase: (equal, compared, [ids])}}
     sweep_rows(runs, bytes_per_token) / slo_rows(runs, slo_ms) / capacity_rows(runs) -> [dict]
+    timeline_rows(runs) / split_rows(runs) -> [dict]      where a load's time went; TTFT around it
     report_markdown(runs, bytes_per_token) -> str          every table of docs/benchmarks.md's e2e section
 
 The workload is LEval/LooGLE-shaped: documents of C tokens (a shared 256-token system prompt, then
@@ -324,7 +325,44 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0) -> str:
                       [[r["medium"], r["config"], r["loads"], _f(r["read_GBps"], ".2f"), _f(r["reads_ms"], ".1f"),
                         _f(r["handed_ms"], ".1f"), _f(r["react_ms_p50"], ".2f"),
                         _f(r["forward_wait_ms"], ".1f"), _f(r["finish_ms"], ".1f")] for r in tl])]
+    split = split_rows(runs)
+    if split:
+        parts += ["### The sweep's TTFT around its load (client clock joined with the timeline's; ms)", _table(
+            ["medium", "config", "C", "h", "TTFT", "before the load", "load", "of which reads",
+             "after the load"],
+            [[r["medium"], r["config"], r["context"], f"{r['h']:g}", _f(r["ttft_ms"]), _f(r["before_ms"], ".1f"),
+              _f(r["load_ms"], ".1f"), _f(r["reads_ms"], ".1f"), _f(r["after_ms"], ".1f")] for r in split])]
     return "\n\n".join(parts)
+
+
+def split_rows(runs: list) -> list:
+    """The sweep's TTFT split around its load, per configuration with timeline records: each
+    request (client send and first-token times, CLOCK_MONOTONIC) joined with the load that started
+    between them (the server's timeline file, same clock): before = send to the load's start
+    (HTTP, tokens, SGLang's scheduling and prefix match, the linker's lookup), load = start to
+    finish_layer_wise_loading's return, after = that return to the first token (the last
+    layers' compute, sampling, the response)."""
+    out = []
+    for run in runs:
+        loads = sorted((t for t in run.get("timeline") or [] if t.get("start_ns") and t.get("finish_ns")
+                        and not t.get("error")), key=lambda t: t["start_ns"])
+        if not loads:
+            continue
+        for r in run.get("phases", {}).get("sweep", []):
+            sent, first = r.get("sent_ns"), r.get("first_token_ns")
+            if r["id"].endswith("/l1") or not sent or not first:
+                continue
+            load = next((t for t in loads if sent <= t["start_ns"] <= first), None)
+            if load is None:
+                continue
+            _, c, h = r["id"].split("/")
+            out.append({"medium": run.get("medium"), "config": run["config"], "context": int(c),
+                        "h": float(h), "ttft_ms": (first - sent) / 1e6,
+                        "before_ms": (load["start_ns"] - sent) / 1e6,
+                        "load_ms": (load["finish_ns"] - load["start_ns"]) / 1e6,
+                        "reads_ms": load.get("reads_ms"),
+                        "after_ms": (first - load["finish_ns"]) / 1e6})
+    return sorted(out, key=lambda x: (x["medium"] or "", x["config"], x["context"], x["h"]))
 
 
 def timeline_rows(runs: list) -> list:

@@ -85,6 +85,7 @@ def one_request(srv: Server, req: e2e.Request, max_new: int) -> dict:
     rec = {"id": req.id, "prompt_tokens": len(req.ids), "cached": req.cached, "ttft_s": None}
     body = {"input_ids": req.ids, "stream": True,
             "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
+    rec["sent_ns"] = time.monotonic_ns()  # CLOCK_MONOTONIC: the server's timeline file's clock
     t0 = time.perf_counter()
     stamps, chunks, last = [], [], {}
     done = threading.Event()
@@ -103,6 +104,8 @@ def one_request(srv: Server, req: e2e.Request, max_new: int) -> dict:
                 if not line or not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
                     continue
                 stamps.append(time.perf_counter())
+                if len(stamps) == 1:
+                    rec["first_token_ns"] = time.monotonic_ns()
                 last = json.loads(line[5:])
                 chunks.append(list(last.get("output_ids") or []))
     except Exception as e:  # a failed request is recorded, never hangs the run

@@ -15,6 +15,9 @@ At a glance:
         forward_wait_ms   the forward's time inside wait_until, summed over the layers
         forward_end_ms    the return of its last wait_until
         finish_ms, finish_wait_ms   finish_layer_wise_loading's return, and its time inside
+        start_ns, finish_ns         the load's start and finish_layer_wise_loading's return, in
+                          CLOCK_MONOTONIC ns (a client on the same machine joins them with its
+                          requests' send and first-token times: e2e.split_rows)
     table(records) -> markdown
 """
 
@@ -47,7 +50,7 @@ def summarize(rec: dict) -> dict:
         return round((t - t0) / 1e6, 3) if t else None
 
     out = {"index": rec.get("index"), "mode": rec.get("mode"), "pages": rec.get("pages"),
-           "error": rec.get("error")}
+           "error": rec.get("error"), "start_ns": t0}
     done, layers = rec.get("chunk_done_ns") or [], rec.get("chunk_layers") or []
     if done:
         out["first_read_ms"], out["reads_ms"] = ms(min(done)), ms(max(done))
@@ -69,6 +72,7 @@ def summarize(rec: dict) -> dict:
     fin = rec.get("finish_ns") or [0, 0]
     if fin[1]:
         out["finish_ms"], out["finish_wait_ms"] = ms(fin[1]), round((fin[1] - fin[0]) / 1e6, 3)
+        out["finish_ns"] = fin[1]
     return out
 
 

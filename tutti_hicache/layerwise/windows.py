@@ -5,14 +5,15 @@ At a glance:
         times.begin(n_input, n_prefix)        [forward] set_consumer of a batch with a load
         times.arrive(layer) / times.passed(layer)   [forward] around wait_until's wait
         times.current() -> seconds | None     [loader] this forward's per-layer compute so far
-        times.collect() -> [(n, p, seconds)]  forwards whose events completed (never waits)
+        times.collect() -> [(n, p, seconds, err)]  forwards whose events completed (never waits);
+                                              err: the in-forward estimate's error (running_error)
     model = OnlineModel(seed)                 t(n, p) = a + b*n + c*n*(p + n/2), recursive least
         model.observe(n, p, seconds)          squares with forgetting, seeded by an optional
         model.predict(n, p) -> seconds | None offline slack table (`tutti-hicache profile`)
     windows = Windows(mode, table, times, layer_bytes_per_token)
         windows.learn()                       [loader] at a load's start: the forwards since
         windows.window(n_input, n_prefix, read_Bps) -> seconds of writing between two layers
-        windows.snapshot() -> {observations, converged_after, rel_error, ...}
+        windows.snapshot() -> {observations, converged_after, rel_error_*, in_forward_error_*}
 
 A layer's compute is the time from the forward passing wait_until(l) (its KV landed) to its arrival
 at wait_until(l + 1): I/O waits are not in it. On a GPU both marks are CUDA events on the forward's
@@ -142,8 +143,8 @@ class LayerTimes:
         if f is not None:
             f.passed[layer] = self._mark()
 
-    def _per_layer(self, f: _Forward, wait: bool) -> Optional[float]:
-        """Median over layers l of passed(l) -> arrive(l + 1), from marks that completed."""
+    def _spans(self, f: _Forward, wait: bool) -> list:
+        """Per layer l in order, passed(l) -> arrive(l + 1), from marks that completed."""
         spans = []
         for layer, start in list(f.passed.items()):
             stop = f.arrive.get(layer + 1)
@@ -155,6 +156,11 @@ class LayerTimes:
                 spans.append(start.elapsed_time(stop) / 1e3)
             elif not wait:
                 break
+        return spans
+
+    def _per_layer(self, f: _Forward, wait: bool) -> Optional[float]:
+        """Median over layers l of passed(l) -> arrive(l + 1), from marks that completed."""
+        spans = self._spans(f, wait)
         return float(np.median(spans)) if spans else None
 
     def current(self) -> Optional[float]:
@@ -162,7 +168,10 @@ class LayerTimes:
         return None if f is None else self._per_layer(f, wait=False)
 
     def collect(self) -> list:
-        """(n, p, seconds per layer) of finished forwards whose marks completed; the others stay."""
+        """(n, p, seconds per layer, in-forward error) of finished forwards whose marks completed;
+        the others stay. The in-forward error: how far `current()` (the median of a forward's
+        layers so far, what the windows use once two layers ran) was from each later layer, the
+        median over layers 2.. of |estimate - span| / span; None with fewer than three layers."""
         out, keep = [], []
         with self._lock:
             done = list(self._done)
@@ -172,12 +181,19 @@ class LayerTimes:
             if self.cuda and last is not None and not last.query():
                 keep.append(f)
                 continue
-            t = self._per_layer(f, wait=True)
-            if t is not None:
-                out.append((f.n, f.p, t))
+            spans = self._spans(f, wait=True)
+            if spans:
+                out.append((f.n, f.p, float(np.median(spans)), running_error(spans)))
         with self._lock:
             self._done.extendleft(reversed(keep))
         return out
+
+
+def running_error(spans: list) -> Optional[float]:
+    """Median over k >= 2 of |median(spans[:k]) - spans[k]| / spans[k]."""
+    errs = [abs(float(np.median(spans[:k])) - spans[k]) / spans[k]
+            for k in range(2, len(spans)) if spans[k] > 0]
+    return float(np.median(errs)) if errs else None
 
 
 class Windows:
@@ -190,9 +206,12 @@ class Windows:
         self.layer_bytes_per_token = layer_bytes_per_token
         self.seed_read_Bps = table.read_Bps if table is not None else 0.0
         self.predictions: deque = deque(maxlen=256)  # (predicted, measured) per forward
+        self.in_forward: deque = deque(maxlen=256)  # the in-forward estimate's error per forward
 
     def learn(self) -> None:
-        for n, p, seconds in self.times.collect():
+        for n, p, seconds, err in self.times.collect():
+            if err is not None:
+                self.in_forward.append(err)
             guess = self.model.predict(n, p)
             if guess is not None:
                 self.predictions.append((guess, seconds))
@@ -216,7 +235,12 @@ class Windows:
     def snapshot(self) -> dict:
         m = self.model
         errs = [abs(g - s) / s for g, s in list(self.predictions) if s > 0]  # one C-level copy
+        inf = list(self.in_forward)
         return {"mode": self.mode, "observations": m.observations, "converged_after": m.converged_after,
                 "rel_error_ewma": m.rel_error, "seeded": m.seeded,
                 "rel_error_p50": float(np.median(errs)) if errs else None,
-                "rel_error_max": max(errs) if errs else None}
+                "rel_error_max": max(errs) if errs else None,
+                # what the windows use from a forward's third layer on (rel_error_*: the model's
+                # prediction before that, which in a server has no batch size: n = 0)
+                "in_forward_error_p50": float(np.median(inf)) if inf else None,
+                "in_forward_error_max": max(inf) if inf else None}
