@@ -185,6 +185,11 @@ class TuttiConfig:
     stage_depth: int = setting(4,
         "Linker: pinned staging slots in the read ring: one being copied to the device, the "
         "others being read (read_ahead).", minimum=2)
+    offload_writers: int = setting(2,
+        "Linker: offload chunks (of tutti_stage_mb) written at once, each from its own pinned "
+        "slot (one more slot is gathered into meanwhile: writers + 1 pinned slots of stage_mb). "
+        "On idle directories their chunks share the device queues up to the bytes those hold.",
+        minimum=1)
     read_ahead: int = setting(3,
         "Linker: staging chunks (layers) admitted to the read stream at once: the next layers' "
         "requests wait at the devices behind this layer's, so the queue never drains between "

@@ -55,6 +55,21 @@ def restore(lw, keys, rows, rid="r"):
     return lw.finish(idx)
 
 
+def roundtrip(lw, k, v, device="cpu", reverse=True):
+    """Offload all N pages, then restore them byte-exact over poisoned pool pages: in pool order
+    and (reverse) reversed, where pool pages and disk slots no longer line up."""
+    keys = [f"p{i:063d}" for i in range(N)]
+    rows = torch.arange(PAGE, PAGE * (N + 1), device=device)
+    offload_all(lw, keys, rows)
+    want = [t[PAGE:].clone() for t in k + v]
+    rev = torch.flip(rows.view(N, PAGE), [0]).reshape(-1).contiguous()
+    for rid, ks, rs in [("r", keys, rows)] + ([("r2", keys[::-1], rev)] if reverse else []):
+        for t in k + v:
+            t[PAGE:] = -7  # poison: a page or layer not restored is caught
+        assert restore(lw, ks, rs, rid=rid)
+        assert all(torch.equal(t[PAGE:], w) for t, w in zip(k + v, want))
+
+
 @pytest.mark.parametrize("device,admission", PATHS)
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("read_ahead,depth", [(1, 2), (2, 3), (3, 4)])
@@ -62,20 +77,19 @@ def test_multi_chunk_layers_restore_byte_exact(tmp_path, engine, read_ahead, dep
     lw, k, v = make_lw(tmp_path, engine, device, tutti_read_ahead=read_ahead, tutti_stage_depth=depth,
                        tutti_admission=admission)
     assert lw.stage_pages == 128 and lw.read_ahead == read_ahead and lw.admission[0] == admission
-    keys = [f"p{i:063d}" for i in range(N)]
-    rows = torch.arange(PAGE, PAGE * (N + 1), device=device)
-    offload_all(lw, keys, rows)
-    want = [t[PAGE:].clone() for t in k + v]
-    for t in k + v:
-        t[PAGE:] = -7  # poison: a page or layer not restored is caught
-    assert restore(lw, keys, rows)
-    assert all(torch.equal(t[PAGE:], w) for t, w in zip(k + v, want))
-    # reversed page order: pool pages and disk slots no longer line up
-    for t in k + v:
-        t[PAGE:] = -7
-    rev = torch.flip(rows.view(N, PAGE), [0]).reshape(-1).contiguous()
-    assert restore(lw, keys[::-1], rev, rid="r2")
-    assert all(torch.equal(t[PAGE:], w) for t, w in zip(k + v, want))
+    roundtrip(lw, k, v, device)
+    lw.close()
+
+
+@pytest.mark.parametrize("writers", [1, 3])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_offload_writers_set_the_chunks_written_at_once_and_stay_byte_exact(tmp_path, engine, writers):
+    """tutti_offload_writers: writers + 1 pinned out slots, that many chunk writes in flight; an
+    offload of 10 chunks (32 pages each) then restores byte-exact, in pool order and reversed."""
+    lw, k, v = make_lw(tmp_path, engine, tutti_offload_writers=writers)
+    assert len(lw.out.bufs) == writers + 1 and lw._offloader._writes_in_flight == writers
+    assert lw.out_pages == 32
+    roundtrip(lw, k, v)
     lw.close()
 
 
@@ -290,14 +304,7 @@ def test_copy_admission_needs_cuda_and_falls_back_to_the_loader(tmp_path, caplog
     assert sum("tutti_admission=copies cannot run here" in r.getMessage() for r in caplog.records) == 1
     with pytest.raises(RuntimeError, match="copy admission cannot run here"):
         lw.copy_admission_on = True
-    keys = [f"p{i:063d}" for i in range(N)]
-    rows = torch.arange(PAGE, PAGE * (N + 1))
-    offload_all(lw, keys, rows)
-    want = [t[PAGE:].clone() for t in k + v]
-    for t in k + v:
-        t[PAGE:] = -7
-    assert restore(lw, keys, rows)
-    assert all(torch.equal(t[PAGE:], w) for t, w in zip(k + v, want))
+    roundtrip(lw, k, v, reverse=False)
     lw.close()
 
 

@@ -86,8 +86,9 @@ class LayerwiseKV:
                              self.cuda)
         per_page = len(geometry.object_nbytes) * self.obj_stride
         self.out_pages = max(1, (cfg.stage_mb << 20) // per_page)
-        # three out slots: one gathered while two chunks are written (offloader.py)
-        self.out = Staging(self.out_pages * per_page, 3, self.device, self.cuda)
+        # one out slot gathered while offload_writers chunks are written (offloader.py)
+        self.out = Staging(self.out_pages * per_page, cfg.offload_writers + 1, self.device,
+                           self.cuda)
         self.store.register_memory(self.stage.regions() + self.out.regions())
         self.slack = SlackTable.load(cfg.slack_table) if cfg.slack_table else None
         self.windows = Windows(cfg.write_windows, self.slack, self.times,

@@ -6,10 +6,10 @@ At a glance ([scheduler] = SGLang's scheduler thread; [offloader] = this module'
     off.offload(keys, device_indices, ready_events) -> bool   [scheduler] False: backlog full
         keys already stored complete at once; the rest wait for ready_events, then per chunk
         of out_pages: [stage] gather kernel -> pinned (D2H) while [write] store.write_pages
-        writes the chunks before, up to out slots - 1 at once (on idle directories the
-        store's scheduler lets the younger one's chunks join the older one's last within the
-        bytes the queues hold, each on its own write ring of the engine; under reads it runs
-        one chunk per directory and keeps them off directories a load is reading)
+        writes the chunks before, up to out slots - 1 (tutti_offload_writers) at once (on
+        idle directories the store's scheduler lets a younger one's chunks join the older
+        one's last within the bytes the queues hold, on the engine's write rings; under reads
+        it runs one chunk per directory and keeps them off directories a load is reading)
     off.num_completed() / off.pop_completed() -> ok            [scheduler] FIFO results
     off.backlog                                                pages queued and not yet written
     off.clear_results(), off.worker (drain, thread), off.close()
