@@ -312,7 +312,8 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0) -> str:
           _f(r["token_hit_rate"], ".2f"), _f(r["requests_with_hit"], ".2f"), _f(r["working_set_gb"], ".1f"),
           _f(r["host_pool_gb"], ".1f")] for r in capacity_rows(runs)])]
     parts += ["### Per configuration", _table(
-        ["medium", "config", "first request after start ms", "restore GB/s (raw)", "server starts s",
+        ["medium", "config", "first request after start ms",
+         "restore GB/s over whole load spans, paced ones too (raw)", "server starts s",
          "outputs = recompute (sequential phases)", "outputs = recompute (concurrent phases)"],
         [_config_row(run, outputs_vs(runs).get(f"{run['config']}@{run.get('medium', '')}", {}))
          for run in runs])]
