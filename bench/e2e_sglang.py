@@ -10,6 +10,9 @@ Configurations (one or two server starts each, one after another):
   tutti-linker-dynamic  the same through `dynamic` and the module path (no plugin)
   tutti-linker-gpuwait  tutti-linker with tutti_gpu_wait=on (every layer's copy and scatter wait on the GPU)
   tutti-linker-copies   tutti-linker with tutti_admission=copies (each copy admits the next read)
+  tutti-mooncake        two servers on one GPU and a mooncake_master on loopback: A warms (tutti-mooncake,
+                        publishing into its Mooncake segment), B (empty SSD tier) answers the sweep from
+                        A's segment: remote hits over loopback TCP (run_cluster)
 Phases (workload: tutti_hicache/benchmarks/e2e.py): `warm` (each document first seen), then for storage
 configurations a **restart and a page-cache drop**; `first` (the first request after the start), `sweep`
 (hit fractions: per point the prompt restored from the tier, then one sharing its prefix with new tokens
@@ -160,6 +163,66 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
     return run
 
 
+def run_cluster(args, wl: e2e.Workload, raw: dict) -> dict:
+    """tutti-mooncake, remote hits between two servers on this GPU: a mooncake_master on loopback;
+    server A (its own tutti directories, publishing every page into its Mooncake segment) answers
+    the warm phase; then server B (its own empty directories, promotion and publishing off, so
+    every sweep point is a remote hit) answers `first` and the sweep, flushing its device and
+    host caches before each point. A stays up until B is done: a Mooncake client's objects go
+    with it. Loopback TCP, not a cluster network (docs/cluster.md)."""
+    from tutti_hicache.testing.cluster import Master, mooncake_extra
+    config = e2e.CLUSTER
+    for d in args.tutti_dirs.split(","):
+        for node in ("a", "b"):
+            shutil.rmtree(os.path.join(d, f"tutti-{node}"), ignore_errors=True)
+            os.makedirs(os.path.join(d, f"tutti-{node}"))
+    for p in os.listdir(args.out_dir):
+        if p.startswith((f"stats-{config}-", f"server-{config}-")):
+            os.unlink(os.path.join(args.out_dir, p))
+    run = {"config": config, "medium": args.medium, **raw, "layers": args.layers,
+           "page_bytes": args.bpt * e2e.PAGE, "phases": {}, "summaries": {}, "start_s": [],
+           "host_pool_gb": args.host_gb, "store_from": None, "salt": wl.salt,
+           "note": "B's hits come from A's Mooncake segment over loopback TCP"}
+
+    def phase(name, records, seconds=None):
+        run["phases"][name] = records
+        run["summaries"][name] = e2e.summarize(records, seconds)
+        print(f"  {config:22s} {name:10s} " + json.dumps({k: v for k, v in run["summaries"][name].items()
+                                                          if k != "cached_by_tier_mean"}), flush=True)
+
+    master = Master(log_path=os.path.join(args.out_dir, "mooncake-master.log")).start()
+    port = 30000 + e2e.CONFIGS.index(config)
+    servers = []
+    try:
+        for node, extra in (("a", mooncake_extra(master, int(args.mooncake_segment_gb * 1024),
+                                                 tutti_cluster_publish="all", tutti_cluster_promote=False)),
+                            ("b", mooncake_extra(master, 64, tutti_cluster_publish="off",
+                                                 tutti_cluster_promote=False))):
+            cmd, env = e2e.server_cmd(args, config, port + (node == "b") * 50, node, extra)
+            srv = Server(cmd, env, os.path.join(args.out_dir, f"server-{config}-{node}.log"),
+                         port + (node == "b") * 50)
+            servers.append(srv)
+            run["start_s"].append(srv.wait_ready(args.start_timeout))
+            if node == "a":
+                phase("warm", run_sequential(srv, wl.warm(), args.max_new))
+                run["settle_s"] = settle(args, f"{config}-a")
+        srv = servers[-1]
+        phase("first", [one_request(srv, wl.first(), args.max_new)])
+        phase("sweep", run_sequential(srv, e2e.sweep_requests(wl, args.fractions), args.max_new, flush=True))
+        run["metrics"] = scrape_metrics(srv.url)
+    except Exception as e:  # keep what it measured so far
+        run["error"] = repr(e)
+        print(f"  {config}: {e!r}", flush=True)
+    finally:
+        for srv in reversed(servers):
+            srv.stop()
+        master.stop()
+    run["tutti_stats"] = tutti_stats(args.out_dir, config)
+    run.update(restore_summary(tutti_stats(args.out_dir, f"{config}-b")))
+    run.update(wear_summary(run["tutti_stats"]))
+    return run
+
+
 def restore_summary(stats: list) -> dict:
     """Restore GB/s from tutti's stats files: the linker's loads, else the host tier's reads."""
     lb = sum(s.get("linker", {}).get("load_bytes", 0) for s in stats)
@@ -227,6 +290,8 @@ def main():
     ap.add_argument("--share-linker-store", action="store_true",
                     help="linker configurations after the first start on the store it wrote (no warm "
                          "phase, no first server), with salted questions and new tokens")
+    ap.add_argument("--mooncake-segment-gb", type=float, default=8.0,
+                    help="tutti-mooncake: server A's Mooncake segment (holds every warmed page)")
     ap.add_argument("--out-dir", default="/tmp/tutti-e2e")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
@@ -254,8 +319,11 @@ def main():
             continue
         shared = args.share_linker_store and writer and config in e2e.LINKERS
         salt = sum(r.get("store_from") is not None for r in results) + 1 if shared else 0
-        run = run_config(args, config, e2e.Workload(wl.contexts, wl.docs, salt=salt) if shared else wl,
-                         raw, deadline, writer if shared else "")
+        if config == e2e.CLUSTER:
+            run = run_cluster(args, wl, raw)
+        else:
+            run = run_config(args, config, e2e.Workload(wl.contexts, wl.docs, salt=salt) if shared else wl,
+                             raw, deadline, writer if shared else "")
         results.append(run)
         if args.share_linker_store and not writer and config in e2e.LINKERS and "warm" in run["phases"] \
                 and "error" not in run:

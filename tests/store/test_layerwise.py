@@ -330,15 +330,17 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     assert r["mode"] == "cpu" and r["chunk_layers"] == [l for l in range(GEOM.num_layers) for _ in range(3)]
     done = r["chunk_done_ns"]
     assert len(done) == 3 * GEOM.num_layers and all(done)
-    assert r["start_ns"] < min(done) <= max(done) <= max(r["complete_ns"]) <= r["finish_ns"][1]
+    assert r["start_ns"] <= r["begin_ns"] <= r["opened_ns"] < min(done) <= max(done) \
+        <= max(r["complete_ns"]) <= r["finish_ns"][1]
     assert all(w[0] <= w[1] for w in r["wait_ns"]) and all(w[0] for w in r["wait_ns"])
     for layer in range(GEOM.num_layers):  # a layer is handed over after its last chunk landed
         assert r["complete_ns"][layer] >= max(done[3 * layer:3 * layer + 3])
     s = timeline.summarize(r)
-    assert 0 < s["first_read_ms"] <= s["reads_ms"] <= s["handed_ms"] <= s["finish_ms"]
+    assert 0 <= s["begin_ms"] <= s["opened_ms"] < s["first_read_ms"] <= s["reads_ms"] <= s["handed_ms"] \
+        <= s["finish_ms"]
     assert s["react_ms_p50"] >= 0 and s["forward_wait_ms"] >= 0 and s["error"] is None
     assert timeline.read([files[0], tmp_path / "missing"]) == recs
-    assert "| 0 | cpu | 300 |" in timeline.table(recs)
+    assert "| 0 | cpu | 300 | " + str(s["begin_ms"]) + " |" in timeline.table(recs)
     # a load that fails (its slots cut short on disk) is recorded with its error
     for seg in (tmp_path / "a").rglob("*"):
         if seg.is_file() and seg.stat().st_size > 1 << 20:

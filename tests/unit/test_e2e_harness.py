@@ -7,6 +7,7 @@ SGLang's real argument parser (with the plugin's `tutti` choices).
 """
 
 import argparse
+import json
 
 import pytest
 
@@ -169,6 +170,15 @@ def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
             assert ns.unified_cache_external_linker_config["tutti_gpu_wait"] == "on"
         if config == "file":
             assert env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] == str(tmp_path / "one" / "file")
+        if config == e2e.CLUSTER:  # node A by default; B gets its own directories and keys
+            assert ns.hicache_storage_backend == "tutti-mooncake" and ns.mem_fraction_static == 0.35
+            assert ns.hicache_mem_layout == "page_first_direct"
+            argv, _ = e2e.server_cmd(args, config, 30050, "b", {"master_server_address": "127.0.0.1:5",
+                                                                 "tutti_cluster_promote": False})
+            extra = json.loads(parser.parse_args(argv[3:]).hicache_storage_backend_extra_config)
+            assert extra["tutti_dirs"] == [f"{tmp_path}/a/tutti-b", f"{tmp_path}/b/tutti-b"]
+            assert extra["master_server_address"] == "127.0.0.1:5" and not extra["tutti_cluster_promote"]
+            assert "stats-tutti-mooncake-b-" in extra["tutti_stats_file"]
     with pytest.raises(ValueError):
         e2e.server_cmd(args, "lmcache", 30000)
 

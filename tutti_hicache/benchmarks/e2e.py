@@ -406,7 +406,8 @@ def _config_row(run: dict, eq: dict) -> list:
 
 # ------------------------------------------------------------------ server configurations
 CONFIGS = ("recompute", "dram", "file", "nixl", "tutti-host", "tutti-linker", "tutti-linker-dynamic",
-           "tutti-linker-gpuwait", "tutti-linker-copies")
+           "tutti-linker-gpuwait", "tutti-linker-copies", "tutti-mooncake")
+CLUSTER = "tutti-mooncake"  # two servers: A warms (SSD + its Mooncake segment), B reads remote hits
 LINKERS = ("tutti-linker", "tutti-linker-dynamic", "tutti-linker-gpuwait", "tutti-linker-copies")
 PERSISTENT = {"file", "nixl", "tutti-host", *LINKERS}
 LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
@@ -431,8 +432,10 @@ def tutti_config(args, config: str) -> dict:
             "tutti_timeline_file": os.path.join(args.out_dir, f"timeline-{config}-{{pid}}.jsonl")}
 
 
-def server_cmd(args, config: str, port: int) -> tuple[list, dict]:
-    """(argv, environment) of one configuration's server."""
+def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dict] = None) -> tuple[list, dict]:
+    """(argv, environment) of one configuration's server. tutti-mooncake: `node` (a, b) names the
+    server's own tutti directories and stats files, `extra` adds its Mooncake keys (the master)
+    and cluster settings; both servers share the GPU (a smaller static memory share)."""
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model,
            "--load-format", "dummy", "--skip-tokenizer-init", "--attention-backend", "triton",
            "--sampling-backend", "pytorch", "--disable-cuda-graph", "--page-size", str(PAGE),
@@ -472,6 +475,16 @@ def server_cmd(args, config: str, port: int) -> tuple[list, dict]:
                                        "linker_extra_config": cfg}
         cmd += ["--enable-unified-cache-external-linker", "--unified-cache-external-linker-backend", backend,
                 "--unified-cache-external-linker-config", json.dumps(cfg)]
+    elif config == CLUSTER:
+        node = node or "a"
+        cfg = tutti_config(args, f"{config}-{node}")
+        cfg["tutti_dirs"] = [os.path.join(d, f"tutti-{node}") for d in args.tutti_dirs.split(",")]
+        cfg.update(extra or {})
+        # SGLang's MooncakeStore takes page-first host pools only (MHA layer_first is refused)
+        cmd += hicache + ["--hicache-size", str(args.host_gb), "--hicache-mem-layout", "page_first_direct",
+                          "--hicache-storage-backend", CLUSTER, "--hicache-storage-backend-extra-config",
+                          json.dumps(cfg)]
+        cmd[cmd.index("--mem-fraction-static") + 1] = "0.35"  # two servers on one GPU
     else:
         raise ValueError(f"unknown configuration {config!r} (one of {', '.join(CONFIGS)})")
     return cmd, env

@@ -7,6 +7,8 @@ At a glance:
     summarize(record) -> dict       milliseconds from the load's start (LayerwiseKV.start):
         reads_ms          the last staging chunk's reads final (the I/O span)
         first_read_ms     the first chunk's
+        begin_ms, opened_ms   the loader thread took the batch; its read stream was open (the
+                          part of first_read_ms before any read was at the devices)
         handed_ms         the last layer handed to the forward
         react_ms_p50/max  per layer: handed to the forward minus its last chunk's reads final
                           (the CPU path's reaction; GPU-wait loads hand every layer over at once,
@@ -51,6 +53,9 @@ def summarize(rec: dict) -> dict:
 
     out = {"index": rec.get("index"), "mode": rec.get("mode"), "pages": rec.get("pages"),
            "error": rec.get("error"), "start_ns": t0}
+    for key in ("begin", "opened"):  # the loader took the batch; its read stream was open
+        if rec.get(f"{key}_ns"):
+            out[f"{key}_ms"] = ms(rec[f"{key}_ns"])
     done, layers = rec.get("chunk_done_ns") or [], rec.get("chunk_layers") or []
     if done:
         out["first_read_ms"], out["reads_ms"] = ms(min(done)), ms(max(done))
@@ -76,7 +81,7 @@ def summarize(rec: dict) -> dict:
     return out
 
 
-COLUMNS = ("index", "mode", "pages", "first_read_ms", "reads_ms", "handed_ms", "react_ms_p50",
+COLUMNS = ("index", "mode", "pages", "begin_ms", "opened_ms", "first_read_ms", "reads_ms", "handed_ms", "react_ms_p50",
            "react_ms_max", "forward_start_ms", "forward_wait_ms", "forward_end_ms", "finish_ms",
            "finish_wait_ms", "error")
 

@@ -154,6 +154,7 @@ class Loader:
         is waited for. GPU-wait path and copy admission: the ring slots admit (chunk j once the
         copy of chunk j - depth, the slot's last user, is done) and the stream's window
         (ahead=read_ahead) holds the reads to `read_ahead` chunks past the last final one."""
+        begin_ns = now_ns()  # the loader thread has the batch (the timeline's begin_ns)
         plan = self._store.plan_pages(entries)
         prefix = len(entries) * self._page_size
         self._windows.learn()  # the forwards that ran since the last load
@@ -179,6 +180,7 @@ class Loader:
             # nothing lands in the staging slots any more)
             with self._store.stream_layers(plan, chunks, dsts, gate and gate.host,
                                            ahead=ahead) as stream:
+                marks = {"begin_ns": begin_ns, "opened_ns": now_ns()}  # planned, directories held
                 admitted = 0
 
                 def admit(upto: int) -> None:
@@ -222,7 +224,7 @@ class Loader:
                         continue
                     if gpu is None:
                         if layer + 1 == self._num_layers:  # before finish() can write the record
-                            self._annotate(index, mode, len(entries), chunks, stream)
+                            self._annotate(index, mode, len(entries), chunks, stream, marks)
                         self._counter.complete(index, layer, self._mark())
                     if gpu is None and not hosted and layer + 1 < self._num_layers and \
                             layer - self._counter.waited >= 2:
@@ -231,7 +233,7 @@ class Loader:
                             self.windows_opened += 1
                             stream.lend(window)  # settles what was admitted, then a write window
                 if gpu is not None:  # finish() waits for settle(), after this
-                    self._annotate(index, mode, len(entries), chunks, stream)
+                    self._annotate(index, mode, len(entries), chunks, stream, marks)
                 if self.trace is not None:
                     self.trace.append({"mode": mode,
                                        "layers": [layer for layer, _ in chunks],
@@ -242,13 +244,13 @@ class Loader:
                 gpu_wait.close(gpu, cuda_stream, gate, len(chunks), self._stage, slots)
                 gates.retire(gate, gpu.end)
 
-    def _annotate(self, index: int, mode: str, pages: int, chunks: list, stream) -> None:
+    def _annotate(self, index: int, mode: str, pages: int, chunks: list, stream, marks) -> None:
         """The loader's part of the batch's timeline record (tutti_timeline_file), if kept."""
         if self._counter.timeline is not None:
             self._counter.annotate(index, mode=mode, pages=pages,
                                    chunk_layers=[layer for layer, _ in chunks],
                                    chunk_done_ns=[int(t) for t in stream.done_ns()],
-                                   loader_end_ns=now_ns())
+                                   loader_end_ns=now_ns(), **marks)
 
     def _order_streams(self, gpu: bool, ready):
         """The CUDA stream this load's GPU work goes on (GPU-wait loads: the I/O stream's second

@@ -11,9 +11,11 @@ A record (layerwise/counter.py builds it; the loader adds its part) holds, all i
     complete_ns[layer]              the layer handed to the forward (its copy enqueued)
     wait_ns[layer] = [in, out]      the forward's wait_until(layer): entry and return (0, 0: never)
     finish_ns = [in, out]           finish_layer_wise_loading
-    mode, pages, chunk_layers, chunk_done_ns, load_end_ns   from the loader: the completion path,
+    mode, pages, chunk_layers, chunk_done_ns, loader_end_ns from the loader: the completion path,
                                     the pages loaded, each staging chunk's layer and the time its
                                     reads became final, the loader's end; error on failure
+    begin_ns, opened_ns             the loader thread took the batch; its read stream was open
+                                    (pages planned, directories held for reads)
 tutti_hicache/benchmarks/timeline.py summarizes a file.
 """
 
