@@ -96,6 +96,14 @@ def clear_storage(args, config: str, keep_tutti: bool = False) -> None:
 
 
 # ------------------------------------------------------------------ one configuration
+def record_phase(run: dict, name: str, records: list, seconds=None) -> None:
+    """A phase's records and summary into the run, and the summary on stdout."""
+    run["phases"][name] = records
+    run["summaries"][name] = e2e.summarize(records, seconds)
+    print(f"  {run['config']:22s} {name:10s} " + json.dumps(
+        {k: v for k, v in run["summaries"][name].items() if k != "cached_by_tier_mean"}), flush=True)
+
+
 def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
                store_from: str = "") -> dict:
     """One configuration's phases. store_from: a linker configuration that wrote the store this
@@ -114,28 +122,22 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
     cap_docs = max(1, round(3 * args.dram_gb * 1e9 / (args.capacity_context * args.bpt)))
     run["capacity_working_set_gb"] = cap_docs * args.capacity_context * args.bpt / 1e9 if capacity else None
 
-    def phase(name, records, seconds=None):
-        run["phases"][name] = records
-        run["summaries"][name] = e2e.summarize(records, seconds)
-        print(f"  {config:22s} {name:10s} " + json.dumps({k: v for k, v in run["summaries"][name].items()
-                                                          if k != "cached_by_tier_mean"}), flush=True)
-
     if store_from:
         run["page_cache"] = drop_caches()
     srv = Server(cmd, env, log, port)
     try:
         run["start_s"].append(srv.wait_ready(args.start_timeout))
         if config != "recompute" and not store_from:
-            phase("warm", run_sequential(srv, wl.warm(), args.max_new))
+            record_phase(run, "warm", run_sequential(srv, wl.warm(), args.max_new))
         if config in e2e.PERSISTENT and not store_from:
             run["settle_s"] = settle(args, config)
             srv.stop()
             run["page_cache"] = drop_caches()
             srv = Server(cmd, env, log, port)
             run["start_s"].append(srv.wait_ready(args.start_timeout))
-        phase("first", [one_request(srv, wl.first(), args.max_new)])
-        phase("sweep", run_sequential(srv, e2e.sweep_requests(wl, args.fractions), args.max_new,
-                                      flush=config != "dram"))
+        record_phase(run, "first", [one_request(srv, wl.first(), args.max_new)])
+        sweep = e2e.sweep_requests(wl, args.fractions)
+        record_phase(run, "sweep", run_sequential(srv, sweep, args.max_new, flush=config != "dram"))
         for rate in args.rates:
             if time.time() > deadline - 20:
                 run["skipped"] = f"rates from {rate} on: out of time"
@@ -143,12 +145,13 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
             if config != "dram":
                 srv.flush()
             recs, secs = run_rate(srv, wl.rates(rate, args.rate_requests), rate, args.max_new)
-            phase(f"rate{rate:g}", recs, secs)
+            record_phase(run, f"rate{rate:g}", recs, secs)
         if capacity and time.time() < deadline - 60:
             # last: its working set (3x the DRAM tier) would evict dram's documents before the sweep
-            phase("capwarm", run_sequential(srv, wl.capacity_warm(cap_docs, args.capacity_context), args.max_new))
-            phase("capacity", run_sequential(
-                srv, wl.capacity_reuse(cap_docs, args.capacity_context, args.capacity_requests), args.max_new))
+            ctx = args.capacity_context
+            record_phase(run, "capwarm", run_sequential(srv, wl.capacity_warm(cap_docs, ctx), args.max_new))
+            record_phase(run, "capacity", run_sequential(
+                srv, wl.capacity_reuse(cap_docs, ctx, args.capacity_requests), args.max_new))
         run["metrics"] = scrape_metrics(srv.url)
     except Exception as e:  # keep what this configuration measured so far
         run["error"] = repr(e)
@@ -184,12 +187,6 @@ def run_cluster(args, wl: e2e.Workload, raw: dict) -> dict:
            "host_pool_gb": args.host_gb, "store_from": None, "salt": wl.salt,
            "note": "B's hits come from A's Mooncake segment over loopback TCP"}
 
-    def phase(name, records, seconds=None):
-        run["phases"][name] = records
-        run["summaries"][name] = e2e.summarize(records, seconds)
-        print(f"  {config:22s} {name:10s} " + json.dumps({k: v for k, v in run["summaries"][name].items()
-                                                          if k != "cached_by_tier_mean"}), flush=True)
-
     master = Master(log_path=os.path.join(args.out_dir, "mooncake-master.log")).start()
     port = 30000 + e2e.CONFIGS.index(config)
     servers = []
@@ -204,11 +201,12 @@ def run_cluster(args, wl: e2e.Workload, raw: dict) -> dict:
             servers.append(srv)
             run["start_s"].append(srv.wait_ready(args.start_timeout))
             if node == "a":
-                phase("warm", run_sequential(srv, wl.warm(), args.max_new))
+                record_phase(run, "warm", run_sequential(srv, wl.warm(), args.max_new))
                 run["settle_s"] = settle(args, f"{config}-a")
         srv = servers[-1]
-        phase("first", [one_request(srv, wl.first(), args.max_new)])
-        phase("sweep", run_sequential(srv, e2e.sweep_requests(wl, args.fractions), args.max_new, flush=True))
+        record_phase(run, "first", [one_request(srv, wl.first(), args.max_new)])
+        sweep = e2e.sweep_requests(wl, args.fractions)
+        record_phase(run, "sweep", run_sequential(srv, sweep, args.max_new, flush=True))
         run["metrics"] = scrape_metrics(srv.url)
     except Exception as e:  # keep what it measured so far
         run["error"] = repr(e)
