@@ -209,6 +209,47 @@ def test_gate_read_waits_for_one_chunk_only():
     assert kinds[0] == "w" and "r" in kinds and kinds.index("r") <= 2 and len(kinds) > 3
 
 
+def test_gate_runs_two_writers_together_on_idle_devices_and_a_read_waits_for_both():
+    """Two writer threads, each a write that fits idle_chunk with the other: both are inside their
+    chunk at once (the linker's two chunk writers); a read arriving meanwhile starts only after
+    both chunks ended; a third writer that would exceed idle_chunk waits for a chunk to end."""
+    g = Gate(policy(idle_chunk=8 * MB, idle_after=0.2))
+    inside, peak, lock = [0], [0], threading.Lock()
+    release = threading.Event()
+    ends, read_at = [], []
+
+    def run(off, n):
+        with lock:
+            inside[0] += 1
+            peak[0] = max(peak[0], inside[0])
+        release.wait(10)
+        with lock:
+            inside[0] -= 1
+            ends.append(time.monotonic())
+
+    writers = [threading.Thread(target=g.write, args=({0, 1}, 4 * MB, run)) for _ in range(3)]
+    for t in writers:
+        t.start()
+    deadline = time.monotonic() + 10
+    while peak[0] < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.05)  # time for a third chunk to start, were it (wrongly) let in
+
+    def reader():
+        with g.reading({1}):
+            read_at.append(time.monotonic())
+
+    r = threading.Thread(target=reader)
+    r.start()
+    time.sleep(0.05)
+    assert peak[0] == 2 and not read_at  # two at once, not three; the read waits
+    release.set()
+    for t in writers + [r]:
+        t.join(10)
+    assert len(ends) >= 3 and len(read_at) == 1  # the third write runs in window chunks after the read
+    assert read_at[0] >= ends[1]  # after both chunks that were in flight when it came
+
+
 def test_gate_disabled_and_refusal():
     g = Gate(policy(max_backlog=MB), enabled=False)
     ran = []
