@@ -145,8 +145,10 @@ class Policy:
             idle = self.idle(w.devices, now)
             size = self.chunk_bytes(idle)
             busy = max((sum(c.nbytes for c in self.inflight.get(d, ())) for d in w.devices), default=0)
-            if busy:  # rule 3: join the chunks in flight only on idle devices, within idle_chunk
-                if not (idle and self.window is None and self.idle_chunk):
+            if busy:  # rule 3: join the chunks in flight only on idle devices, within idle_chunk,
+                # and never one's own (a write runs its chunks one after another)
+                mine = any(c.write_id == w.id for d in w.devices for c in self.inflight.get(d, ()))
+                if mine or not (idle and self.window is None and self.idle_chunk):
                     continue
                 size = min(size, self.idle_chunk - busy)
                 if size < max(w.unit, self.min_chunk) and size < w.remaining:

@@ -104,6 +104,15 @@ def test_on_idle_devices_a_younger_write_joins_the_chunks_in_flight_within_idle_
     q.chunk_done(joined, 0.02, 0.01)
     assert not q.inflight and q.backlog == 0
 
+    own = policy(idle_chunk=8 * MB, idle_after=0.2, default_window=0.01)
+    own.write_arrives(1, {0}, 6 * MB, now=0.0)
+    own.read_arrives("r", {0})
+    own.read_starts("r")
+    own.read_done("r", now=0.0)
+    small = own.next_write(0.05)  # right after a read: one window's bytes
+    assert small.nbytes == MB
+    assert own.next_write(0.5) is None  # idle by now, but a write never joins its own chunk
+
     r = policy(idle_chunk=8 * MB, idle_after=0.2)
     r.write_arrives(1, {0}, 4 * MB, now=0.0)
     r.write_arrives(2, {0}, 4 * MB, now=0.0)
