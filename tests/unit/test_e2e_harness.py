@@ -221,8 +221,12 @@ def test_split_rows_join_requests_with_the_load_that_started_between_send_and_fi
     assert (a["before_ms"], a["load_ms"], a["after_ms"], a["reads_ms"]) == pytest.approx((30, 250, 20, 240))
     assert a["before_ms"] + a["load_ms"] + a["after_ms"] == pytest.approx(a["ttft_ms"]) == pytest.approx(300)
     assert (b["before_ms"], b["load_ms"], b["after_ms"]) == pytest.approx((40, 160, 50))
+    assert a["floor_ms"] is None  # no bytes per token given
+    run["raw_read_GBps"] = 10.0
+    run["phases"]["sweep"][2]["cached"] = 1000  # 1000 tokens x 1000 B at 10 GB/s: 0.1 ms of I/O
     text = e2e.report_markdown([run], 1000)
-    assert "| m | tutti-linker | 4096 | 0.99 | 250 | 40.0 | 160.0 | 150.0 | 50.0 |" in text
+    assert "| m | tutti-linker | 4096 | 0.99 | 250 | 40.0 | 160.0 | 150.0 | 50.0 | 90 | 2.77 |" in text
+    assert e2e.split_rows([run], 1000)[1]["floor_ms"] == pytest.approx(90.1)
 
 
 def test_a_salted_workload_keeps_the_documents_and_changes_what_follows():

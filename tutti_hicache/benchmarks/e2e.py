@@ -326,23 +326,26 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0) -> str:
                       [[r["medium"], r["config"], r["loads"], _f(r["read_GBps"], ".2f"), _f(r["reads_ms"], ".1f"),
                         _f(r["handed_ms"], ".1f"), _f(r["react_ms_p50"], ".2f"),
                         _f(r["forward_wait_ms"], ".1f"), _f(r["finish_ms"], ".1f")] for r in tl])]
-    split = split_rows(runs)
+    split = split_rows(runs, bpt)
     if split:
         parts += ["### The sweep's TTFT around its load (client clock joined with the timeline's; ms)", _table(
             ["medium", "config", "C", "h", "TTFT", "before the load", "load", "of which reads",
-             "after the load"],
+             "after the load", "I/O floor + before + after (I/O-bound rows only)", "TTFT / that"],
             [[r["medium"], r["config"], r["context"], f"{r['h']:g}", _f(r["ttft_ms"]), _f(r["before_ms"], ".1f"),
-              _f(r["load_ms"], ".1f"), _f(r["reads_ms"], ".1f"), _f(r["after_ms"], ".1f")] for r in split])]
+              _f(r["load_ms"], ".1f"), _f(r["reads_ms"], ".1f"), _f(r["after_ms"], ".1f"), _f(r["floor_ms"]),
+              _f(r["ttft_ms"] / r["floor_ms"] if r["floor_ms"] else None, ".2f")] for r in split])]
     return "\n\n".join(parts)
 
 
-def split_rows(runs: list) -> list:
+def split_rows(runs: list, bpt: int = 0) -> list:
     """The sweep's TTFT split around its load, per configuration with timeline records: each
     request (client send and first-token times, CLOCK_MONOTONIC) joined with the load that started
     between them (the server's timeline file, same clock): before = send to the load's start
     (HTTP, tokens, SGLang's scheduling and prefix match, the linker's lookup), load = start to
     finish_layer_wise_loading's return, after = that return to the first token (the last
-    layers' compute, sampling, the response)."""
+    layers' compute, sampling, the response). With bytes per token (bpt) and the run's raw read:
+    floor_ms = the I/O floor (the cached bytes at the raw rate) + before + after, the time left
+    for an I/O-bound request once SGLang's own work outside the load is counted."""
     out = []
     for run in runs:
         loads = sorted((t for t in run.get("timeline") or [] if t.get("start_ns") and t.get("finish_ns")
@@ -357,12 +360,16 @@ def split_rows(runs: list) -> list:
             if load is None:
                 continue
             _, c, h = r["id"].split("/")
-            out.append({"medium": run.get("medium"), "config": run["config"], "context": int(c),
-                        "h": float(h), "ttft_ms": (first - sent) / 1e6,
-                        "before_ms": (load["start_ns"] - sent) / 1e6,
-                        "load_ms": (load["finish_ns"] - load["start_ns"]) / 1e6,
-                        "reads_ms": load.get("reads_ms"),
-                        "after_ms": (first - load["finish_ns"]) / 1e6})
+            row = {"medium": run.get("medium"), "config": run["config"], "context": int(c),
+                   "h": float(h), "ttft_ms": (first - sent) / 1e6,
+                   "before_ms": (load["start_ns"] - sent) / 1e6,
+                   "load_ms": (load["finish_ns"] - load["start_ns"]) / 1e6,
+                   "reads_ms": load.get("reads_ms"),
+                   "after_ms": (first - load["finish_ns"]) / 1e6, "floor_ms": None}
+            raw = run.get("raw_read_GBps")
+            if bpt and raw and r.get("cached"):
+                row["floor_ms"] = r["cached"] * bpt / (raw * 1e9) * 1e3 + row["before_ms"] + row["after_ms"]
+            out.append(row)
     return sorted(out, key=lambda x: (x["medium"] or "", x["config"], x["context"], x["h"]))
 
 
