@@ -31,6 +31,7 @@ records are appended whole under a lock and never changed after.
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections import deque
@@ -190,10 +191,11 @@ class LayerTimes:
 
 
 def running_error(spans: list) -> Optional[float]:
-    """Median over k >= 2 of |median(spans[:k]) - spans[k]| / spans[k]."""
-    errs = [abs(float(np.median(spans[:k])) - spans[k]) / spans[k]
+    """Median over k >= 2 of |median(spans[:k]) - spans[k]| / spans[k]. On the loader thread at a
+    load's start, so plain Python (a layer count of small medians, microseconds each)."""
+    errs = [abs(statistics.median(spans[:k]) - spans[k]) / spans[k]
             for k in range(2, len(spans)) if spans[k] > 0]
-    return float(np.median(errs)) if errs else None
+    return statistics.median(errs) if errs else None
 
 
 class Windows:
