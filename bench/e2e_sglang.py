@@ -81,14 +81,18 @@ def settle(args, config: str, quiet_s: float = 3.0, limit_s: float = 120.0) -> f
     return time.time() - t0
 
 
-def clear_storage(args, config: str, keep_tutti: bool = False) -> None:
+def clear_storage(args, config: str, keep_tutti: bool = False, tutti_names=("tutti",)) -> None:
+    """Empty the configuration's storage and its stats/timeline files; tutti_names: the tutti
+    directory in each of args.tutti_dirs (tutti-mooncake: one per server)."""
     for d in args.tutti_dirs.split(",") if not keep_tutti else ():
-        shutil.rmtree(os.path.join(d, "tutti"), ignore_errors=True)
+        for name in tutti_names:
+            shutil.rmtree(os.path.join(d, name), ignore_errors=True)
     for d in [args.one_dir] + [x for x in args.nixl_dirs.split(",") if x]:
         for name in ("file", "nixl"):
             shutil.rmtree(os.path.join(d, name), ignore_errors=True)
     for d in args.tutti_dirs.split(","):
-        os.makedirs(os.path.join(d, "tutti"), exist_ok=True)
+        for name in tutti_names:
+            os.makedirs(os.path.join(d, name), exist_ok=True)
     os.makedirs(os.path.join(args.one_dir, config if config in ("file", "nixl") else "."), exist_ok=True)
     for p in os.listdir(args.out_dir):
         if p.startswith((f"stats-{config}-", f"timeline-{config}-")):
@@ -175,13 +179,7 @@ def run_cluster(args, wl: e2e.Workload, raw: dict) -> dict:
     with it. Loopback TCP, not a cluster network (docs/cluster.md)."""
     from tutti_hicache.testing.cluster import Master, mooncake_extra
     config = e2e.CLUSTER
-    for d in args.tutti_dirs.split(","):
-        for node in ("a", "b"):
-            shutil.rmtree(os.path.join(d, f"tutti-{node}"), ignore_errors=True)
-            os.makedirs(os.path.join(d, f"tutti-{node}"))
-    for p in os.listdir(args.out_dir):
-        if p.startswith((f"stats-{config}-", f"server-{config}-")):
-            os.unlink(os.path.join(args.out_dir, p))
+    clear_storage(args, config, tutti_names=("tutti-a", "tutti-b"))
     run = {"config": config, "medium": args.medium, **raw, "layers": args.layers,
            "page_bytes": args.bpt * e2e.PAGE, "phases": {}, "summaries": {}, "start_s": [],
            "host_pool_gb": args.host_gb, "store_from": None, "salt": wl.salt,
@@ -195,9 +193,9 @@ def run_cluster(args, wl: e2e.Workload, raw: dict) -> dict:
                                                  tutti_cluster_publish="all", tutti_cluster_promote=False)),
                             ("b", mooncake_extra(master, 64, tutti_cluster_publish="off",
                                                  tutti_cluster_promote=False))):
-            cmd, env = e2e.server_cmd(args, config, port + (node == "b") * 50, node, extra)
-            srv = Server(cmd, env, os.path.join(args.out_dir, f"server-{config}-{node}.log"),
-                         port + (node == "b") * 50)
+            node_port = port + (node == "b") * 50
+            cmd, env = e2e.server_cmd(args, config, node_port, node, extra)
+            srv = Server(cmd, env, os.path.join(args.out_dir, f"server-{config}-{node}.log"), node_port)
             servers.append(srv)
             run["start_s"].append(srv.wait_ready(args.start_timeout))
             if node == "a":

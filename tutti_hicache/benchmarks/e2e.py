@@ -212,7 +212,7 @@ def sweep_rows(runs: list, bpt: int) -> list:
                 continue
             _, c, h = rid.split("/")
             l1 = recs.get(rid + "/l1", {}).get("ttft_s")
-            io = r["cached"] * bpt / (raw * 1e9) if raw and r.get("cached") else None
+            io = io_floor_s(r, raw, bpt)
             bound = max(x for x in (l1, io) if x is not None) if (l1 or io) else None
             row = {"config": run["config"], "medium": run.get("medium"), "context": int(c),
                    "h": float(h), "ttft_ms": r["ttft_s"] * 1e3,
@@ -224,6 +224,13 @@ def sweep_rows(runs: list, bpt: int) -> list:
                 row[f"vs_{b}"] = r["ttft_s"] / t if t else None
             rows.append(row)
     return sorted(rows, key=lambda x: (x["medium"] or "", x["config"], x["context"], x["h"]))
+
+
+def io_floor_s(rec: dict, raw_GBps, bpt: int):
+    """Seconds to read a request's cached prefix at the medium's raw rate, or None (unknown)."""
+    if not (bpt and raw_GBps and rec.get("cached")):
+        return None
+    return rec["cached"] * bpt / (raw_GBps * 1e9)
 
 
 def sweep_pivot(rows: list) -> str:
@@ -366,9 +373,9 @@ def split_rows(runs: list, bpt: int = 0) -> list:
                    "load_ms": (load["finish_ns"] - load["start_ns"]) / 1e6,
                    "reads_ms": load.get("reads_ms"),
                    "after_ms": (first - load["finish_ns"]) / 1e6, "floor_ms": None}
-            raw = run.get("raw_read_GBps")
-            if bpt and raw and r.get("cached"):
-                row["floor_ms"] = r["cached"] * bpt / (raw * 1e9) * 1e3 + row["before_ms"] + row["after_ms"]
+            io = io_floor_s(r, run.get("raw_read_GBps"), bpt)
+            if io is not None:
+                row["floor_ms"] = io * 1e3 + row["before_ms"] + row["after_ms"]
             out.append(row)
     return sorted(out, key=lambda x: (x["medium"] or "", x["config"], x["context"], x["h"]))
 
