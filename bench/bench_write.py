@@ -71,9 +71,13 @@ class Stages:
 
     def store(self, store) -> None:
         w, io = store._writes, store._io
+        # write_pages = begin (reserve, tombstones) + land (payloads) + publish (headers,
+        # index); the linker calls the steps itself: one begin and one publish per offload
         for obj, attr, name in ((w, "write_pages", "write_pages"), (w, "_reserve", "reserve"),
-                                (store._rows, "claim_next", "grow"), (w, "_publish", "publish"),
-                                (io, "publish", "io_publish"), (io, "checksums", "checksum"),
+                                (store._rows, "claim_next", "grow"), (w, "begin", "begin"),
+                                (w, "land", "land"),
+                                (w, "publish", "publish"), (io, "headers", "io_headers"),
+                                (io, "checksums", "checksum"),
                                 (io, "tombstones", "tombstones"), (io, "write_payloads", "payload"),
                                 (io, "write_headers", "headers"), (io, "sync", "sync"),
                                 (io, "_gated", "gated"),
@@ -83,8 +87,8 @@ class Stages:
     def take(self) -> dict:
         s = dict(self.seconds)
         if "publish" in s:
-            s["index"] = s.pop("publish") - s.get("io_publish", 0.0)  # under the index lock
-        s.pop("io_publish", None)
+            s["index"] = s.pop("publish") - s.get("io_headers", 0.0)  # under the index lock
+        s.pop("io_headers", None)
         self.seconds.clear()
         return s
 
@@ -167,7 +171,10 @@ def make_kv(geometry: str, pages: int, device: str):
     return [mk() for _ in range(layers)], [mk() for _ in range(layers)]
 
 
-def linker(dirs, kv, geometry: str, pages: int, depth: str, threads: int, seed: int) -> dict:
+def linker(dirs, kv, geometry: str, pages: int, depth: str, threads: int, seed: int,
+           writers: int = 0) -> dict:
+    """The linker's offload of `pages` pages (prealloc, then overwrite); writers > 0 sets
+    tutti_offload_writers (the chunk writes in flight) for this arm only."""
     import tutti_kernels as tk
     from tutti_hicache.layerwise import LayerwiseKV
     _, layers, heads, dim, page, dtype = GEOMETRIES[geometry]
@@ -176,7 +183,9 @@ def linker(dirs, kv, geometry: str, pages: int, depth: str, threads: int, seed: 
     stores = [os.path.join(d, f"linker-{depth}") for d in dirs]
     cfg = TuttiConfig.from_sources({"tutti_dirs": stores, "tutti_threads": threads,
                                     "tutti_capacity_gb": capacity_gb(g, pages),
-                                    "tutti_stage_depth": 2, **depth_settings(depth)}, env={})
+                                    "tutti_stage_depth": 2, **depth_settings(depth),
+                                    **({"tutti_offload_writers": writers} if writers else {})},
+                                   env={})
     k, v = kv
     lw = LayerwiseKV(cfg, g, {"bench": "write"}, k, v, page)
     set_chunks(lw.store, depth)
@@ -273,8 +282,12 @@ def run_medium(name: str, dirs: list, a) -> dict:
         for d in a.depths:
             r = {"depth": d, "raw_engine": raw_engine(work, nbytes, d),
                  "host": host_tier(work, pool, hm, a.pages, d, a.threads, a.seed)}
-            if kv is not None:
-                r["linker"] = linker(work, kv, a.geometry, a.pages, d, a.threads, a.seed)
+            if kv is not None:  # one linker arm per --writers value, side by side (the first is "linker")
+                arms = {w: linker(work, kv, a.geometry, a.pages, d, a.threads, a.seed, w)
+                        for w in a.writers}
+                r["linker"] = arms[a.writers[0]]
+                if len(arms) > 1:
+                    r["linker_writers"] = arms
             res["runs"].append(r)
             print(f"  {name} depth {d}: host {r['host']['prealloc']['GBps']:.2f} / "
                   f"{r['host']['overwrite']['GBps']:.2f} GB/s", file=sys.stderr)
@@ -283,10 +296,10 @@ def run_medium(name: str, dirs: list, a) -> dict:
         res["raw_prealloc_GBps"] = float(np.mean([r["raw_prealloc_GBps"] for r in raws]))
         res["raw_overwrite_GBps"] = float(np.mean([r["raw_overwrite_GBps"] for r in raws]))
         for r in res["runs"]:
-            for path in ("host", "linker"):
+            for part in [r.get("host"), *(r.get("linker_writers") or {"": r.get("linker")}).values()]:
                 for ph in ("prealloc", "overwrite"):
-                    if path in r:
-                        r[path][ph]["pct_of_raw"] = 100 * r[path][ph]["GBps"] / res[f"raw_{ph}_GBps"]
+                    if part:
+                        part[ph]["pct_of_raw"] = 100 * part[ph]["GBps"] / res[f"raw_{ph}_GBps"]
         return res
     finally:
         for w in work:
@@ -318,6 +331,10 @@ def table(results: list) -> str:
         lines.append("  ".join(h.rjust(w[i]) for i, h in enumerate(hdr)))
         lines += ["  ".join(c.rjust(w[i]) for i, c in enumerate(rw)) for rw in rows]
         for x in r["runs"]:
+            for w, lk in (x.get("linker_writers") or {}).items():
+                lines.append(f"  depth {x['depth']} linker, tutti_offload_writers={w}: prealloc "
+                             f"{lk['prealloc']['GBps']:.2f} GB/s ({lk['prealloc']['pct_of_raw']:.0f}%), "
+                             f"overwrite {lk['overwrite']['GBps']:.2f} ({lk['overwrite']['pct_of_raw']:.0f}%)")
             for path in ("host", "linker"):
                 for ph in ("prealloc", "overwrite"):
                     if path in x:
@@ -338,6 +355,8 @@ def main() -> None:
     ap.add_argument("--depths", default="auto,32,1024", help="auto and/or tutti_queue_depth values")
     ap.add_argument("--threads", type=int, default=8, help="tutti_threads")
     ap.add_argument("--no-linker", dest="linker", action="store_false")
+    ap.add_argument("--writers", default="0",
+                    help="tutti_offload_writers of the linker arms, comma-separated (0: the default)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], metavar="tutti_KEY=VALUE",
@@ -346,6 +365,7 @@ def main() -> None:
     a = ap.parse_args()
     EXTRA.update(kv.split("=", 1) for kv in a.set)
     a.depths = a.depths.split(",")
+    a.writers = [int(w) for w in a.writers.split(",")]
     H.ensure_sglang()
     results = []
     for m in a.medium:

@@ -3,15 +3,17 @@
 At a glance (every call is one or a few engine batches; no index, no policy):
     io = SlotIO(engine, files, layout, placement, cfg, gate, fingerprint)
     io.read(slots, addrs, aligned, checksum) -> (ok [n], page checksums [n] | None)
-    io.publish(keys, slots, dirty, addrs, aligned, seqs) -> (ok [n], page sums, unit sums)
-                                                    a write batch in publication order
+    a write batch in publication order, in three steps:
+    io.begin(keys, slots, dirty, seqs) -> Landed    tombstones of reused slots
+    io.land(landed, sel, addrs, aligned)            payloads of pages sel (one call or chunks)
+    io.headers([Landed, ...]) -> [ok, ...]          their headers in one batch: now visible
     io.write_payloads(files, offsets, addrs, aligned) -> ok [n]
     io.write_headers(keys, slots, files, offsets, sums, units, seqs) -> ok [n]
     io.tombstones(files, offsets) -> ok [n]        all-zero headers: the slots read as free
     io.checksums(addrs) -> (page [n], unit [n, units])   of pages in memory
     io.page_sums(units), io.unit_starts(n_pages)
     io.sync(files)                                  fdatasync when tutti_durability=sync
-    io.close()                                      ends the checksum helper thread
+    io.close()                                      ends the checksum helper threads
     io.count_errors(res, "read" | "write")          log failed requests (reads are counted)
     io.wear                                         bytes written per directory (wear.py)
 
@@ -30,6 +32,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,6 +45,22 @@ from .scheduler import Gate
 from .wear import Wear
 
 logger = logging.getLogger("tutti_hicache.store")
+
+
+@dataclass
+class Landed:
+    """Pages of reserved slots on their way to publication (SlotIO.begin, land, headers),
+    invisible to every reader until SlotIO.headers writes their headers. ready: per page, its
+    tombstone (reused slot) written; landed: ready and its payload written."""
+    keys: list
+    slots: np.ndarray
+    files: np.ndarray
+    offsets: np.ndarray
+    seqs: np.ndarray
+    sums: np.ndarray  # page checksums
+    units: np.ndarray  # [n, units] little-endian
+    landed: np.ndarray
+    ready: np.ndarray
 
 
 class SlotIO:
@@ -58,6 +77,9 @@ class SlotIO:
         self.read_errors = 0
         self.wear = Wear(files.ns_dirs, files.dirs_of, cfg.drive_capacity_gb)
         self._pool: ThreadPoolExecutor | None = None  # payload checksums beside their writes
+        # one checksum thread per concurrent writer (the linker's tutti_offload_writers chunk
+        # writes, or SGLang's backup thread and a promotion): with one, their checksums take turns
+        self._checksum_workers = max(2, cfg.offload_writers)
 
     # -------------------------------------------------------------------- reads
     def read(self, slots: np.ndarray, addrs: np.ndarray, aligned: bool, checksum: bool):
@@ -95,24 +117,35 @@ class SlotIO:
             return good, sums
 
     # ------------------------------------------------------------------- writes
-    def publish(self, keys: list[str], slots: np.ndarray, dirty: list[bool], addrs: np.ndarray,
-                aligned: bool, seqs: np.ndarray):
-        """Write pages into their reserved slots in publication order, each phase in scheduler-
-        sized chunks (gate.write): tombstones of reused (dirty) slots -> payloads, checksummed
-        inside the write window -> fdatasync (sync durability) -> headers of the slots whose
-        payload landed, which make them visible -> fdatasync. Returns (ok [n], page checksums
-        [n], unit checksums [n, units] little-endian)."""
+    def begin(self, keys: list[str], slots: np.ndarray, dirty: list[bool],
+              seqs: np.ndarray) -> "Landed":
+        """A publication's first step, in scheduler-sized chunks (gate.write): the tombstones of
+        reused (dirty) slots, which lose their old headers before any payload overwrites them.
+        Then land() writes payloads (all at once, or a caller's chunks one by one) and headers()
+        makes what landed visible: the slots stay invisible until then."""
         n = len(keys)
         files, offsets = self._files.slot_files(slots)
-        sums = np.zeros(n, dtype=np.uint64)
-        units = np.zeros((n, self._layout.geometry.units), dtype=np.uint64)
 
-        def tombstones(a: int, b: int) -> np.ndarray:  # reused slots first lose their old header
+        def tombstones(a: int, b: int) -> np.ndarray:
             good = np.ones(b - a, dtype=bool)
             reused = np.flatnonzero(dirty[a:b])
             if len(reused):
                 good[reused] = self.tombstones(files[a:b][reused], offsets[a:b][reused])
             return good
+
+        ready = self._gated(self._placement.devices(slots), n, HEADER_NBYTES, tombstones)
+        return Landed(list(keys), np.asarray(slots), files, offsets, np.asarray(seqs),
+                      np.zeros(n, dtype=np.uint64),
+                      np.zeros((n, self._layout.geometry.units), dtype="<u8"),
+                      np.zeros(n, dtype=bool), ready)
+
+    def land(self, x: "Landed", sel: np.ndarray, addrs: np.ndarray, aligned: bool) -> None:
+        """Payloads of x's pages `sel` (indices into x) from addrs [len(sel), m], checksummed
+        inside the write window -> fdatasync (sync durability); sets their sums, units and
+        landed flags. Calls on disjoint `sel` may run at once (a linker offload's chunks)."""
+        files, offsets = x.files[sel], x.offsets[sel]
+        sums = np.zeros(len(sel), dtype=np.uint64)
+        units = np.zeros((len(sel), self._layout.geometry.units), dtype=np.uint64)
 
         def payload(a: int, b: int) -> np.ndarray:
             # checksums inside the write window too, so their CPU time does not compete with
@@ -124,7 +157,24 @@ class SlotIO:
                 sums[a:b], units[a:b] = done.result()
             return ok
 
-        def headers(a: int, b: int) -> np.ndarray:
+        good = self._gated(self._placement.devices(x.slots[sel]), len(sel),
+                           self._layout.payload_nbytes, payload) & x.ready[sel]
+        self.sync(files[good])
+        x.sums[sel], x.units[sel] = sums, units
+        x.landed[sel] = good
+
+    def headers(self, landings: list) -> list:
+        """The second half: the headers of every landed slot of `landings` in one gated batch,
+        which makes them visible -> fdatasync (sync durability). Returns ok per page of each."""
+        if sum(len(x.keys) for x in landings) == 0:
+            return [np.zeros(0, dtype=bool) for _ in landings]
+        cat = lambda f: np.concatenate([f(x) for x in landings])
+        keys = [k for x in landings for k in x.keys]
+        slots, files, offsets = cat(lambda x: x.slots), cat(lambda x: x.files), cat(lambda x: x.offsets)
+        seqs, sums, landed = cat(lambda x: x.seqs), cat(lambda x: x.sums), cat(lambda x: x.landed)
+        units = np.concatenate([x.units for x in landings])
+
+        def write(a: int, b: int) -> np.ndarray:
             out = np.zeros(b - a, dtype=bool)
             sel = a + np.flatnonzero(landed[a:b])
             out[sel - a] = self.write_headers([header.encode_key(keys[i]) for i in sel],
@@ -132,15 +182,10 @@ class SlotIO:
                                               units[sel], seqs[sel])
             return out
 
-        devs = self._placement.devices(slots)
-        good = self._gated(devs, n, HEADER_NBYTES, tombstones)
-        good &= self._gated(devs, n, self._layout.payload_nbytes, payload)
-        self.sync(files[good])
-        landed = good.copy()
-        good &= self._gated(devs, n, HEADER_NBYTES, headers)
+        good = self._gated(self._placement.devices(slots), len(keys), HEADER_NBYTES, write)
         self.sync(files[good])
         self.wear.stored(files[good], self._layout.geometry.page_nbytes)
-        return good, sums, units.astype("<u8")
+        return np.split(good, np.cumsum([len(x.keys) for x in landings])[:-1])
 
     def _gated(self, devices, n_pages: int, unit: int, write) -> np.ndarray:
         """Run write(a, b) -> ok[b-a] over pages [0, n_pages) in scheduler-sized chunks; all False
@@ -257,11 +302,12 @@ class SlotIO:
     def _helper(self) -> ThreadPoolExecutor:
         with self._errors_lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="tutti-checksum")
+                self._pool = ThreadPoolExecutor(self._checksum_workers,
+                                                thread_name_prefix="tutti-checksum")
             return self._pool
 
     def close(self) -> None:
-        """End the checksum helper thread (the store's close)."""
+        """End the checksum helper threads (the store's close)."""
         with self._errors_lock:
             pool, self._pool = self._pool, None
         if pool is not None:

@@ -6,6 +6,8 @@ At a glance:
     store.present(keys) -> bool[n]                each key present (memory only, no I/O)
     store.read_pages(keys, addrs, aligned) -> bool[n]
     store.write_pages(keys, addrs, aligned) -> bool[n]
+    store.begin_pages(keys) -> w; store.land_pages(w, start, stop, addrs, aligned) per chunk;
+    store.publish_pages([w, ...]) -> [bool[n], ...]       write_pages in steps (one header batch)
     store.pin(keys) / store.unpin(entries)        hold pages against eviction (layer-wise loads)
     store.plan_pages(entries), store.stream_layers(plan, chunks, dsts)   layer_reads.py
     store.clear(); store.close(); store.stats()      stats()["wear"]: bytes written per device
@@ -306,6 +308,28 @@ class ObjectStore:
         ok = self._writes.write_pages(keys, addrs, aligned)
         self._wear.maybe_flush()
         return ok
+
+    def begin_pages(self, keys: list[str]):
+        """write_pages in steps, for a caller writing one batch in chunks (the linker's offload):
+        begin_pages reserves a slot per new key and tombstones reused ones (nothing visible);
+        land_pages writes the payloads of keys [start, stop) (chunks may land at once);
+        publish_pages, once, writes every landed page's header in one batch. Every begun write
+        must be published (that also gives back what did not land). See writes.py."""
+        if not self.writer:
+            return None
+        return self._writes.begin(keys)
+
+    def land_pages(self, pending, start: int, stop: int, addrs: np.ndarray, aligned: bool) -> None:
+        """Payloads of keys [start, stop) of a begin_pages write, from addrs [stop - start, m]."""
+        if pending is not None:
+            self._writes.land(pending, start, stop, addrs, aligned)
+
+    def publish_pages(self, writes: list) -> list:
+        """Publish begun writes; per write, ok per key (None: a read-only store's)."""
+        live = [x for x in writes if x is not None]
+        oks = iter(self._writes.publish(live) if live else [])
+        self._wear.maybe_flush()
+        return [next(oks) if x is not None else None for x in writes]
 
     # ------------------------------------------------------------ maintenance
     def clear(self) -> int:

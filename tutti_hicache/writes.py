@@ -3,13 +3,20 @@
 At a glance:
     writes = Writes(index, lock, rows, scanner, io, page_nbytes)
     writes.write_pages(keys, addrs, aligned) -> ok [n]   per page True when stored (or present)
+    writes.begin(keys) -> Pending                       (1), (2), tombstones: nothing visible
+    writes.land(pending, start, stop, addrs, aligned)   payloads of keys [start, stop)
+    writes.publish([Pending, ...]) -> [ok, ...]         their headers in one batch, then (4)
     writes.counters() -> {write_pages, write_bytes, write_seconds, dedup_skips, write_failures}
 
 Per batch: (1) dedupe: a key present or being written is reported stored, not rewritten (SSD
 wear); (2) reserve a slot per new key: a free one, else grow by one segment row, else evict the
 least recently used own page; (3) SlotIO.publish writes tombstones of reused slots, payloads,
 then headers; (4) the index publishes the slots whose headers landed and takes the others back.
-Any exception gives every reservation back (nothing is published).
+Any exception gives every reservation back (nothing is published). write_pages runs begin, land
+and publish at once; a caller writing one offload in several chunks (the linker) calls begin
+once (one tombstone batch), land per chunk, and publish once at the end (one header batch),
+instead of a tombstone and a header batch per chunk, each queued behind the other chunks'
+payloads in the devices' queues.
 
 Thread-safety: several writer threads may call write_pages. The index lock (`lock`, the
 store's) is held only for the index steps of (1), (2) and (4) and the sequence numbers; growth
@@ -43,6 +50,18 @@ class WriteCounts:
     write_failures: int = 0
 
 
+@dataclass
+class Pending:
+    """A write on its way (Writes.begin, land, publish): ok per key (present ones already
+    True), the indices of the keys being written (todo) with their reservations and their
+    SlotIO.Landed, the seconds spent so far."""
+    ok: np.ndarray
+    todo: np.ndarray
+    reservations: list
+    landed: object
+    seconds: float
+
+
 class Writes:
     def __init__(self, index: SlotIndex, lock, rows: Rows, scan: Scanner, io: SlotIO,
                  page_nbytes: int):
@@ -56,22 +75,85 @@ class Writes:
         return dict(self._counts.__dict__)
 
     def write_pages(self, keys: list[str], addrs: np.ndarray, aligned: bool) -> np.ndarray:
+        p = self.begin(keys)
+        self.land(p, 0, len(keys), addrs, aligned)
+        return self.publish([p])[0]
+
+    def begin(self, keys: list[str]) -> "Pending":
+        """Steps (1)-(2) and the tombstones of (3): a reserved slot per new key, nothing visible.
+        land() then writes payloads (keys [start, stop) at a time), publish() must follow (it
+        also gives back what did not land)."""
         t0 = time.perf_counter()
-        n = len(keys)
-        ok = np.zeros(n, dtype=bool)
+        ok = np.zeros(len(keys), dtype=bool)
         todo, reservations = self._reserve(keys, ok)
+        landed = None
         if todo:
-            idx = np.array(todo, dtype=np.int64)
-            ok[idx] = self._write_reserved(reservations, addrs[idx], aligned)
-        stored = int(ok[todo].sum()) if todo else 0
-        refused = n - len(todo) - int(ok.sum() - stored)  # no slot, unusable key
+            try:
+                n = len(reservations)
+                slots = np.array([r.slot for r in reservations], dtype=np.int64)
+                with self._lock:
+                    self._seq = max(self._seq, self._scan.max_seq)
+                    seqs = self._seq + 1 + np.arange(n, dtype=np.uint64)
+                    self._seq += n
+                landed = self._io.begin([r.key for r in reservations], slots,
+                                        [r.dirty for r in reservations], seqs)
+            except Exception:
+                logger.exception("tutti: write of %d pages failed; not stored", len(todo))
+                self._abort(reservations)
+                todo, reservations = [], []
+        return Pending(ok, np.array(todo, dtype=np.int64), reservations, landed,
+                       time.perf_counter() - t0)
+
+    def land(self, p: "Pending", start: int, stop: int, addrs: np.ndarray, aligned: bool) -> None:
+        """Payloads of p's keys [start, stop) that are being written, from addrs [stop - start,
+        m] (the keys' own rows). Calls on disjoint ranges may run at once. A failure leaves
+        those pages unlanded (publish gives their slots back)."""
+        if not p.reservations:
+            return
+        t0 = time.perf_counter()
+        sel = np.flatnonzero((p.todo >= start) & (p.todo < stop))
+        if len(sel):
+            try:
+                self._io.land(p.landed, sel, addrs[p.todo[sel] - start], aligned)
+            except Exception:
+                logger.exception("tutti: payloads of %d pages failed; not stored", len(sel))
+        with self._lock:
+            p.seconds += time.perf_counter() - t0
+
+    def publish(self, pending: list) -> list:
+        """Headers of every landed page of `pending` in one batch, then the index publishes them
+        and takes the other reservations back. Returns ok per page of each (in order)."""
+        t0 = time.perf_counter()
+        live = [p for p in pending if p.reservations]
+        try:
+            goods = self._io.headers([p.landed for p in live]) if live else []
+        except Exception:
+            logger.exception("tutti: headers of %d pages failed; not stored",
+                             sum(len(p.reservations) for p in live))
+            goods = [np.zeros(len(p.reservations), dtype=bool) for p in live]
+        with self._lock:
+            for p, good in zip(live, goods):
+                x = p.landed
+                for i, (r, g) in enumerate(zip(p.reservations, good)):
+                    if g:
+                        self._index.publish(r, int(x.sums[i]), int(x.seqs[i]), x.units[i].tobytes())
+                    else:
+                        self._index.abort(r)
+                p.ok[p.todo] = good
+        share = (time.perf_counter() - t0) / max(1, len(pending))
+        for p in pending:
+            self._count(p, p.seconds + share)
+        return [p.ok for p in pending]
+
+    def _count(self, p: "Pending", seconds: float) -> None:
+        stored = int(p.ok[p.todo].sum()) if len(p.todo) else 0
+        refused = len(p.ok) - len(p.todo) - int(p.ok.sum() - stored)  # no slot, unusable key
         with self._lock:
             c = self._counts
             c.write_pages += stored
-            c.write_failures += len(todo) + refused - stored
+            c.write_failures += len(p.todo) + refused - stored
             c.write_bytes += stored * self._page_nbytes
-            c.write_seconds += time.perf_counter() - t0
-        return ok
+            c.write_seconds += seconds
 
     def _reserve(self, keys: list[str], ok: np.ndarray):
         """A slot per new key: a free one, else grow by one row (outside the index lock), else
@@ -116,31 +198,8 @@ class Writes:
     def _claimed(self, row: int) -> None:
         self._scan.scan_rows([row], grant=True)  # its free slots become allocatable
 
-    def _write_reserved(self, res: list, addrs: np.ndarray, aligned: bool) -> np.ndarray:
-        """Write reserved slots; any exception gives every reservation back (nothing published)."""
-        try:
-            return self._publish(res, addrs, aligned)
-        except Exception:
-            logger.exception("tutti: write of %d pages failed; not stored", len(res))
-            with self._lock:
-                for r in res:
-                    if r.key in self._index.reserved:
-                        self._index.abort(r)
-            return np.zeros(len(res), dtype=bool)
-
-    def _publish(self, res: list, addrs: np.ndarray, aligned: bool) -> np.ndarray:
-        n = len(res)
-        slots = np.array([r.slot for r in res], dtype=np.int64)
+    def _abort(self, res: list) -> None:
         with self._lock:
-            self._seq = max(self._seq, self._scan.max_seq)
-            seqs = self._seq + 1 + np.arange(n, dtype=np.uint64)
-            self._seq += n
-        good, sums, units = self._io.publish([r.key for r in res], slots, [r.dirty for r in res],
-                                             addrs, aligned, seqs)
-        with self._lock:
-            for i, (r, g) in enumerate(zip(res, good)):
-                if g:
-                    self._index.publish(r, int(sums[i]), int(seqs[i]), units[i].tobytes())
-                else:
+            for r in res:
+                if r.key in self._index.reserved:
                     self._index.abort(r)
-        return good

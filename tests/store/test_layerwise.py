@@ -93,6 +93,19 @@ def test_offload_writers_set_the_chunks_written_at_once_and_stay_byte_exact(tmp_
     lw.close()
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_multi_chunk_offload_publishes_every_chunk_with_one_header_batch(tmp_path, engine):
+    """Each chunk of an offload lands (payloads) on its own; the headers of all 10 chunks go out in
+    one batch once the last has landed, so no chunk's headers queue behind another's payload."""
+    lw, k, v = make_lw(tmp_path, engine)
+    calls = []
+    orig = lw.store._io.write_headers
+    lw.store._io.write_headers = lambda keys_, *a: calls.append(len(keys_)) or orig(keys_, *a)
+    roundtrip(lw, k, v, reverse=False)
+    assert lw.out_pages == 32 and calls == [N]
+    lw.close()
+
+
 def test_read_ahead_is_capped_by_the_staging_ring(tmp_path):
     lw, _, _ = make_lw(tmp_path, tutti_read_ahead=8, tutti_stage_depth=3)
     assert lw.read_ahead == 2  # one slot stays free for the copy still reading it

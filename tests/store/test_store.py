@@ -337,3 +337,62 @@ def test_a_closed_store_is_freed_without_the_cycle_collector(store_dirs):
         assert ref() is None
     finally:
         gc.enable()
+
+
+def test_a_write_in_chunks_stays_invisible_until_one_header_batch_publishes_it(store_dirs):
+    """begin_pages + land_pages per chunk write tombstones and payloads only: neither this store
+    nor a second one opened on the same directories sees the pages; publish_pages writes all
+    their headers in one batch, after which they read back byte-exact, also after a restart."""
+    s = ObjectStore(cfg_for(store_dirs), GEOM, IDENT)
+    src, ks = Pages(24, seed=11), keys(24, "l")
+    calls = []
+    orig = s._io.write_headers
+    s._io.write_headers = lambda keys_, *a: calls.append(len(keys_)) or orig(keys_, *a)
+    w = s.begin_pages(ks)
+    for c0 in (16, 0, 8):  # chunks in any order
+        s.land_pages(w, c0, c0 + 8, src.addrs[c0:c0 + 8], True)
+    assert not calls and s.prefix_len(ks) == 0 and not any(s.present(ks))
+    other = ObjectStore(cfg_for(store_dirs), GEOM, IDENT, writer=False)
+    assert other.prefix_len(ks) == 0
+    other.close()
+    [ok] = s.publish_pages([w])
+    assert ok.all() and len(ok) == 24
+    assert calls == [24] and s.prefix_len(ks) == 24 and s.stats()["write_pages"] == 24
+    s.close()
+    s = ObjectStore(cfg_for(store_dirs), GEOM, IDENT)
+    dst = Pages(24, seed=None)
+    assert s.read_pages(ks, dst.addrs, True).all()
+    assert all((dst.page(i) == src.page(i)).all() for i in range(24))
+    s.close()
+
+
+def test_a_chunk_that_failed_or_never_landed_is_given_back_at_publish(store):
+    """Of one begun write of 8 keys (2 already present): a chunk whose payload writes failed and
+    a chunk never landed are not published (their slots go back and are reused); the chunk that
+    landed is stored; present keys are ok."""
+    src, ks = Pages(8, seed=12), keys(8, "f")
+    assert store.write_pages(ks[:2], src.addrs[:2], True).all()
+    w = store.begin_pages(ks)
+    orig = store._io.write_payloads
+    store._io.write_payloads = lambda f, o, a, al: np.zeros(len(f), dtype=bool)
+    store.land_pages(w, 0, 4, src.addrs[:4], True)  # keys 2, 3 fail (0, 1 are present)
+    store._io.write_payloads = orig
+    store.land_pages(w, 4, 6, src.addrs[4:6], True)  # 6, 7 never land
+    [ok] = store.publish_pages([w])
+    assert ok.tolist() == [True, True, False, False, True, True, False, False]
+    assert [store.present([k])[0] for k in ks] == ok.tolist()
+    st = store.stats()
+    assert st["write_failures"] == 4 and st["write_pages"] == 2 + 2 and st["dedup_skips"] == 2
+    assert store.write_pages(ks, src.addrs, True).all()  # the slots came back
+    dst = Pages(8, seed=None)
+    assert store.read_pages(ks, dst.addrs, True).all()
+    assert all((dst.page(i) == src.page(i)).all() for i in range(8))
+
+
+def test_a_read_only_store_lands_nothing(store_dirs):
+    s = ObjectStore(cfg_for(store_dirs), GEOM, IDENT, writer=False)
+    src = Pages(2, seed=13)
+    w = s.begin_pages(keys(2))
+    s.land_pages(w, 0, 2, src.addrs, True)
+    assert w is None and s.publish_pages([w]) == [None] and s.prefix_len(keys(2)) == 0
+    s.close()

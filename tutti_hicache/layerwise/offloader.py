@@ -5,11 +5,12 @@ At a glance ([scheduler] = SGLang's scheduler thread; [offloader] = this module'
                     stats)
     off.offload(keys, device_indices, ready_events) -> bool   [scheduler] False: backlog full
         keys already stored complete at once; the rest wait for ready_events, then per chunk
-        of out_pages: [stage] gather kernel -> pinned (D2H) while [write] store.write_pages
-        writes the chunks before, up to out slots - 1 (tutti_offload_writers) at once (on
+        of out_pages: [stage] gather kernel -> pinned (D2H) while [write] store.land_pages
+        (after one store.begin_pages: slots, tombstones) writes the chunks before, up to out slots - 1 (tutti_offload_writers) at once (on
         idle directories the store's scheduler lets a younger one's chunks join the older
         one's last within the bytes the queues hold, on the engine's write rings; under reads
-        it runs one chunk per directory and keeps them off directories a load is reading)
+        it runs one chunk per directory and keeps them off directories a load is reading);
+        once every chunk has landed, one store.publish_pages writes all their headers
     off.num_completed() / off.pop_completed() -> ok            [scheduler] FIFO results
     off.backlog                                                pages queued and not yet written
     off.clear_results(), off.worker (drain, thread), off.close()
@@ -136,10 +137,12 @@ class Offloader:
     def _run(self, job: _Offload) -> None:
         ok = True
         t0 = time.perf_counter()
-        writes: deque = deque()  # the chunks' write futures in flight, oldest first
+        writes: deque = deque()  # the chunks' landing futures in flight, oldest first
+        pending = None  # the whole offload's write: one tombstone batch, one header batch
         try:
             for ev in job.events:
                 ev.synchronize()
+            pending = self._store.begin_pages(job.keys)
             step = self._out_pages
             starts = list(range(0, len(job.keys), step))
             stage = lambda c0: self._stage.submit(self._gather_chunk, len(job.keys[c0:c0 + step]),
@@ -150,19 +153,26 @@ class Offloader:
                 # chunk i + 1 is gathered into the slot chunk i + 1 - slots was written from:
                 # that write must have ended (at most slots - 1 in flight, this one included)
                 while len(writes) >= self._writes_in_flight:
-                    ok &= writes.popleft().result()
-                writes.append(self._writers.submit(self._write_chunk, job.keys[c0:c0 + step],
-                                                   addrs))
+                    writes.popleft().result()
+                writes.append(self._writers.submit(self._land_chunk, pending, c0,
+                                                   c0 + len(addrs), addrs))
                 if i + 1 < len(starts):  # the next chunk's gather and D2H run under the writes
                     ready = stage(starts[i + 1])
             while writes:
-                ok &= writes.popleft().result()
+                writes.popleft().result()
         except BaseException as e:
             logger.error("tutti linker: offload of %d pages failed: %s", len(job.keys), e)
             ok = False
         finally:
             for w in writes:  # the next job's gathers reuse these slots: wait for every write
                 w.exception()
+            try:  # what landed becomes visible (and what did not is given back), even on failure
+                published = self._store.publish_pages([pending])[0] if pending is not None else None
+                ok &= published is not None and bool(published.all())
+            except BaseException as e:
+                logger.error("tutti linker: publishing %d offloaded pages failed: %s",
+                             len(job.keys), e)
+                ok = False
             with self._lock:
                 self._backlog -= len(job.keys)
             job.finish(ok)
@@ -189,10 +199,12 @@ class Offloader:
             tk.gather_pages_ref(host, self._k_bufs, self._v_bufs, page_ids, self._page_size, stride)
         return strided(self._out.bufs[k].address, n * m, stride).reshape(n, m)
 
-    def _write_chunk(self, keys: list, addrs) -> bool:
-        # the store's scheduler keeps these writes off directories a load batch is reading
+    def _land_chunk(self, pending, start: int, stop: int, addrs) -> None:
+        """[write thread] Payloads of the offload's keys [start, stop) into their reserved slots
+        (store.land_pages); the headers of every chunk go out together once all have landed
+        (_run). The store's scheduler keeps these writes off directories a load is reading."""
         exact = self._obj_stride == int(self._store.layout.object_nbytes[0])  # 4 KiB multiples
-        return bool(self._store.write_pages(keys, addrs, exact).all())
+        self._store.land_pages(pending, start, stop, addrs, exact)
 
     def close(self) -> None:
         """Stop the offload thread (queued jobs finish first) and the staging thread."""
