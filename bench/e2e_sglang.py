@@ -100,12 +100,24 @@ def clear_storage(args, config: str, keep_tutti: bool = False, tutti_names=("tut
 
 
 # ------------------------------------------------------------------ one configuration
+PARTIAL: dict = {"json": None, "done": []}  # main's output and its finished runs
+
+
+def save_partial(run: dict) -> None:
+    """The JSON so far, with this unfinished run in it (marked "partial"), so a run cut off by a
+    time limit keeps every phase it finished; the finished run replaces it in main."""
+    if PARTIAL["json"]:
+        with open(PARTIAL["json"], "w") as f:
+            json.dump(PARTIAL["done"] + [{**run, "partial": True}], f, default=str)
+
+
 def record_phase(run: dict, name: str, records: list, seconds=None) -> None:
-    """A phase's records and summary into the run, and the summary on stdout."""
+    """A phase's records and summary into the run (and the JSON so far), the summary on stdout."""
     run["phases"][name] = records
     run["summaries"][name] = e2e.summarize(records, seconds)
     print(f"  {run['config']:22s} {name:10s} " + json.dumps(
         {k: v for k, v in run["summaries"][name].items() if k != "cached_by_tier_mean"}), flush=True)
+    save_partial(run)
 
 
 def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
@@ -307,6 +319,7 @@ def main():
     if os.path.exists(args.json):
         with open(args.json) as f:
             results = json.load(f)
+    PARTIAL.update(json=args.json, done=results)
     writer = ""  # the linker configuration whose store later ones share (--share-linker-store)
     for config in args.configs.split(","):
         if time.time() + args.config_s > deadline:

@@ -251,16 +251,47 @@ def test_a_salted_workload_keeps_the_documents_and_changes_what_follows():
     assert e2e.sweep_rows([runs[1]], 1000)[0]["h"] == 0.9
 
 
-def test_share_linker_store_order(tmp_path, monkeypatch):
-    """bench/e2e_sglang.py --share-linker-store: the first linker configuration that warmed writes
-    the store; later linker configurations start on it with salts 1, 2, ...; others never share."""
+def load_e2e_sglang():
     import importlib.util
     import pathlib
-    import sys
     path = pathlib.Path(__file__).parents[2] / "bench" / "e2e_sglang.py"
     spec = importlib.util.spec_from_file_location("e2e_sglang_under_test", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_run_cut_off_keeps_the_phases_it_finished(tmp_path, monkeypatch):
+    """bench/e2e_sglang.py writes the JSON after every phase: a configuration interrupted (the
+    time limit's SIGINT) mid-way is in it, marked partial, with its finished phases, beside the
+    configurations that had finished."""
+    import sys
+    mod = load_e2e_sglang()
+
+    def fake_run(args, config, wl, raw, deadline, store_from=""):
+        run = {"config": config, "medium": "m", "phases": {}, "summaries": {}}
+        mod.record_phase(run, "warm", [{"id": "w", "ttft_s": 0.1, "cached_tokens": 0}])
+        if config == "tutti-host":
+            raise KeyboardInterrupt
+        return run
+    monkeypatch.setattr(mod, "run_config", fake_run)
+    monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": 1.0})
+    out = tmp_path / "out.json"
+    monkeypatch.setattr(sys, "argv", ["x", "--medium", "m", "--tutti-dirs", str(tmp_path / "a"),
+                                      "--one-dir", str(tmp_path / "o"), "--configs", "recompute,tutti-host",
+                                      "--contexts", "4096", "--json", str(out), "--out-dir", str(tmp_path / "l")])
+    with pytest.raises(KeyboardInterrupt):
+        mod.main()
+    runs = json.loads(out.read_text())
+    assert [(r["config"], r.get("partial", False)) for r in runs] == [("recompute", False), ("tutti-host", True)]
+    assert list(runs[1]["phases"]) == ["warm"] and runs[1]["summaries"]["warm"]["requests"] == 1
+
+
+def test_share_linker_store_order(tmp_path, monkeypatch):
+    """bench/e2e_sglang.py --share-linker-store: the first linker configuration that warmed writes
+    the store; later linker configurations start on it with salts 1, 2, ...; others never share."""
+    import sys
+    mod = load_e2e_sglang()
     calls = []
 
     def fake_run(args, config, wl, raw, deadline, store_from=""):
