@@ -329,17 +329,22 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
     lw.read_ahead = min(args.read_ahead[-1], lw.cfg.stage_depth - 1)
     if args.offload_stream:
         c = max(contexts)
-        info["offload_stream"] = offload_stream(lw, model, keys, c, int(c * 0.9) // page, args.offload_stream)
+        info["offload_stream"] = offload_stream(lw, model, keys, c, int(c * 0.9) // page, args.offload_stream,
+                                                dirs)
     info["write_windows"] = lw.windows.snapshot()
     lw.close()
     return info
 
 
-def offload_stream(lw: LayerwiseKV, model, keys: list, c: int, pages: int, limit: int) -> dict:
+def offload_stream(lw: LayerwiseKV, model, keys: list, c: int, pages: int, limit: int,
+                   dirs: list) -> dict:
     """TTFT at (C, h=0.9) with a continuous offload stream: scheduler off; on without write windows;
     on with the windows learned online (alternating, same process and media); and the stream's
-    write rate with no prefill running. The online windows start from nothing (no slack table):
-    they learn from the forwards of the points above."""
+    write rate with no prefill running, beside the raw O_DIRECT write of as many bytes on the same
+    directories right after (fallocated and overwritten; the stream's pages mostly reuse evicted
+    slots, so overwrite is its extent state). The online windows start from nothing (no slack
+    table): they learn from the forwards of the points above."""
+    from tutti_hicache.benchmarks.rawio import raw_write_dirs
     page = model.s["page"]
     page_bytes = lw.store.layout.geometry.page_nbytes
     stream = OffloadStream(lw, model, limit)
@@ -363,6 +368,9 @@ def offload_stream(lw: LayerwiseKV, model, keys: list, c: int, pages: int, limit
     out = {"C": c, "h": 0.9, "ttft_alone_s": min(t for t, _ in alone), "runs": runs,
            "refused_offloads": stream.refused, "idle_write_GBps": idle_pages * page_bytes / idle_s / 1e9,
            "windows": lw.windows.snapshot()}
+    out.update(raw_write_dirs(dirs, max(idle_pages * page_bytes, 1 << 30)))
+    for state in ("prealloc", "overwrite"):
+        out[f"idle_pct_of_raw_{state}"] = 100 * out["idle_write_GBps"] / out[f"raw_{state}_GBps"]
     for name, _, _ in modes:
         sel = [r for r in runs if r["mode"] == name]
         out[f"ttft_{name}_s"] = min(r["ttft_s"] for r in sel)
@@ -370,7 +378,10 @@ def offload_stream(lw: LayerwiseKV, model, keys: list, c: int, pages: int, limit
         out[f"write_GBps_{name}"] = sum(r["write_GBps"] for r in sel) / len(sel)
     print(f"  offload stream C={c} h=0.9: alone {out['ttft_alone_s']:.3f}s; " + ", ".join(
         f"{n} {out[f'ttft_{n}_s']:.3f}s ({out[f'vs_alone_{n}']:.2f}x, {out[f'write_GBps_{n}']:.2f} GB/s)"
-        for n, _, _ in modes) + f"; no prefill {out['idle_write_GBps']:.2f} GB/s; windows {out['windows']}",
+        for n, _, _ in modes) + f"; no prefill {out['idle_write_GBps']:.2f} GB/s (raw O_DIRECT write "
+        f"{out['raw_prealloc_GBps']:.2f} fallocated, {out['raw_overwrite_GBps']:.2f} overwrite: "
+        f"{out['idle_pct_of_raw_prealloc']:.0f}% / {out['idle_pct_of_raw_overwrite']:.0f}%); "
+        f"windows {out['windows']}",
         flush=True)
     return out
 
