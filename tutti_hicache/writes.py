@@ -10,8 +10,8 @@ At a glance:
 
 Per batch: (1) dedupe: a key present or being written is reported stored, not rewritten (SSD
 wear); (2) reserve a slot per new key: a free one, else grow by one segment row, else evict the
-least recently used own page; (3) SlotIO.publish writes tombstones of reused slots, payloads,
-then headers; (4) the index publishes the slots whose headers landed and takes the others back.
+least recently used own page; (3) SlotIO writes tombstones of reused slots (begin), payloads
+(land), then headers (headers); (4) the index publishes the slots whose headers landed and takes the others back.
 Any exception gives every reservation back (nothing is published). write_pages runs begin, land
 and publish at once; a caller writing one offload in several chunks (the linker) calls begin
 once (one tombstone batch), land per chunk, and publish once at the end (one header batch),

@@ -106,6 +106,41 @@ def test_a_multi_chunk_offload_publishes_every_chunk_with_one_header_batch(tmp_p
     lw.close()
 
 
+def test_an_offload_failing_mid_way_publishes_what_landed_and_leaks_no_slot(tmp_path):
+    """The third chunk's gather raises: the offload reports failure, the chunks that landed before
+    it are published (readable), the rest of its reservations go back, and the same offload run
+    again stores everything and restores byte-exact."""
+    lw, k, v = make_lw(tmp_path)
+    keys = [f"p{i:063d}" for i in range(N)]
+    rows = torch.arange(PAGE, PAGE * (N + 1))
+    off, orig, calls = lw._offloader, lw._offloader._gather_chunk, []
+
+    def flaky(n, page_ids):
+        calls.append(n)
+        if len(calls) == 3:
+            raise RuntimeError("injected gather failure")
+        return orig(n, page_ids)
+    off._gather_chunk = flaky
+    assert lw.offload(keys, rows, [])
+    while lw.num_completed() < 1:
+        time.sleep(0.01)
+    assert not lw.pop_completed()
+    assert lw.store.prefix_len(keys) == 2 * lw.out_pages and lw.store.stats()["pages"] == 2 * lw.out_pages
+    assert not lw.store._index.reserved
+    off._gather_chunk = orig
+    for t in k + v:
+        t[PAGE:] = t[PAGE:].roll(1, 0)  # new content: the landed chunks are not rewritten (dedup)
+    want = [t[PAGE:].clone() for t in k + v]
+    offload_all(lw, keys, rows)
+    assert lw.store.prefix_len(keys) == N
+    for t in k + v:
+        t[PAGE:] = -7
+    assert restore(lw, keys[2 * lw.out_pages:], rows[2 * lw.out_pages * PAGE:])
+    assert all(torch.equal(t[PAGE * (1 + 2 * lw.out_pages):], w[2 * lw.out_pages * PAGE:])
+               for t, w in zip(k + v, want))
+    lw.close()
+
+
 def test_read_ahead_is_capped_by_the_staging_ring(tmp_path):
     lw, _, _ = make_lw(tmp_path, tutti_read_ahead=8, tutti_stage_depth=3)
     assert lw.read_ahead == 2  # one slot stays free for the copy still reading it

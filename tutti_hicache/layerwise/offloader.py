@@ -6,8 +6,8 @@ At a glance ([scheduler] = SGLang's scheduler thread; [offloader] = this module'
     off.offload(keys, device_indices, ready_events) -> bool   [scheduler] False: backlog full
         keys already stored complete at once; the rest wait for ready_events, then per chunk
         of out_pages: [stage] gather kernel -> pinned (D2H) while [write] store.land_pages
-        (after one store.begin_pages: slots, tombstones) writes the chunks before, up to out slots - 1 (tutti_offload_writers) at once (on
-        idle directories the store's scheduler lets a younger one's chunks join the older
+        (after one store.begin_pages: slots, tombstones) writes the chunks before, up to out
+        slots - 1 (tutti_offload_writers) at once (on idle directories the store's scheduler lets a younger one's chunks join the older
         one's last within the bytes the queues hold, on the engine's write rings; under reads
         it runs one chunk per directory and keeps them off directories a load is reading);
         once every chunk has landed, one store.publish_pages writes all their headers
@@ -138,16 +138,17 @@ class Offloader:
         ok = True
         t0 = time.perf_counter()
         writes: deque = deque()  # the chunks' landing futures in flight, oldest first
+        ready = None  # the next chunk's gather
         pending = None  # the whole offload's write: one tombstone batch, one header batch
         try:
             for ev in job.events:
                 ev.synchronize()
-            pending = self._store.begin_pages(job.keys)
             step = self._out_pages
             starts = list(range(0, len(job.keys), step))
             stage = lambda c0: self._stage.submit(self._gather_chunk, len(job.keys[c0:c0 + step]),
                                                   job.page_ids[c0:c0 + step])
-            ready = stage(starts[0])
+            ready = stage(starts[0])  # the first gather and D2H run under the reservations
+            pending = self._store.begin_pages(job.keys)
             for i, c0 in enumerate(starts):
                 addrs = ready.result()
                 # chunk i + 1 is gathered into the slot chunk i + 1 - slots was written from:
@@ -164,8 +165,9 @@ class Offloader:
             logger.error("tutti linker: offload of %d pages failed: %s", len(job.keys), e)
             ok = False
         finally:
-            for w in writes:  # the next job's gathers reuse these slots: wait for every write
-                w.exception()
+            for w in [*writes, ready]:  # the next job's gathers reuse these slots: wait for all
+                if w is not None:
+                    w.exception()
             try:  # what landed becomes visible (and what did not is given back), even on failure
                 published = self._store.publish_pages([pending])[0] if pending is not None else None
                 ok &= published is not None and bool(published.all())
