@@ -83,6 +83,33 @@ def test_in_forward_error_is_the_running_median_against_each_later_layer():
     snap = w.snapshot()
     assert snap["in_forward_error_p50"] == pytest.approx(0.5 / 11)  # median of 0 and 0.001 / 0.011
     assert snap["observations"] == 1 and snap["rel_error_p50"] is None
+    assert snap["in_forward_converged_after"] is None  # one forward: not yet
+
+
+def test_in_forward_convergence_counts_the_forwards_until_the_estimate_held():
+    """in_forward_converged_after: the forward after which the in-forward error's EWMA is below
+    10% with at least 3 forwards seen; forwards without an error (under 3 layers) still count."""
+    times = LayerTimes(cuda=False)
+
+    def forward(spans):
+        f, t = _Forward(0, 40000), 0.0
+        for layer, span in enumerate(spans + [0.0]):
+            f.arrive[layer], f.passed[layer] = t, t + 0.001
+            t += 0.001 + span
+        times._done.append(f)
+
+    w = Windows("online", None, times, 4096)
+    forward([0.01, 0.01])  # two layers: no in-forward error, counted
+    forward([0.01, 0.01, 0.03, 0.03, 0.03])  # errors 2/3, 2/3, 1/3: median 2/3 -> EWMA 0.667
+    for _ in range(3):
+        forward([0.01] * 6)  # error 0 -> EWMA 0.467, 0.327, 0.229
+    w.learn()
+    assert w.in_forward_converged_after is None
+    for _ in range(4):
+        forward([0.01] * 6)
+        w.learn()
+    # EWMA 0.160, 0.112, 0.078: below 10% after the 8th forward
+    assert w.snapshot()["in_forward_converged_after"] == 8
 
 
 def test_window_rules():

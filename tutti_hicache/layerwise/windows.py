@@ -13,7 +13,8 @@ At a glance:
     windows = Windows(mode, table, times, layer_bytes_per_token)
         windows.learn()                       [loader] at a load's start: the forwards since
         windows.window(n_input, n_prefix, read_Bps) -> seconds of writing between two layers
-        windows.snapshot() -> {observations, converged_after, rel_error_*, in_forward_error_*}
+        windows.snapshot() -> {observations, converged_after, rel_error_*, in_forward_error_*,
+                               in_forward_converged_after}
 
 A layer's compute is the time from the forward passing wait_until(l) (its KV landed) to its arrival
 at wait_until(l + 1): I/O waits are not in it. On a GPU both marks are CUDA events on the forward's
@@ -209,11 +210,22 @@ class Windows:
         self.seed_read_Bps = table.read_Bps if table is not None else 0.0
         self.predictions: deque = deque(maxlen=256)  # (predicted, measured) per forward
         self.in_forward: deque = deque(maxlen=256)  # the in-forward estimate's error per forward
+        self.forwards = 0  # forwards learned from
+        # forwards until the in-forward estimate (what the windows use) had stayed within 10%
+        # (its EWMA) over at least 3 forwards; the model's converged_after is its n = 0 fallback's
+        self.in_forward_converged_after: Optional[int] = None
+        self._in_forward_ewma: Optional[float] = None
 
     def learn(self) -> None:
         for n, p, seconds, err in self.times.collect():
+            self.forwards += 1
             if err is not None:
                 self.in_forward.append(err)
+                e = self._in_forward_ewma
+                self._in_forward_ewma = err if e is None else 0.7 * e + 0.3 * err
+                if self.in_forward_converged_after is None and len(self.in_forward) >= 3 \
+                        and self._in_forward_ewma < 0.1:
+                    self.in_forward_converged_after = self.forwards
             guess = self.model.predict(n, p)
             if guess is not None:
                 self.predictions.append((guess, seconds))
@@ -245,4 +257,5 @@ class Windows:
                 # what the windows use from a forward's third layer on (rel_error_*: the model's
                 # prediction before that, which in a server has no batch size: n = 0)
                 "in_forward_error_p50": float(np.median(inf)) if inf else None,
-                "in_forward_error_max": max(inf) if inf else None}
+                "in_forward_error_max": max(inf) if inf else None,
+                "in_forward_converged_after": self.in_forward_converged_after}
