@@ -15,9 +15,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <memory>
 
 #include "tutti/detail/kernel_access.hpp"
 #include "tutti/detail/plan.hpp"
@@ -64,7 +66,7 @@ class Ring {
     if (r < 0) TUTTI_SYS_FAIL(-r, "io_uring_queue_init", "");
     files_ok_ = io_uring_register_files_sparse(&ring_, kMaxFiles) == 0;
     bufs_ok_ = io_uring_register_buffers_sparse(&ring_, kMaxBuffers) == 0;
-    if (files_ok_) file_err_.assign(kMaxFiles, 0);
+    if (files_ok_) file_err_ = std::make_unique<std::atomic<int>[]>(kMaxFiles);  // all 0
   }
   ~Ring() { io_uring_queue_exit(&ring_); }
 
@@ -73,10 +75,14 @@ class Ring {
 
   // Point registered file `index` at fd. When the kernel refuses, operations on that file end
   // with its -errno (instead of reaching an empty or stale slot), and stderr says so once.
+  // Needs no lock of the ring: the update is one io_uring_register call, which the kernel
+  // serializes with this ring's submissions (no quiesce for a files update since Linux 5.13),
+  // and file_err_'s entries are atomic. So opening a file never waits for a batch or a read
+  // stream that holds the ring (a stream holds its ring for a whole layer-wise load).
   void set_file(int index, int fd) {
     if (!files_ok_ || index >= static_cast<int>(kMaxFiles)) return;
     const int err = update_errno(io_uring_register_files_update(&ring_, index, &fd, 1), 1);
-    file_err_[index] = -err;
+    file_err_[index].store(-err, std::memory_order_release);
     if (err)
       log_once(files_update_logged,
                "io_uring_register_files_update of file " + std::to_string(index), err,
@@ -122,7 +128,8 @@ class Ring {
   // 0 when an operation on `file` (its fd, when files are not registered) may go out, else -errno.
   int file_error(int64_t file, int fd) const {
     if (!files_ok_) return fd < 0 ? -EBADF : 0;
-    return file < static_cast<int64_t>(kMaxFiles) ? file_err_[file] : -EBADF;
+    return file < static_cast<int64_t>(kMaxFiles) ? file_err_[file].load(std::memory_order_acquire)
+                                                  : -EBADF;
   }
   // Queue requeued ops, then new ones below `limit`, while the ring has room; end(idx, err)
   // finishes an op that cannot be submitted.
@@ -139,7 +146,8 @@ class Ring {
   int64_t max_bytes_;  // bytes in flight (0: no cap); one op always goes
   bool files_ok_ = false;
   bool bufs_ok_ = false;
-  std::vector<int> file_err_;  // per registered file: 0, or -errno of its failed update
+  // per registered file: 0, or -errno of its failed update (set by whichever thread opened it)
+  std::unique_ptr<std::atomic<int>[]> file_err_;
   uint64_t* wake_target_ = nullptr;  // where the armed read on a stream's eventfd lands
 };
 
@@ -376,10 +384,7 @@ class UringEngine final : public EngineBase {
   void file_opened(int index, const std::string& path) override {
     if (static_cast<unsigned>(index) >= kMaxFiles)
       TUTTI_SYS_FAIL(EMFILE, "uring engine: more than 4096 open files", path);
-    for (auto& r : rings_) {
-      std::lock_guard lock(r->mu);
-      r->set_file(index, files_.fd(index));
-    }
+    for (auto& r : rings_) r->set_file(index, files_.fd(index));  // no ring lock (set_file)
   }
 
   void run_batch(Op op, const Batch& b, Completion* on_done, int32_t* results) override {

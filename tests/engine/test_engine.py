@@ -317,6 +317,40 @@ def test_read_stream_submits_nothing_before_allow_and_cancel_ends_it(engine, tmp
     st.join()
 
 
+def test_a_file_opens_while_a_read_stream_holds_its_ring(engine, tmp_path):
+    """A read stream holds one of the engine's rings for its whole life (a layer-wise load);
+    opening a file meanwhile (a writer growing the store, a re-scan) does not wait for it, and
+    the new file is read and written through at once; the stream then finishes byte-exact."""
+    n, sz = 16, 4096
+    f, a = _stream_file(engine, tmp_path, n, sz, 9)
+    dst, b = buf_of(n * sz)
+    st = engine.read_stream(np.full(n, f), np.arange(n) * sz, np.full(n, sz),
+                            dst.address + np.arange(n, dtype=np.uint64) * sz, np.array([0, 8, 16]))
+    st.allow(1)
+    assert (st.wait(0)[0] == sz).all()  # the stream is running and waits for allow(2)
+    opened = []
+    t = threading.Thread(target=lambda: opened.append(
+        engine.open_file(make_file(tmp_path, 4 * sz, "new.bin"), True, True)), daemon=True)
+    t.start()
+    t.join(30)
+    in_time = bool(opened)
+    if not in_time:  # the open waits for the stream's end: let both end, then fail
+        st.allow(2)
+        t.join(30)
+        st.join()
+    assert in_time, "open_file waited for the read stream"
+    g = opened[0]
+    src, sa = buf_of(4 * sz, seed=10)
+    out, ob = buf_of(4 * sz)
+    offs = np.arange(4) * sz
+    assert (engine.submit("write", np.full(4, g), offs, np.full(4, sz), src.address + offs.astype(np.uint64)) == sz).all()
+    assert (engine.submit("read", np.full(4, g), offs, np.full(4, sz), out.address + offs.astype(np.uint64)) == sz).all()
+    assert (ob == sa).all()
+    st.allow(2)
+    assert (st.wait(1)[0] == sz).all() and (b == a).all()
+    st.join()
+
+
 def test_read_stream_reports_per_request_errors(engine, tmp_path):
     n, sz = 8, 4096
     f, a = _stream_file(engine, tmp_path, n, sz, 9)
