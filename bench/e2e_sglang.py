@@ -13,6 +13,9 @@ Configurations (one or two server starts each, one after another):
   tutti-mooncake        two servers on one GPU and a mooncake_master on loopback: A warms (tutti-mooncake,
                         publishing into its Mooncake segment), B (empty SSD tier) answers the sweep from
                         A's segment: remote hits over loopback TCP (run_cluster)
+  NAME+tutti_KEY=VALUE  a variant of a tutti configuration with settings on top, for an A/B in one run,
+                        e.g. tutti-linker,tutti-linker+tutti_threads=4 (with --share-linker-store: one
+                        server start each); it keeps its whole name in the report and its stats files
 Phases (workload: tutti_hicache/benchmarks/e2e.py): `warm` (each document first seen), then for storage
 configurations a **restart and a page-cache drop**; `first` (the first request after the start), `sweep`
 (hit fractions: per point the prompt restored from the tier, then one sharing its prefix with new tokens
@@ -43,7 +46,6 @@ it needs a GPU (tests/README.md); its workload and report code is tested on CPU.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import shutil
@@ -51,8 +53,8 @@ import time
 
 from tutti_hicache.benchmarks import e2e, timeline
 from tutti_hicache.benchmarks.rawio import raw_read_dirs
-from tutti_hicache.benchmarks.server import (Server, drop_caches, one_request, run_rate, run_sequential,
-                                             tutti_stats)
+from tutti_hicache.benchmarks.server import (Server, config_files, drop_caches, one_request, run_rate,
+                                             run_sequential, tutti_stats)
 
 # ------------------------------------------------------------------ storage bookkeeping
 def written_bytes(args, config: str) -> int:
@@ -93,10 +95,11 @@ def clear_storage(args, config: str, keep_tutti: bool = False, tutti_names=("tut
     for d in args.tutti_dirs.split(","):
         for name in tutti_names:
             os.makedirs(os.path.join(d, name), exist_ok=True)
-    os.makedirs(os.path.join(args.one_dir, config if config in ("file", "nixl") else "."), exist_ok=True)
-    for p in os.listdir(args.out_dir):
-        if p.startswith((f"stats-{config}-", f"timeline-{config}-")):
-            os.unlink(os.path.join(args.out_dir, p))
+    base = e2e.split_config(config)[0]
+    os.makedirs(os.path.join(args.one_dir, base if base in ("file", "nixl") else "."), exist_ok=True)
+    for kind in ("stats", "timeline"):
+        for path in config_files(args.out_dir, kind, config):
+            os.unlink(path)
 
 
 # ------------------------------------------------------------------ one configuration
@@ -125,13 +128,14 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
     """One configuration's phases. store_from: a linker configuration that wrote the store this
     one starts on (--share-linker-store): no warm phase and no first server, and the workload
     salted so nothing past the documents is already stored."""
-    port = 30000 + e2e.CONFIGS.index(config)
+    base = e2e.split_config(config)[0]  # a variant (+tutti_KEY=VALUE) runs as its base
+    port = 30000 + e2e.CONFIGS.index(base)
     clear_storage(args, config, keep_tutti=bool(store_from))
     run = {"config": config, "medium": args.medium, **raw, "layers": args.layers, "page_bytes": args.bpt * e2e.PAGE,
            "one_dir": args.one_dir_note,
            "phases": {}, "summaries": {}, "start_s": [], "store_from": store_from or None, "salt": wl.salt,
-           "host_pool_gb": args.dram_gb if config == "dram" else (args.host_gb if config in
-                                                                  ("file", "nixl", "tutti-host") else 0)}
+           "host_pool_gb": args.dram_gb if base == "dram" else (args.host_gb if base in
+                                                                ("file", "nixl", "tutti-host") else 0)}
     log = os.path.join(args.out_dir, f"server-{config}.log")
     cmd, env = e2e.server_cmd(args, config, port)
     capacity = config in args.capacity_configs.split(",")
@@ -143,9 +147,9 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
     srv = Server(cmd, env, log, port)
     try:
         run["start_s"].append(srv.wait_ready(args.start_timeout))
-        if config != "recompute" and not store_from:
+        if base != "recompute" and not store_from:
             record_phase(run, "warm", run_sequential(srv, wl.warm(), args.max_new))
-        if config in e2e.PERSISTENT and not store_from:
+        if base in e2e.PERSISTENT and not store_from:
             run["settle_s"] = settle(args, config)
             srv.stop()
             run["page_cache"] = drop_caches()
@@ -153,12 +157,12 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
             run["start_s"].append(srv.wait_ready(args.start_timeout))
         record_phase(run, "first", [one_request(srv, wl.first(), args.max_new)])
         sweep = e2e.sweep_requests(wl, args.fractions)
-        record_phase(run, "sweep", run_sequential(srv, sweep, args.max_new, flush=config != "dram"))
+        record_phase(run, "sweep", run_sequential(srv, sweep, args.max_new, flush=base != "dram"))
         for rate in args.rates:
             if time.time() > deadline - 20:
                 run["skipped"] = f"rates from {rate} on: out of time"
                 break
-            if config != "dram":
+            if base != "dram":
                 srv.flush()
             recs, secs = run_rate(srv, wl.rates(rate, args.rate_requests), rate, args.max_new)
             record_phase(run, f"rate{rate:g}", recs, secs)
@@ -176,13 +180,13 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
         srv.stop()
     run["tutti_stats"] = tutti_stats(args.out_dir, config)
     run["timeline"] = [timeline.summarize(r) for r in timeline.read(
-        sorted(glob.glob(os.path.join(args.out_dir, f"timeline-{config}-*.jsonl"))))]
+        config_files(args.out_dir, "timeline", config))]
     run.update(restore_summary(run["tutti_stats"]))
     run.update(wear_summary(run["tutti_stats"]))
     return run
 
 
-def run_cluster(args, wl: e2e.Workload, raw: dict) -> dict:
+def run_cluster(args, config: str, wl: e2e.Workload, raw: dict) -> dict:
     """tutti-mooncake, remote hits between two servers on this GPU: a mooncake_master on loopback;
     server A (its own tutti directories, publishing every page into its Mooncake segment) answers
     the warm phase; then server B (its own empty directories, promotion and publishing off, so
@@ -190,7 +194,6 @@ def run_cluster(args, wl: e2e.Workload, raw: dict) -> dict:
     host caches before each point. A stays up until B is done: a Mooncake client's objects go
     with it. Loopback TCP, not a cluster network (docs/cluster.md)."""
     from tutti_hicache.testing.cluster import Master, mooncake_extra
-    config = e2e.CLUSTER
     clear_storage(args, config, tutti_names=("tutti-a", "tutti-b"))
     run = {"config": config, "medium": args.medium, **raw, "layers": args.layers,
            "page_bytes": args.bpt * e2e.PAGE, "phases": {}, "summaries": {}, "start_s": [],
@@ -198,7 +201,7 @@ def run_cluster(args, wl: e2e.Workload, raw: dict) -> dict:
            "note": "B's hits come from A's Mooncake segment over loopback TCP"}
 
     master = Master(log_path=os.path.join(args.out_dir, "mooncake-master.log")).start()
-    port = 30000 + e2e.CONFIGS.index(config)
+    port = 30000 + e2e.CONFIGS.index(e2e.CLUSTER)
     servers = []
     try:
         for node, extra in (("a", mooncake_extra(master, int(args.mooncake_segment_gb * 1024),
@@ -306,6 +309,8 @@ def main():
     args.fractions = [float(x) for x in args.fractions.split(",")]
     args.rates = [float(x) for x in args.rates.split(",") if x]
     args.bpt = e2e.bytes_per_token(args.layers)
+    for config in args.configs.split(","):
+        e2e.split_config(config)  # an unknown configuration or a bad variant fails here, not later
     os.makedirs(args.out_dir, exist_ok=True)
     if args.write_model:
         e2e.write_model(args.model, args.layers)
@@ -326,15 +331,16 @@ def main():
             print(f"skipped {config}: out of time", flush=True)
             results.append({"config": config, "medium": args.medium, "skipped": "out of time"})
             continue
-        shared = args.share_linker_store and writer and config in e2e.LINKERS
+        base = e2e.split_config(config)[0]
+        shared = args.share_linker_store and writer and base in e2e.LINKERS
         salt = sum(r.get("store_from") is not None for r in results) + 1 if shared else 0
-        if config == e2e.CLUSTER:
-            run = run_cluster(args, wl, raw)
+        if base == e2e.CLUSTER:
+            run = run_cluster(args, config, wl, raw)
         else:
             run = run_config(args, config, e2e.Workload(wl.contexts, wl.docs, salt=salt) if shared else wl,
                              raw, deadline, writer if shared else "")
         results.append(run)
-        if args.share_linker_store and not writer and config in e2e.LINKERS and "warm" in run["phases"] \
+        if args.share_linker_store and not writer and base in e2e.LINKERS and "warm" in run["phases"] \
                 and "error" not in run:
             writer = config
         with open(args.json, "w") as f:

@@ -31,7 +31,7 @@ import shutil
 import time
 
 from tutti_hicache.benchmarks import e2e
-from tutti_hicache.benchmarks.server import Server, tutti_stats
+from tutti_hicache.benchmarks.server import Server, config_files, tutti_stats
 
 
 def store_files(args) -> list:
@@ -178,9 +178,8 @@ def fresh_store(args) -> None:
 
 def run_config(args, config: str, wl: e2e.Workload) -> dict:
     fresh_store(args)
-    for p in os.listdir(args.out_dir):
-        if p.startswith(f"stats-{config}-"):
-            os.unlink(os.path.join(args.out_dir, p))
+    for path in config_files(args.out_dir, "stats", config):
+        os.unlink(path)
     port = 31000 + e2e.CONFIGS.index(config)
     cmd, env = e2e.server_cmd(args, config, port)
     log = os.path.join(args.out_dir, f"server-faults-{config}.log")

@@ -8,6 +8,7 @@ SGLang's real argument parser (with the plugin's `tutti` choices).
 
 import argparse
 import json
+import os
 
 import pytest
 
@@ -181,6 +182,36 @@ def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
             assert "stats-tutti-mooncake-b-" in extra["tutti_stats_file"]
     with pytest.raises(ValueError):
         e2e.server_cmd(args, "lmcache", 30000)
+    # a variant: the base configuration's server with tutti settings on top, its own stats files
+    argv, _ = e2e.server_cmd(args, "tutti-linker+tutti_threads=4+tutti_verify=false", 30000)
+    cfg = parser.parse_args(argv[3:]).unified_cache_external_linker_config
+    assert cfg["tutti_threads"] == "4" and cfg["tutti_verify"] == "false"
+    assert "stats-tutti-linker+tutti_threads=4+tutti_verify=false-" in cfg["tutti_stats_file"]
+    argv, _ = e2e.server_cmd(args, "tutti-host+tutti_read_ahead=2", 30000)
+    extra = json.loads(parser.parse_args(argv[3:]).hicache_storage_backend_extra_config)
+    assert extra["tutti_read_ahead"] == "2" and extra["tutti_dirs"] == [f"{tmp_path}/a/tutti", f"{tmp_path}/b/tutti"]
+    for bad in ("dram+tutti_threads=4", "tutti-linker+threads=4", "tutti-linker+tutti_threads", "tutti+x=1"):
+        with pytest.raises(ValueError):
+            e2e.split_config(bad)
+    assert e2e.split_config("tutti-linker") == ("tutti-linker", {})
+
+
+def test_config_files_match_one_configuration_exactly(tmp_path):
+    """Stats and timeline files per configuration: tutti-linker's are not tutti-linker-copies' nor
+    a variant's; the cluster run's node files (-a-, -b-) belong to tutti-mooncake."""
+    from tutti_hicache.benchmarks.server import config_files, tutti_stats
+    names = ["stats-tutti-linker-11.json", "stats-tutti-linker-copies-12.json",
+             "stats-tutti-linker+tutti_threads=4-13.json", "timeline-tutti-linker-11.jsonl",
+             "stats-tutti-mooncake-a-14.json", "stats-tutti-mooncake-b-15.json", "stats-tutti-linker-x.json"]
+    for i, n in enumerate(names):
+        (tmp_path / n).write_text(json.dumps({"i": i}))
+    base = lambda paths: [os.path.basename(p) for p in paths]
+    assert base(config_files(str(tmp_path), "stats", "tutti-linker")) == ["stats-tutti-linker-11.json"]
+    assert base(config_files(str(tmp_path), "stats", "tutti-linker+tutti_threads=4")) == \
+        ["stats-tutti-linker+tutti_threads=4-13.json"]
+    assert base(config_files(str(tmp_path), "timeline", "tutti-linker")) == ["timeline-tutti-linker-11.jsonl"]
+    assert [s["i"] for s in tutti_stats(str(tmp_path), "tutti-mooncake")] == [4, 5]
+    assert [s["i"] for s in tutti_stats(str(tmp_path), "tutti-mooncake-b")] == [5]
 
 
 def test_timeline_rows_and_their_table():

@@ -424,6 +424,26 @@ CONFIGS = ("recompute", "dram", "file", "nixl", "tutti-host", "tutti-linker", "t
 CLUSTER = "tutti-mooncake"  # two servers: A warms (SSD + its Mooncake segment), B reads remote hits
 LINKERS = ("tutti-linker", "tutti-linker-dynamic", "tutti-linker-gpuwait", "tutti-linker-copies")
 PERSISTENT = {"file", "nixl", "tutti-host", *LINKERS}
+TUTTI = {"tutti-host", CLUSTER, *LINKERS}
+
+
+def split_config(name: str) -> tuple[str, dict]:
+    """A configuration name with tutti settings after it, for an A/B inside one run:
+    "tutti-linker+tutti_threads=4+tutti_verify=false" -> ("tutti-linker", {...}). The variant keeps
+    its whole name in the report, its stats files and its outputs; only tutti configurations
+    take settings."""
+    base, *parts = name.split("+")
+    if base not in CONFIGS:
+        raise ValueError(f"unknown configuration {base!r} (one of {', '.join(CONFIGS)})")
+    over = {}
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if not eq or not key.startswith("tutti_"):
+            raise ValueError(f"{name!r}: a variant is +tutti_KEY=VALUE, not {part!r}")
+        over[key] = value
+    if over and base not in TUTTI:
+        raise ValueError(f"{name!r}: only tutti configurations take tutti settings")
+    return base, over
 LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
              "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
              "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
@@ -450,6 +470,8 @@ def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dic
     """(argv, environment) of one configuration's server. tutti-mooncake: `node` (a, b) names the
     server's own tutti directories and stats files, `extra` adds its Mooncake keys (the master)
     and cluster settings; both servers share the GPU (a smaller static memory share)."""
+    name = config  # a variant's whole name (its stats files); config: the base configuration
+    config, over = split_config(name)
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model,
            "--load-format", "dummy", "--skip-tokenizer-init", "--attention-backend", "triton",
            "--sampling-backend", "pytorch", "--disable-cuda-graph", "--page-size", str(PAGE),
@@ -476,9 +498,9 @@ def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dic
     elif config == "tutti-host":
         cmd += hicache + ["--hicache-size", str(args.host_gb), "--hicache-mem-layout", "layer_first",
                           "--hicache-storage-backend", "tutti", "--hicache-storage-backend-extra-config",
-                          json.dumps(tutti_config(args, config))]
+                          json.dumps({**tutti_config(args, name), **over})]
     elif config in LINKERS:
-        cfg = tutti_config(args, config)
+        cfg = {**tutti_config(args, name), **over}
         if config == "tutti-linker-gpuwait":  # on, not auto: a server that cannot fails its attach
             cfg["tutti_gpu_wait"] = "on"
         if config == "tutti-linker-copies":
@@ -491,9 +513,10 @@ def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dic
                 "--unified-cache-external-linker-config", json.dumps(cfg)]
     elif config == CLUSTER:
         node = node or "a"
-        cfg = tutti_config(args, f"{config}-{node}")
+        cfg = tutti_config(args, f"{name}-{node}")
         cfg["tutti_dirs"] = [os.path.join(d, f"tutti-{node}") for d in args.tutti_dirs.split(",")]
         cfg.update(extra or {})
+        cfg.update(over)
         # SGLang's MooncakeStore takes page-first host pools only (MHA layer_first is refused)
         cmd += hicache + ["--hicache-size", str(args.host_gb), "--hicache-mem-layout", "page_first_direct",
                           "--hicache-storage-backend", CLUSTER, "--hicache-storage-backend-extra-config",

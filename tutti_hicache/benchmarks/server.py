@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -162,14 +163,22 @@ def drop_caches() -> str:
         return f"not dropped ({e.strerror})"
 
 
+def config_files(out_dir: str, kind: str, config: str) -> list:
+    """Paths of `KIND-CONFIG-PID.EXT` (and `KIND-CONFIG-NODE-PID.EXT`, NODE one letter: the
+    cluster run's servers a and b) in out_dir, sorted; kind "stats" (.json) or "timeline"
+    (.jsonl). Exact: tutti-linker's are not tutti-linker-copies' or a variant's."""
+    ext = {"stats": "json", "timeline": "jsonl"}[kind]
+    pat = re.compile(rf"{kind}-{re.escape(config)}-(?:[a-z]-)?\d+\.{ext}")
+    return [os.path.join(out_dir, p) for p in sorted(os.listdir(out_dir)) if pat.fullmatch(p)]
+
+
 def tutti_stats(out_dir: str, config: str) -> list:
-    """The JSON of every `stats-CONFIG-PID.json` in out_dir (unreadable ones skipped)."""
+    """The JSON of every stats file of `config` in out_dir (config_files; unreadable ones skipped)."""
     out = []
-    for p in sorted(os.listdir(out_dir)):
-        if p.startswith(f"stats-{config}-") and p.endswith(".json"):
-            try:
-                with open(os.path.join(out_dir, p)) as f:
-                    out.append(json.load(f))
-            except (OSError, ValueError):
-                pass
+    for path in config_files(out_dir, "stats", config):
+        try:
+            with open(path) as f:
+                out.append(json.load(f))
+        except (OSError, ValueError):
+            pass
     return out
