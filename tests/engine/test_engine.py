@@ -553,7 +553,7 @@ def test_a_second_write_batch_runs_while_the_first_is_still_in_flight(engine, tm
             except BlockingIOError:
                 break
         src, _ = buf_of(sz, seed=3)
-        f = e.open_file(make_file(tmp_path, 8 * sz, "other.bin"), True, True)  # opens take every ring
+        f = e.open_file(make_file(tmp_path, 8 * sz, "other.bin"), True, True)
         t1 = threading.Thread(target=lambda: first.append(
             e.submit("write", np.full(1, p), np.zeros(1), np.full(1, sz), np.full(1, src.address))),
             daemon=True)
