@@ -444,6 +444,8 @@ def split_config(name: str) -> tuple[str, dict]:
     if over and base not in TUTTI:
         raise ValueError(f"{name!r}: only tutti configurations take tutti settings")
     return base, over
+
+
 LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
              "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
              "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,

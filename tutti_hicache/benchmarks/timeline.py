@@ -81,8 +81,8 @@ def summarize(rec: dict) -> dict:
     return out
 
 
-COLUMNS = ("index", "mode", "pages", "begin_ms", "opened_ms", "first_read_ms", "reads_ms", "handed_ms", "react_ms_p50",
-           "react_ms_max", "forward_start_ms", "forward_wait_ms", "forward_end_ms", "finish_ms",
+COLUMNS = ("index", "mode", "pages", "begin_ms", "opened_ms", "first_read_ms", "reads_ms", "handed_ms",
+           "react_ms_p50", "react_ms_max", "forward_start_ms", "forward_wait_ms", "forward_end_ms", "finish_ms",
            "finish_wait_ms", "error")
 
 
