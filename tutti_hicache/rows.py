@@ -7,7 +7,7 @@ At a glance:
     rows.adopt(row) -> bool         at open: hold an existing row if the fair share allows (and fit
                                     its files to the capacity)
     rows.try_lock(row) -> bool      hold a row (exclusive, non-blocking flocks on all its files)
-    rows.claim_next(scan, wanted) -> bool
+    rows.claim_next(scan, wanted, ahead=False) -> bool
                                     grow: create + fallocate the next free row, hold it, fit it,
                                     then scan(row) (the caller's header scan, which grants its
                                     free slots); up to the fair share of the live writers
@@ -48,12 +48,14 @@ SHARE_CACHE_S = 1.0  # the live-writer count is at most this old
 class Rows:
     def __init__(self, ns: Namespace, files: FileTable, writer: bool):
         self._ns = ns
+        self.namespace = ns
         self._files = files
         self.writer = writer
         self._lock = threading.Lock()
         self._fds: dict[int, list[int]] = {}  # row -> flock'd fds of its files
         self.owned: frozenset = frozenset()
         self._checked: dict[int, float] = {}  # row -> when a claim last tried it
+        self._ahead_checked: dict[int, float] = {}  # the same, for the grower's claims
         self._growth_retry_at = 0.0
         self._share = 1
         self._share_at = -1e9
@@ -130,10 +132,14 @@ class Rows:
             logger.warning("tutti: cannot size segment row %d: %s", row, e)
         return True
 
-    def claim_next(self, scan: Callable[[int], None], wanted: Callable[[], bool]) -> bool:
+    def claim_next(self, scan: Callable[[int], None], wanted: Callable[[], bool],
+                   ahead: bool = False) -> bool:
         """Own one more row (create it if needed), up to the fair share of the live writers,
         and scan it. wanted() is asked once this object's lock is held: False (another thread
-        grew the store meanwhile) returns True at once, so the caller reserves again."""
+        grew the store meanwhile) returns True at once, so the caller reserves again. ahead:
+        growth ahead of need (the grower thread): a row it finds held is retried by it only
+        after RETRY_HELD_S, but a writer that needs a row still tries it at once."""
+        checked = self._ahead_checked if ahead else self._checked
         with self._lock:
             if not wanted():
                 return True
@@ -143,9 +149,10 @@ class Rows:
             if self._fds and len(self._fds) >= self._fair_share():
                 return False
             for row in range(self._ns.n_rows):
-                if row in self._fds or now - self._checked.get(row, -1e9) < RETRY_HELD_S:
+                last = max(checked.get(row, -1e9), self._checked.get(row, -1e9))
+                if row in self._fds or now - last < RETRY_HELD_S:
                     continue
-                self._checked[row] = now
+                checked[row] = now
                 if self._claim(row):
                     scan(row)
                     return True

@@ -180,6 +180,7 @@ class ObjectStore:
                 logger.warning("tutti: cannot open segment row %d: %s", r, e)
         self._scan.scan_rows(rows, grant=True)
         self._scan.start(self._release_excess if self.writer else None)
+        self._writes.grow_ahead()
         set_aside = [q for q, _, _ in quarantines([os.path.dirname(d) for d in self.ns_dirs],
                                                   os.path.basename(self.ns_dirs[0]))]
         if self.writer and set_aside:  # their pages come back by key, in the background
@@ -382,6 +383,7 @@ class ObjectStore:
             self._closed = True
         if self._rehome is not None:
             self._rehome.stop()  # the chunk in flight finishes; the next attach resumes
+        self._writes.stop()  # a growth in flight finishes
         self._scan.stop()  # a re-scan in flight finishes before the engine goes
         self._wear.flush()
         self._io.close()
