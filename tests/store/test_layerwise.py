@@ -372,8 +372,14 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     assert restore(lw, keys[:10], rows[:10 * PAGE], rid="r2")
     files = list(tmp_path.glob("tl-*.jsonl"))
     assert len(files) == 1 and str(os.getpid()) in files[0].name
-    recs = [json.loads(x) for x in files[0].read_text().splitlines()]
+    lines = [json.loads(x) for x in files[0].read_text().splitlines()]
+    recs = [r for r in lines if "start_ns" in r]
     assert [r["index"] for r in recs] == [0, 1] and [r["pages"] for r in recs] == [N, 10]
+    # the first load's forward, written once its marks completed (at the next finish)
+    fwds = [r for r in lines if "forward_of" in r]
+    assert [f["forward_of"] for f in fwds] == [0] and fwds[0]["clock"] == "host"
+    assert len(fwds[0]["stall_ms"]) == GEOM.num_layers and len(fwds[0]["span_ms"]) == GEOM.num_layers - 1
+    assert min(fwds[0]["stall_ms"] + fwds[0]["span_ms"]) >= 0
     r = recs[0]
     assert r["mode"] == "cpu" and r["chunk_layers"] == [l for l in range(GEOM.num_layers) for _ in range(3)]
     done = r["chunk_done_ns"]
@@ -387,7 +393,14 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     assert 0 <= s["begin_ms"] <= s["opened_ms"] < s["first_read_ms"] <= s["reads_ms"] <= s["handed_ms"] \
         <= s["finish_ms"]
     assert s["react_ms_p50"] >= 0 and s["forward_wait_ms"] >= 0 and s["error"] is None
-    assert timeline.read([files[0], tmp_path / "missing"]) == recs
+    assert "stream_stall_ms" not in s  # the raw line: its forward is a line of its own
+    merged = timeline.read([files[0], tmp_path / "missing"])
+    assert [m["index"] for m in merged] == [0, 1] and merged[0]["forward"] == fwds[0]
+    assert "forward" not in merged[1]  # its forward is still the current one
+    s = timeline.summarize(merged[0])
+    # each stall (arrive -> passed) lies inside the forward's wait_until(l) (entry -> return)
+    assert 0 <= s["stream_stall_first_ms"] <= s["stream_stall_ms"] <= s["forward_wait_ms"] + 0.01
+    assert s["layers_compute_ms"] >= 0 and s["forward_clock"] == "host"
     assert "| 0 | cpu | 300 | " + str(s["begin_ms"]) + " |" in timeline.table(recs)
     # a load that fails (its slots cut short on disk) is recorded with its error
     for seg in (tmp_path / "a").rglob("*"):
@@ -397,9 +410,11 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
         if seg.is_file() and seg.stat().st_size > 1 << 20:
             os.truncate(seg, 4096)
     assert not restore(lw, keys, rows, rid="r3")
-    last = json.loads(files[0].read_text().splitlines()[-1])
+    last = [r for r in map(json.loads, files[0].read_text().splitlines()) if "start_ns" in r][-1]
     assert last["index"] == 2 and "LoadFailed" in last["error"]
-    lw.close()
+    lw.close()  # writes the last forward's record
+    fwds = [r for r in map(json.loads, files[0].read_text().splitlines()) if "forward_of" in r]
+    assert [f["forward_of"] for f in fwds] == [0, 1, 2]
 
 
 def test_no_timeline_file_by_default(tmp_path):

@@ -126,3 +126,25 @@ def test_window_rules():
     assert abs(seeded.window(256, 8192, 1e10) - MARGIN * (0.02 - read)) < 1e-9
     assert seeded.window(256, 8192, 0.0) == 0.0  # no read rate known: no window
     assert seeded.window(256, 8192, 1e6) == 0.0  # the read takes longer than the compute
+
+
+def test_report_gives_each_finished_forward_once_with_its_stalls_and_layer_times():
+    """LayerTimes.report: per loading forward (the batch index it served), the stream's wait for
+    each layer's KV (arrive -> passed) and each layer's compute (passed -> next arrive), in
+    milliseconds of the marks; forwards before the first call are not kept; each one once."""
+    times = LayerTimes(cuda=False)
+    times.begin(100, 1000, index=0)
+    times.end()
+    assert times.report() == []  # the first call starts the keeping
+    marks = iter([0.0, 0.010, 0.030, 0.031, 0.050, 0.050])  # arrive/passed of layers 0, 1, 2
+    times._mark = lambda: next(marks)
+    times.begin(200, 4096, index=7)
+    for layer in range(3):
+        times.arrive(layer)
+        times.passed(layer)
+    assert times.report() == []  # still the current forward
+    times.end()
+    (rec,) = times.report()
+    assert rec == {"forward_of": 7, "n": 200, "p": 4096, "clock": "host",
+                   "stall_ms": [10.0, 1.0, 0.0], "span_ms": [20.0, 19.0]}
+    assert times.report() == []

@@ -337,10 +337,13 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0) -> str:
     if split:
         parts += ["### The sweep's TTFT around its load (client clock joined with the timeline's; ms)", _table(
             ["medium", "config", "C", "h", "TTFT", "before the load", "load", "of which reads",
-             "after the load", "I/O floor + before + after (I/O-bound rows only)", "TTFT / that"],
+             "after the load", "I/O floor + before + after (I/O-bound rows only)", "TTFT / that",
+             "forward's stream idle for KV: layer 0 / all layers", "layers' compute (all but the last)"],
             [[r["medium"], r["config"], r["context"], f"{r['h']:g}", _f(r["ttft_ms"]), _f(r["before_ms"], ".1f"),
               _f(r["load_ms"], ".1f"), _f(r["reads_ms"], ".1f"), _f(r["after_ms"], ".1f"), _f(r["floor_ms"]),
-              _f(r["ttft_ms"] / r["floor_ms"] if r["floor_ms"] else None, ".2f")] for r in split])]
+              _f(r["ttft_ms"] / r["floor_ms"] if r["floor_ms"] else None, ".2f"),
+              f"{_f(r.get('stream_stall_first_ms'), '.1f')} / {_f(r.get('stream_stall_ms'), '.1f')}",
+              _f(r.get("layers_compute_ms"), ".1f")] for r in split])]
     return "\n\n".join(parts)
 
 
@@ -372,7 +375,9 @@ def split_rows(runs: list, bpt: int = 0) -> list:
                    "before_ms": (load["start_ns"] - sent) / 1e6,
                    "load_ms": (load["finish_ns"] - load["start_ns"]) / 1e6,
                    "reads_ms": load.get("reads_ms"),
-                   "after_ms": (first - load["finish_ns"]) / 1e6, "floor_ms": None}
+                   "after_ms": (first - load["finish_ns"]) / 1e6, "floor_ms": None,
+                   **{k: load.get(k) for k in ("stream_stall_first_ms", "stream_stall_ms",
+                                                "layers_compute_ms")}}
             io = io_floor_s(r, run.get("raw_read_GBps"), bpt)
             if io is not None:
                 row["floor_ms"] = io * 1e3 + row["before_ms"] + row["after_ms"]

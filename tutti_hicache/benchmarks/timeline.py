@@ -20,6 +20,13 @@ At a glance:
         start_ns, finish_ns         the load's start and finish_layer_wise_loading's return, in
                           CLOCK_MONOTONIC ns (a client on the same machine joins them with its
                           requests' send and first-token times: e2e.split_rows)
+        from the forward's own record (layerwise/windows.LayerTimes.report; on a GPU, CUDA event
+        times on the forward's stream, so what the GPU did, not what the CPU waited for):
+        stream_stall_first_ms   the stream idle before layer 0's KV landed (the load's fill)
+        stream_stall_ms   the same summed over the layers (the forward's real bubble)
+        layers_compute_ms layer 0's KV landed -> the last layer reached, waits excluded (the
+                          compute of every layer but the last, under the load's copies)
+        forward_clock     "gpu" or "host" (CPU forwards: host clocks)
     table(records) -> markdown
 """
 
@@ -31,17 +38,26 @@ import sys
 
 
 def read(paths) -> list:
+    """The loads' records of every file, each with its forward's record (written later, by the
+    same process: `forward_of` = the load's index) under "forward" when there is one."""
     out = []
     for p in paths:
+        lines = []
         try:
             with open(p) as f:
                 for line in f:
                     try:
-                        out.append(json.loads(line))
+                        lines.append(json.loads(line))
                     except ValueError:
                         continue
         except OSError:
             continue
+        forwards = {r["forward_of"]: r for r in lines if isinstance(r, dict) and "forward_of" in r}
+        for r in lines:
+            if isinstance(r, dict) and "start_ns" in r:
+                if r.get("index") in forwards:
+                    r["forward"] = forwards[r["index"]]
+                out.append(r)
     return out
 
 
@@ -78,12 +94,20 @@ def summarize(rec: dict) -> dict:
     if fin[1]:
         out["finish_ms"], out["finish_wait_ms"] = ms(fin[1]), round((fin[1] - fin[0]) / 1e6, 3)
         out["finish_ns"] = fin[1]
+    fwd = rec.get("forward") or {}
+    stall, span = fwd.get("stall_ms") or [], fwd.get("span_ms") or []
+    if stall:
+        out["stream_stall_first_ms"] = round(stall[0], 3)
+        out["stream_stall_ms"] = round(sum(stall), 3)
+    if span:
+        out["layers_compute_ms"] = round(sum(span), 3)
+        out["forward_clock"] = fwd.get("clock")
     return out
 
 
 COLUMNS = ("index", "mode", "pages", "begin_ms", "opened_ms", "first_read_ms", "reads_ms", "handed_ms",
            "react_ms_p50", "react_ms_max", "forward_start_ms", "forward_wait_ms", "forward_end_ms", "finish_ms",
-           "finish_wait_ms", "error")
+           "finish_wait_ms", "stream_stall_first_ms", "stream_stall_ms", "layers_compute_ms", "error")
 
 
 def table(records: list) -> str:

@@ -23,11 +23,14 @@ threading.Events, which finish() waits for before it removes the batch. `consume
 for slack windows, never for correctness). `times` (windows.LayerTimes) is told where the forward is
 (set_consumer, and around each wait), for write windows learned online; never for correctness.
 `timeline` (timeline.TimelineFile, tutti_timeline_file) gets one record per batch at finish():
-when it started, each layer was handed over, the forward waited for it, and finish ran.
+when it started, each layer was handed over, the forward waited for it, and finish ran; and,
+with `times`, one record per loading forward once its CUDA events completed (report_forwards):
+the forward's own stream stalls and layer times.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Optional
@@ -35,6 +38,8 @@ from typing import Optional
 import torch
 
 from .timeline import now_ns
+
+logger = logging.getLogger("tutti_hicache.timeline")
 
 
 @dataclass
@@ -63,6 +68,8 @@ class LayerCounter:
         self.num_layers = num_layers
         self.times = times  # windows.LayerTimes: the forward's progress, for write windows
         self.timeline = timeline  # timeline.TimelineFile, or None
+        if timeline is not None and times is not None:
+            times.report()  # keep the loading forwards' marks from now on, for the timeline
         self.consumer_index = -1
         self.producer_index = -1
         self.waited = -1  # last layer the forward waited for (its progress)
@@ -95,7 +102,7 @@ class LayerCounter:
             if b is None:
                 self.times.end()
             else:
-                self.times.begin(*b.shape)
+                self.times.begin(*b.shape, index)
 
     def complete(self, index: int, layer: int, event=None) -> None:
         b = self._batches[index]
@@ -157,7 +164,21 @@ class LayerCounter:
         if b.rec is not None:
             b.rec["finish_ns"] = [t0, now_ns()]
             self.timeline.write(b.rec)
+            self.report_forwards()
         return b.error is None
+
+    def report_forwards(self, wait: bool = False) -> None:
+        """Timeline records of the forwards that loaded, once their marks completed: where each
+        one's stream waited for a layer and how long each layer computed (windows.LayerTimes
+        .report). At finish() a batch's own forward is usually still running on the GPU, so its
+        record follows at a later finish(), or at close (wait=True)."""
+        if self.timeline is None or self.times is None:
+            return
+        try:  # tracing never breaks a load or a close
+            for rec in self.times.report(wait):
+                self.timeline.write(rec)
+        except Exception:  # e.g. a CUDA error surfacing in an event query
+            logger.exception("tutti: the forwards' timeline records were not written")
 
     def reset(self) -> None:
         with self._lock:

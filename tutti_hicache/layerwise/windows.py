@@ -2,11 +2,13 @@
 
 At a glance:
     times = LayerTimes(cuda)                  the forward's per-layer progress, by the counter:
-        times.begin(n_input, n_prefix)        [forward] set_consumer of a batch with a load
+        times.begin(n_input, n_prefix, index) [forward] set_consumer of a batch with a load
         times.arrive(layer) / times.passed(layer)   [forward] around wait_until's wait
         times.current() -> seconds | None     [loader] this forward's per-layer compute so far
         times.collect() -> [(n, p, seconds, err)]  forwards whose events completed (never waits);
                                               err: the in-forward estimate's error (running_error)
+        times.report(wait) -> [record]        [finish] each finished forward's per-layer stalls
+                                              and compute, once (tutti_timeline_file)
     model = OnlineModel(seed)                 t(n, p) = a + b*n + c*n*(p + n/2), recursive least
         model.observe(n, p, seconds)          squares with forgetting, seeded by an optional
         model.predict(n, p) -> seconds | None offline slack table (`tutti-hicache profile`)
@@ -100,10 +102,10 @@ def _bucket(p: int) -> int:
 
 
 class _Forward:
-    __slots__ = ("n", "p", "arrive", "passed")
+    __slots__ = ("n", "p", "index", "arrive", "passed")
 
-    def __init__(self, n: int, p: int):
-        self.n, self.p, self.arrive, self.passed = n, p, {}, {}
+    def __init__(self, n: int, p: int, index: int = -1):
+        self.n, self.p, self.index, self.arrive, self.passed = n, p, index, {}, {}
 
 
 class LayerTimes:
@@ -114,18 +116,66 @@ class LayerTimes:
         self._lock = threading.Lock()
         self._current: Optional[_Forward] = None
         self._done: deque = deque(maxlen=keep)
+        self._unreported: Optional[deque] = None  # forwards for report(), once one is wanted
 
-    def begin(self, n_input: int, n_prefix: int) -> None:
+    def begin(self, n_input: int, n_prefix: int, index: int = -1) -> None:
         with self._lock:
-            if self._current is not None:
-                self._done.append(self._current)
-            self._current = _Forward(n_input, n_prefix)
+            self._retire()
+            self._current = _Forward(n_input, n_prefix, index)
 
     def end(self) -> None:
         with self._lock:
-            if self._current is not None:
-                self._done.append(self._current)
+            self._retire()
             self._current = None
+
+    def _retire(self) -> None:
+        if self._current is not None:
+            self._done.append(self._current)
+            if self._unreported is not None:
+                self._unreported.append(self._current)
+
+    def report(self, wait: bool = False) -> list:
+        """Finished forwards' marks, oldest first, each once: {forward_of (the batch index),
+        n, p, clock ("gpu": CUDA event times on the forward's stream; "host"), stall_ms[l] =
+        arrive(l) -> passed(l) (the forward waiting for layer l's KV: on the GPU, its stream
+        idle before the layer's copy; the CPU's wait alone is not in it), span_ms[l] =
+        passed(l) -> arrive(l + 1) (layer l's compute)}. Without wait, it stops at the first
+        forward whose marks have not completed (they stay for the next call). The first call
+        starts the keeping; forwards retired before it are not reported."""
+        with self._lock:
+            if self._unreported is None:
+                self._unreported = deque(maxlen=64)
+                return []
+            pending = list(self._unreported)
+        out = []
+        for f in pending:
+            marks = list(f.arrive.values()) + list(f.passed.values())
+            if self.cuda and not wait and not all(m.query() for m in marks):
+                break
+            out.append({"forward_of": f.index, "n": f.n, "p": f.p,
+                        "clock": "gpu" if self.cuda else "host",
+                        "stall_ms": self._gaps(f.arrive, f.passed, 0),
+                        "span_ms": self._gaps(f.passed, f.arrive, 1)})
+        with self._lock:
+            for _ in out:
+                self._unreported.popleft()
+        return out
+
+    def _gaps(self, starts: dict, stops: dict, step: int) -> list:
+        """Per layer l of starts (in order): ms from starts[l] to stops[l + step], rounded;
+        layers without that stop are left out."""
+        out = []
+        for layer in sorted(starts):
+            stop = stops.get(layer + step)
+            if stop is None:
+                continue
+            start = starts[layer]
+            if self.cuda:
+                stop.synchronize()
+                out.append(round(start.elapsed_time(stop), 4))
+            else:
+                out.append(round((stop - start) * 1e3, 4))
+        return out
 
     def _mark(self):
         if not self.cuda:
