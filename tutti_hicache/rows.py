@@ -37,6 +37,7 @@ import threading
 import time
 from typing import Callable
 
+from .heal import quarantines
 from .namespace import FileTable, Namespace, lock_paths
 
 logger = logging.getLogger("tutti_hicache.store")
@@ -138,11 +139,16 @@ class Rows:
         and scan it. wanted() is asked once this object's lock is held: False (another thread
         grew the store meanwhile) returns True at once, so the caller reserves again. ahead:
         growth ahead of need (the grower thread): a row it finds held is retried by it only
-        after RETRY_HELD_S, but a writer that needs a row still tries it at once."""
+        after RETRY_HELD_S, but a writer that needs a row still tries it at once; and it never
+        grows while the namespace has quarantined (set-aside) files, since making room would
+        delete them (heal.reclaim) before the re-homing thread has read their pages back."""
         checked = self._ahead_checked if ahead else self._checked
         with self._lock:
             if not wanted():
                 return True
+            if ahead and quarantines([os.path.dirname(d) for d in self._ns.dirs],
+                                     os.path.basename(self._ns.dirs[0])):
+                return False
             now = time.monotonic()
             if not self.writer or now < self._growth_retry_at:
                 return False

@@ -22,7 +22,9 @@ payloads in the devices' queues.
 
 Growth ahead: a writer's store keeps at least one row's worth of free slots while it may still
 grow (its fair share, the capacity): a grower thread claims the next row (create, fallocate, header
-scan) when a reservation leaves fewer free slots than a row holds, and once at open. A write
+scan) when a reservation leaves fewer free slots than a row holds, and once at open; never while
+quarantined files of the namespace wait to be re-homed (growing could delete them to make room,
+before their pages are read back: only a write that needs the row may do that). A write
 then waits for a row's growth only when it outruns the grower (a first batch larger than the
 free space, or one arriving before the grower's first row); before, every write that used up the
 free slots paid the create + fallocate + scan of the next row itself (on the machine's virtio
