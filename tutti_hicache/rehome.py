@@ -19,7 +19,9 @@ the bytes that were written under its key, or is not re-homed. A file is deleted
 quarantine once empty, so the disk holds about one capacity plus a segment row meanwhile
 (heal.reclaim deletes quarantined files from the newest end when the store must grow first).
 Thread-safety: only the thread touches its state; the store's write path is thread-safe.
-One process re-homes a quarantine at a time: it holds an flock on the quarantine directory.
+One process re-homes a quarantine at a time: it holds an flock on the quarantine directory, from
+start() (before the attach returns, so a write growing the store meanwhile sees it being re-homed
+and heal.reclaim keeps its slack) until the quarantine is processed or the thread stops.
 """
 
 from __future__ import annotations
@@ -54,11 +56,35 @@ class Rehome:
         self._thread: Optional[threading.Thread] = None
         self.pages = 0
         self.dropped = 0
+        self._held: dict[str, int] = {}  # quarantine -> its flock'd fd (start .. processed)
 
     def start(self) -> "Rehome":
+        """Hold the flock of every quarantine this process will re-home, then start the thread.
+        The flocks are taken here, before start returns, so that from the attach on a write that
+        grows the store sees them being re-homed (heal.reclaim then keeps a row of slack instead
+        of deleting their unread files). A quarantine another process holds is left to it."""
+        self._held = {}
+        for q in self._queue:
+            fd = self._lock(q)
+            if fd is not None:
+                self._held[q] = fd
+        self._queue = [q for q in self._queue if q in self._held]
         self._thread = threading.Thread(target=self._run, daemon=True, name="tutti-rehome")
         self._thread.start()
         return self
+
+    @staticmethod
+    def _lock(q: str) -> Optional[int]:
+        try:
+            fd = os.open(q, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None  # reclaimed meanwhile
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None  # another process re-homes it
+        return fd
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         return self._done.wait(timeout)
@@ -80,18 +106,13 @@ class Rehome:
         except Exception:  # a background thread must not die silently
             logger.exception("tutti: re-homing failed; the rest is reclaimed as the store grows")
         finally:
+            for fd in self._held.values():  # those not reached (stop): the next attach resumes
+                os.close(fd)
+            self._held.clear()
             self._done.set()
 
     def _quarantine(self, q: str) -> None:
-        try:
-            fd = os.open(q, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            return  # reclaimed meanwhile
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            return  # another process re-homes it
+        fd = self._held.pop(q)
         try:
             for name in sorted(os.listdir(q)):
                 if self._stop.is_set():

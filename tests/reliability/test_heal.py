@@ -229,3 +229,35 @@ def test_growth_ahead_never_deletes_what_re_homing_has_not_read(tmp_path, monkey
         assert not wrong and ok.all()
     finally:
         s.close()
+
+
+def test_quarantines_are_held_for_re_homing_before_the_attach_returns(tmp_path, monkeypatch):
+    """Rehome.start takes every quarantine's flock before it returns, so a write that grows the
+    store right after the attach already sees them being re-homed (heal.reclaim then keeps a
+    row of slack instead of deleting their unread files)."""
+    import threading
+
+    from tutti_hicache import rehome as rehome_mod
+    from tutti_hicache.heal import _rehoming
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    s = ObjectStore(cfg_for([a, b]), GEOM, IDENT)
+    ks = keys_of(40)
+    write(s, ks)
+    s.close()
+    go, real_run = threading.Event(), rehome_mod.Rehome._run
+
+    def held_run(self):
+        go.wait(60)
+        real_run(self)
+    monkeypatch.setattr(rehome_mod.Rehome, "_run", held_run)
+    s = ObjectStore(cfg_for([a, b, c]), GEOM, IDENT)  # a dir appended: both old dirs set aside
+    try:
+        qs = [q for q, _, _ in quarantines([a, b])]
+        assert len(qs) == 2 and all(_rehoming(q) for q in qs)  # the thread has not run yet
+        go.set()
+        assert s.rehome_wait(60)
+        ok, wrong = read_all(s, ks)
+        assert not wrong and ok.all() and not quarantines([a, b])
+    finally:
+        go.set()
+        s.close()
