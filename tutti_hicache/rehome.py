@@ -63,7 +63,6 @@ class Rehome:
         The flocks are taken here, before start returns, so that from the attach on a write that
         grows the store sees them being re-homed (heal.reclaim then keeps a row of slack instead
         of deleting their unread files). A quarantine another process holds is left to it."""
-        self._held = {}
         for q in self._queue:
             fd = self._lock(q)
             if fd is not None:

@@ -49,7 +49,6 @@ SHARE_CACHE_S = 1.0  # the live-writer count is at most this old
 class Rows:
     def __init__(self, ns: Namespace, files: FileTable, writer: bool):
         self._ns = ns
-        self.namespace = ns
         self._files = files
         self.writer = writer
         self._lock = threading.Lock()

@@ -180,7 +180,8 @@ class ObjectStore:
                 logger.warning("tutti: cannot open segment row %d: %s", r, e)
         self._scan.scan_rows(rows, grant=True)
         self._scan.start(self._release_excess if self.writer else None)
-        self._writes.grow_ahead()
+        if self._ns.n_rows:  # every row but maybe the last is as large as row 0
+            self._writes.grow_ahead(len(self._ns.row_slots(0)))
         set_aside = [q for q, _, _ in quarantines([os.path.dirname(d) for d in self.ns_dirs],
                                                   os.path.basename(self.ns_dirs[0]))]
         if self.writer and set_aside:  # their pages come back by key, in the background

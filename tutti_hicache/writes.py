@@ -7,7 +7,7 @@ At a glance:
     writes.land(pending, start, stop, addrs, aligned)   payloads of keys [start, stop)
     writes.publish([Pending, ...]) -> [ok, ...]         their headers in one batch, then (4)
     writes.counters() -> {write_pages, write_bytes, write_seconds, dedup_skips, write_failures}
-    writes.grow_ahead()                                  start the grower thread (a writer's store)
+    writes.grow_ahead(row_slots)                         start the grower thread (a writer's store)
     writes.stop()                                        stop it (a growth in flight finishes)
 
 Per batch: (1) dedupe: a key present or being written is reported stored, not rewritten (SSD
@@ -87,14 +87,12 @@ class Writes:
         self._stopping = False
         self._low_water = 0  # free slots below which the grower claims a row (0: no grower)
 
-    def grow_ahead(self) -> None:
-        """Start the grower thread (a writer's store, at open) and ask it for a first row."""
-        if not self._rows.writer or self._grower is not None:
+    def grow_ahead(self, row_slots: int) -> None:
+        """Start the grower thread (a writer's store, at open) and ask it for a first row;
+        row_slots: the slots of one segment row, the free slots it keeps."""
+        if not self._rows.writer or self._grower is not None or row_slots <= 0:
             return
-        ns = self._rows.namespace
-        if not ns.n_rows:
-            return
-        self._low_water = max(1, len(ns.row_slots(0)))  # every row but maybe the last is as large
+        self._low_water = row_slots
         self._grower = threading.Thread(target=self._grow_loop, name="tutti-grow", daemon=True)
         self._grower.start()
         self._grow.set()

@@ -274,9 +274,7 @@ class LayerwiseKV:
         self.counter.reset()
 
     def close(self) -> None:
-        if self.counter.timeline is not None and self.counter.times is not None:
-            self.counter.times.end()  # the last loading forward is finished by now
-            self.counter.report_forwards(wait=True)  # its timeline record
+        self.counter.report_forwards(final=True)  # the last loading forward's timeline record
         self.reset()
         self._stats.dump(force=True)
         self._loader.worker.stop()

@@ -167,15 +167,18 @@ class LayerCounter:
             self.report_forwards()
         return b.error is None
 
-    def report_forwards(self, wait: bool = False) -> None:
+    def report_forwards(self, final: bool = False) -> None:
         """Timeline records of the forwards that loaded, once their marks completed: where each
         one's stream waited for a layer and how long each layer computed (windows.LayerTimes
         .report). At finish() a batch's own forward is usually still running on the GPU, so its
-        record follows at a later finish(), or at close (wait=True)."""
+        record follows at a later finish(), or at close (final: the current forward ends, and
+        every record is written, waiting for its marks)."""
         if self.timeline is None or self.times is None:
             return
         try:  # tracing never breaks a load or a close
-            for rec in self.times.report(wait):
+            if final:
+                self.times.end()
+            for rec in self.times.report(wait=final):
                 self.timeline.write(rec)
         except Exception:  # e.g. a CUDA error surfacing in an event query
             logger.exception("tutti: the forwards' timeline records were not written")

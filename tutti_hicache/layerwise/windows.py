@@ -148,33 +148,22 @@ class LayerTimes:
                 return []
             pending = list(self._unreported)
         out = []
+        ms = lambda gaps: [round(g * 1e3, 4) for g in gaps]
         for f in pending:
             marks = list(f.arrive.values()) + list(f.passed.values())
-            if self.cuda and not wait and not all(m.query() for m in marks):
-                break
+            if self.cuda:
+                if wait:
+                    for m in marks:
+                        m.synchronize()
+                elif not all(m.query() for m in marks):
+                    break
             out.append({"forward_of": f.index, "n": f.n, "p": f.p,
                         "clock": "gpu" if self.cuda else "host",
-                        "stall_ms": self._gaps(f.arrive, f.passed, 0),
-                        "span_ms": self._gaps(f.passed, f.arrive, 1)})
+                        "stall_ms": ms(self._gaps(f.arrive, f.passed, 0, True)),
+                        "span_ms": ms(self._spans(f, True))})
         with self._lock:
             for _ in out:
                 self._unreported.popleft()
-        return out
-
-    def _gaps(self, starts: dict, stops: dict, step: int) -> list:
-        """Per layer l of starts (in order): ms from starts[l] to stops[l + step], rounded;
-        layers without that stop are left out."""
-        out = []
-        for layer in sorted(starts):
-            stop = stops.get(layer + step)
-            if stop is None:
-                continue
-            start = starts[layer]
-            if self.cuda:
-                stop.synchronize()
-                out.append(round(start.elapsed_time(stop), 4))
-            else:
-                out.append(round((stop - start) * 1e3, 4))
         return out
 
     def _mark(self):
@@ -197,18 +186,23 @@ class LayerTimes:
 
     def _spans(self, f: _Forward, wait: bool) -> list:
         """Per layer l in order, passed(l) -> arrive(l + 1), from marks that completed."""
-        spans = []
-        for layer, start in list(f.passed.items()):
-            stop = f.arrive.get(layer + 1)
+        return self._gaps(f.passed, f.arrive, 1, wait)
+
+    def _gaps(self, starts: dict, stops: dict, step: int, wait: bool) -> list:
+        """Seconds from starts[l] to stops[l + step] per layer l of starts (in order), from stops
+        that completed; without wait, up to the first one that has not."""
+        gaps = []
+        for layer, start in list(starts.items()):
+            stop = stops.get(layer + step)
             if stop is None:
                 continue
             if not self.cuda:
-                spans.append(stop - start)
+                gaps.append(stop - start)
             elif stop.query():
-                spans.append(start.elapsed_time(stop) / 1e3)
+                gaps.append(start.elapsed_time(stop) / 1e3)
             elif not wait:
                 break
-        return spans
+        return gaps
 
     def _per_layer(self, f: _Forward, wait: bool) -> Optional[float]:
         """Median over layers l of passed(l) -> arrive(l + 1), from marks that completed."""
