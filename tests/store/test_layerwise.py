@@ -369,15 +369,30 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     rows = torch.arange(PAGE, PAGE * (N + 1))
     offload_all(lw, keys, rows)
     assert restore(lw, keys, rows)
+    assert lw.lookup(keys[:10]) == 10 and lw.lookup(keys[:10]) == 10  # as SGLang's match does
     assert restore(lw, keys[:10], rows[:10 * PAGE], rid="r2")
     files = list(tmp_path.glob("tl-*.jsonl"))
     assert len(files) == 1 and str(os.getpid()) in files[0].name
-    lines = [json.loads(x) for x in files[0].read_text().splitlines()]
+
+    def lines_with(n_forwards):  # the tutti-timeline thread writes the forwards' records
+        deadline = time.monotonic() + 30
+        while True:
+            lines = [json.loads(x) for x in files[0].read_text().splitlines()]
+            if sum("forward_of" in r for r in lines) >= n_forwards or time.monotonic() > deadline:
+                return lines
+            time.sleep(0.01)
+
+    lines = lines_with(2)
     recs = [r for r in lines if "start_ns" in r]
     assert [r["index"] for r in recs] == [0, 1] and [r["pages"] for r in recs] == [N, 10]
-    # the first load's forward, written once its marks completed (at the next finish)
+    assert [r["seq"] for r in recs] == [0, 1]
+    # the linker's calls before each start: none for the first load's lookup, two for the second
+    assert recs[0]["lookup_ns"] == [0, 0] and 0 < recs[0]["load_ns"] <= recs[0]["start_ns"]
+    look = recs[1]["lookup_ns"]
+    assert recs[0]["finish_ns"][1] < look[0] <= look[1] <= recs[1]["load_ns"] <= recs[1]["start_ns"]
+    # each load's forward, written once its marks completed, without a later load
     fwds = [r for r in lines if "forward_of" in r]
-    assert [f["forward_of"] for f in fwds] == [0] and fwds[0]["clock"] == "host"
+    assert [f["forward_of"] for f in fwds] == [0, 1] and fwds[0]["clock"] == "host"
     assert len(fwds[0]["stall_ms"]) == GEOM.num_layers and len(fwds[0]["span_ms"]) == GEOM.num_layers - 1
     assert min(fwds[0]["stall_ms"] + fwds[0]["span_ms"]) >= 0
     r = recs[0]
@@ -396,7 +411,7 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     assert "stream_stall_ms" not in s  # the raw line: its forward is a line of its own
     merged = timeline.read([files[0], tmp_path / "missing"])
     assert [m["index"] for m in merged] == [0, 1] and merged[0]["forward"] == fwds[0]
-    assert "forward" not in merged[1]  # its forward is still the current one
+    assert merged[1]["forward"] == fwds[1] and fwds[1]["p"] == 10 * PAGE
     s = timeline.summarize(merged[0])
     # each stall (arrive -> passed) lies inside the forward's wait_until(l) (entry -> return)
     assert 0 <= s["stream_stall_first_ms"] <= s["stream_stall_ms"] <= s["forward_wait_ms"] + 0.01
@@ -409,12 +424,16 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     for seg in (tmp_path / "b").rglob("*"):
         if seg.is_file() and seg.stat().st_size > 1 << 20:
             os.truncate(seg, 4096)
+    lw.reset()  # SGLang's reset: the batch index restarts, the timeline's numbers do not
     assert not restore(lw, keys, rows, rid="r3")
     last = [r for r in map(json.loads, files[0].read_text().splitlines()) if "start_ns" in r][-1]
-    assert last["index"] == 2 and "LoadFailed" in last["error"]
-    lw.close()  # writes the last forward's record
-    fwds = [r for r in map(json.loads, files[0].read_text().splitlines()) if "forward_of" in r]
+    assert last["index"] == 0 and last["seq"] == 2 and "LoadFailed" in last["error"]
+    lw.close()  # every forward's record is written by now
+    lines = [json.loads(x) for x in files[0].read_text().splitlines()]
+    fwds = [r for r in lines if "forward_of" in r]
     assert [f["forward_of"] for f in fwds] == [0, 1, 2]
+    merged = timeline.read([files[0]])  # matched on seq, not on the restarted index
+    assert [m["forward"]["forward_of"] for m in merged] == [0, 1, 2]
 
 
 def test_no_timeline_file_by_default(tmp_path):

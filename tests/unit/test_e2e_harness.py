@@ -238,13 +238,15 @@ def test_split_rows_join_requests_with_the_load_that_started_between_send_and_fi
     (not a neighbour's); requests without a load there, twins (/l1) and failed loads left out."""
     run = {"config": "tutti-linker", "medium": "m", "phases": {"sweep": [
         {"id": "sweep/4096/0.9", "sent_ns": 1_000_000_000, "first_token_ns": 1_300_000_000},
-        {"id": "sweep/4096/0.9/l1", "sent_ns": 1_400_000_000, "first_token_ns": 1_450_000_000},
+        {"id": "sweep/4096/0.9/l1", "sent_ns": 1_400_000_000, "first_token_ns": 1_450_000_000,
+         "ttft_s": 0.05},
         {"id": "sweep/4096/0.99", "sent_ns": 2_000_000_000, "first_token_ns": 2_250_000_000},
         {"id": "sweep/8192/0.9", "sent_ns": 3_000_000_000, "first_token_ns": 3_100_000_000}]},
         "timeline": [
             {"start_ns": 2_040_000_000, "finish_ns": 2_200_000_000, "reads_ms": 150.0,
              "stream_stall_first_ms": 12.5, "stream_stall_ms": 31.0, "layers_compute_ms": 104.0},
-            {"start_ns": 1_030_000_000, "finish_ns": 1_280_000_000, "reads_ms": 240.0},
+            {"start_ns": 1_030_000_000, "finish_ns": 1_280_000_000, "reads_ms": 240.0,
+             "lookup_ns": 1_025_000_000},
             {"start_ns": 1_420_000_000, "finish_ns": 1_440_000_000, "reads_ms": 10.0},
             {"start_ns": 3_010_000_000, "finish_ns": 3_050_000_000, "error": "LoadFailed()"}]}
     rows = e2e.split_rows([run, {"config": "dram", "phases": run["phases"]}])
@@ -254,12 +256,15 @@ def test_split_rows_join_requests_with_the_load_that_started_between_send_and_fi
     assert a["before_ms"] + a["load_ms"] + a["after_ms"] == pytest.approx(a["ttft_ms"]) == pytest.approx(300)
     assert (b["before_ms"], b["load_ms"], b["after_ms"]) == pytest.approx((40, 160, 50))
     assert a["floor_ms"] is None  # no bytes per token given
+    assert a["twin_ms"] == pytest.approx(50) and a["to_lookup_ms"] == pytest.approx(25)
+    assert b["twin_ms"] is None and b["to_lookup_ms"] is None
     run["raw_read_GBps"] = 10.0
     run["phases"]["sweep"][2]["cached"] = 1000  # 1000 tokens x 1000 B at 10 GB/s: 0.1 ms of I/O
     text = e2e.report_markdown([run], 1000)
-    assert "| m | tutti-linker | 4096 | 0.99 | 250 | 40.0 | 160.0 | 150.0 | 50.0 | 90 | 2.77 | 12.5 / 31.0 | 104.0 |" \
+    assert "| m | tutti-linker | 4096 | 0.99 | 250 | - | 40.0 | - | 160.0 | 150.0 | 50.0 | 90 | 2.77 | 12.5 / 31.0 " \
+        "| 104.0 |" in text
+    assert "| m | tutti-linker | 4096 | 0.9 | 300 | 50 | 30.0 | 25.0 | 250.0 | 240.0 | 20.0 | - | - | - / - | - |" \
         in text
-    assert "| m | tutti-linker | 4096 | 0.9 | 300 | 30.0 | 250.0 | 240.0 | 20.0 | - | - | - / - | - |" in text
     assert e2e.split_rows([run], 1000)[1]["floor_ms"] == pytest.approx(90.1)
 
 

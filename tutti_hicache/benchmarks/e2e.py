@@ -336,11 +336,12 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0) -> str:
     split = split_rows(runs, bpt)
     if split:
         parts += ["### The sweep's TTFT around its load (client clock joined with the timeline's; ms)", _table(
-            ["medium", "config", "C", "h", "TTFT", "before the load", "load", "of which reads",
+            ["medium", "config", "C", "h", "TTFT", "compute-only twin's TTFT", "before the load",
+             "of which before the linker's lookup", "load", "of which reads",
              "after the load", "I/O floor + before + after (I/O-bound rows only)", "TTFT / that",
              "forward's stream idle for KV: layer 0 / all layers", "layers' compute (all but the last)"],
-            [[r["medium"], r["config"], r["context"], f"{r['h']:g}", _f(r["ttft_ms"]), _f(r["before_ms"], ".1f"),
-              _f(r["load_ms"], ".1f"), _f(r["reads_ms"], ".1f"), _f(r["after_ms"], ".1f"), _f(r["floor_ms"]),
+            [[r["medium"], r["config"], r["context"], f"{r['h']:g}", _f(r["ttft_ms"]), _f(r.get("twin_ms")),
+              _f(r["before_ms"], ".1f"), _f(r.get("to_lookup_ms"), ".1f"), _f(r["load_ms"], ".1f"), _f(r["reads_ms"], ".1f"), _f(r["after_ms"], ".1f"), _f(r["floor_ms"]),
               _f(r["ttft_ms"] / r["floor_ms"] if r["floor_ms"] else None, ".2f"),
               f"{_f(r.get('stream_stall_first_ms'), '.1f')} / {_f(r.get('stream_stall_ms'), '.1f')}",
               _f(r.get("layers_compute_ms"), ".1f")] for r in split])]
@@ -355,14 +356,18 @@ def split_rows(runs: list, bpt: int = 0) -> list:
     finish_layer_wise_loading's return, after = that return to the first token (the last
     layers' compute, sampling, the response). With bytes per token (bpt) and the run's raw read:
     floor_ms = the I/O floor (the cached bytes at the raw rate) + before + after, the time left
-    for an I/O-bound request once SGLang's own work outside the load is counted."""
+    for an I/O-bound request once SGLang's own work outside the load is counted. to_lookup_ms:
+    send to the linker's first lookup (SGLang's part of before); twin_ms: the TTFT of the point's
+    compute-only twin (the same prefix in device memory), beside it."""
     out = []
     for run in runs:
         loads = sorted((t for t in run.get("timeline") or [] if t.get("start_ns") and t.get("finish_ns")
                         and not t.get("error")), key=lambda t: t["start_ns"])
         if not loads:
             continue
-        for r in run.get("phases", {}).get("sweep", []):
+        sweep = run.get("phases", {}).get("sweep", [])
+        twins = {r["id"][:-3]: r.get("ttft_s") for r in sweep if r["id"].endswith("/l1")}
+        for r in sweep:
             sent, first = r.get("sent_ns"), r.get("first_token_ns")
             if r["id"].endswith("/l1") or not sent or not first:
                 continue
@@ -376,6 +381,9 @@ def split_rows(runs: list, bpt: int = 0) -> list:
                    "load_ms": (load["finish_ns"] - load["start_ns"]) / 1e6,
                    "reads_ms": load.get("reads_ms"),
                    "after_ms": (first - load["finish_ns"]) / 1e6, "floor_ms": None,
+                   "twin_ms": twins[r["id"]] * 1e3 if twins.get(r["id"]) else None,
+                   "to_lookup_ms": (load["lookup_ns"] - sent) / 1e6
+                   if sent <= load.get("lookup_ns", 0) <= load["start_ns"] else None,
                    **{k: load.get(k) for k in ("stream_stall_first_ms", "stream_stall_ms",
                                                 "layers_compute_ms")}}
             io = io_floor_s(r, run.get("raw_read_GBps"), bpt)

@@ -7,6 +7,8 @@ At a glance:
     summarize(record) -> dict       milliseconds from the load's start (LayerwiseKV.start):
         reads_ms          the last staging chunk's reads final (the I/O span)
         first_read_ms     the first chunk's
+        lookup_ms, lookup_took_ms   the linker's first lookup before the start (negative),
+                          and the time from it to the last lookup's return; lookup_ns its entry
         begin_ms, opened_ms   the loader thread took the batch; its read stream was open (the
                           part of first_read_ms before any read was at the devices)
         handed_ms         the last layer handed to the forward
@@ -39,7 +41,9 @@ import sys
 
 def read(paths) -> list:
     """The loads' records of every file, each with its forward's record (written later, by the
-    same process: `forward_of` = the load's index) under "forward" when there is one."""
+    same process: `forward_of` = the load's `seq`, its number since the counter was made; files
+    from before `seq` match on `index`, which restarts at every reset) under "forward" when
+    there is one."""
     out = []
     for p in paths:
         lines = []
@@ -55,8 +59,9 @@ def read(paths) -> list:
         forwards = {r["forward_of"]: r for r in lines if isinstance(r, dict) and "forward_of" in r}
         for r in lines:
             if isinstance(r, dict) and "start_ns" in r:
-                if r.get("index") in forwards:
-                    r["forward"] = forwards[r["index"]]
+                key = r.get("seq", r.get("index"))
+                if key in forwards:
+                    r["forward"] = forwards[key]
                 out.append(r)
     return out
 
@@ -69,6 +74,10 @@ def summarize(rec: dict) -> dict:
 
     out = {"index": rec.get("index"), "mode": rec.get("mode"), "pages": rec.get("pages"),
            "error": rec.get("error"), "start_ns": t0}
+    look = rec.get("lookup_ns") or [0, 0]
+    if look[0] and look[1]:  # the linker's lookups before the start (negative: before it)
+        out["lookup_ms"], out["lookup_took_ms"] = ms(look[0]), round((look[1] - look[0]) / 1e6, 3)
+        out["lookup_ns"] = look[0]
     for key in ("begin", "opened"):  # the loader took the batch; its read stream was open
         if rec.get(f"{key}_ns"):
             out[f"{key}_ms"] = ms(rec[f"{key}_ns"])

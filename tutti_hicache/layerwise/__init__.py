@@ -54,7 +54,7 @@ from .loader import Loader, LoadFailed
 from .offloader import Offloader
 from .staging import Staging
 from .stats import LinkerStats
-from .timeline import TimelineFile
+from .timeline import TimelineFile, now_ns
 from .windows import LayerTimes, Windows
 
 __all__ = ["LayerwiseKV", "LayerCounter", "LoadFailed"]
@@ -76,6 +76,7 @@ class LayerwiseKV:
         self.counter = LayerCounter(self.num_layers, self.times if cfg.write_windows == "online"
                                     else None,
                                     TimelineFile(cfg.timeline_file) if cfg.timeline_file else None)
+        self._before = [0, 0, 0]  # timeline: the next load's first lookup, last lookup return, load
         self.gpu_wait = self._gpu_wait_mode(cfg.gpu_wait, geometry)  # before anything is opened
         self.store = ObjectStore(cfg, geometry, identity, writer=writer)
         self.io = self._io_stream()
@@ -233,9 +234,17 @@ class LayerwiseKV:
 
     # ------------------------------------------------------------ lookup / load
     def lookup(self, keys: list) -> int:
-        return self.store.prefix_len(list(keys))
+        if self.counter.timeline is None:
+            return self.store.prefix_len(list(keys))
+        t0 = now_ns()
+        n = self.store.prefix_len(list(keys))
+        # the timeline's record of the next load: its lookups' first entry and last return
+        self._before = [self._before[0] or t0, now_ns(), self._before[2]]
+        return n
 
     def load(self, rid: str, keys: list, device_indices) -> bool:
+        if self.counter.timeline is not None and not self._before[2]:
+            self._before[2] = now_ns()
         return self._loader.load(rid, keys, device_indices)
 
     def cancel(self, rid: str) -> bool:
@@ -244,7 +253,11 @@ class LayerwiseKV:
     def start(self, input_tokens: int = 0) -> int:
         """Start every queued load; input_tokens (new tokens of the batch, 0 = unknown) picks the
         slack-table row for write windows (unknown: the smallest, most conservative one)."""
-        return self._loader.start(input_tokens)
+        index = self._loader.start(input_tokens)
+        if index >= 0 and self.counter.timeline is not None:
+            self.counter.annotate(index, lookup_ns=self._before[:2], load_ns=self._before[2])
+            self._before = [0, 0, 0]
+        return index
 
     def finish(self, index: int) -> bool:
         return True if index < 0 else self.counter.finish(index)

@@ -52,6 +52,7 @@ class _Batch:
     shape: tuple = (0, 0)  # (new tokens, loaded prefix tokens), for the write windows' timing
     verdict: threading.Event = field(default_factory=threading.Event)
     rec: Optional[dict] = None  # the timeline record, when one is kept
+    seq: int = 0  # the counter's loads numbered from its creation (reset() keeps counting)
 
     def __post_init__(self):
         self.enqueued = [threading.Event() for _ in range(self.layers)]
@@ -75,14 +76,20 @@ class LayerCounter:
         self.waited = -1  # last layer the forward waited for (its progress)
         self._batches: dict[int, _Batch] = {}
         self._lock = threading.Lock()
+        self._seq = -1  # the timeline's load numbers: the index restarts at every reset()
+        self._reporter: Optional[threading.Thread] = None  # writes the forwards' records
+        self._report_due = threading.Event()
+        self._report_lock = threading.Lock()
 
     def update_producer(self) -> int:
         with self._lock:
             self.producer_index += 1
-            b = self._batches[self.producer_index] = _Batch(self.num_layers)
+            self._seq += 1
+            b = self._batches[self.producer_index] = _Batch(self.num_layers, seq=self._seq)
             if self.timeline is not None:
                 n = self.num_layers
-                b.rec = {"index": self.producer_index, "start_ns": now_ns(), "complete_ns": [0] * n,
+                b.rec = {"index": self.producer_index, "seq": self._seq, "start_ns": now_ns(),
+                         "complete_ns": [0] * n,
                          "wait_ns": [[0, 0] for _ in range(n)], "finish_ns": [0, 0]}
             return self.producer_index
 
@@ -102,7 +109,7 @@ class LayerCounter:
             if b is None:
                 self.times.end()
             else:
-                self.times.begin(*b.shape, index)
+                self.times.begin(*b.shape, b.seq)
 
     def complete(self, index: int, layer: int, event=None) -> None:
         b = self._batches[index]
@@ -164,24 +171,43 @@ class LayerCounter:
         if b.rec is not None:
             b.rec["finish_ns"] = [t0, now_ns()]
             self.timeline.write(b.rec)
-            self.report_forwards()
+            if self.times is not None:
+                # SGLang calls finish right after launching the batch's forward: its marks are
+                # all recorded, and a thread writes its record once they completed on the GPU
+                self.times.end_of(b.seq)
+                self._reporter_wake()
         return b.error is None
 
-    def report_forwards(self, final: bool = False) -> None:
+    def _reporter_wake(self) -> None:
+        with self._lock:
+            if self._reporter is None:
+                self._reporter = threading.Thread(target=self._report_loop, daemon=True,
+                                                  name="tutti-timeline")
+                self._reporter.start()
+        self._report_due.set()
+
+    def _report_loop(self) -> None:
+        while True:
+            self._report_due.wait()
+            self._report_due.clear()
+            self.report_forwards(wait=True)
+
+    def report_forwards(self, final: bool = False, wait: bool = False) -> None:
         """Timeline records of the forwards that loaded, once their marks completed: where each
         one's stream waited for a layer and how long each layer computed (windows.LayerTimes
-        .report). At finish() a batch's own forward is usually still running on the GPU, so its
-        record follows at a later finish(), or at close (final: the current forward ends, and
-        every record is written, waiting for its marks)."""
+        .report). At finish() a batch's own forward is usually still running on the GPU: the
+        `tutti-timeline` thread waits for its marks (wait) and writes it; at close (final) the
+        current forward ends, and every record is written, waiting for its marks."""
         if self.timeline is None or self.times is None:
             return
-        try:  # tracing never breaks a load or a close
-            if final:
-                self.times.end()
-            for rec in self.times.report(wait=final):
-                self.timeline.write(rec)
-        except Exception:  # e.g. a CUDA error surfacing in an event query
-            logger.exception("tutti: the forwards' timeline records were not written")
+        with self._report_lock:  # the thread and close: each record once, in order
+            try:  # tracing never breaks a load or a close
+                if final:
+                    self.times.end()
+                for rec in self.times.report(wait=final or wait):
+                    self.timeline.write(rec)
+            except Exception:  # e.g. a CUDA error surfacing in an event query
+                logger.exception("tutti: the forwards' timeline records were not written")
 
     def reset(self) -> None:
         with self._lock:

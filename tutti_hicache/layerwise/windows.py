@@ -128,6 +128,14 @@ class LayerTimes:
             self._retire()
             self._current = None
 
+    def end_of(self, index: int) -> None:
+        """The forward of batch `index` has been launched (its marks are all recorded): it
+        ends now if it is the current one, so report() can give it without a later forward."""
+        with self._lock:
+            if self._current is not None and self._current.index == index:
+                self._retire()
+                self._current = None
+
     def _retire(self) -> None:
         if self._current is not None:
             self._done.append(self._current)
@@ -135,7 +143,8 @@ class LayerTimes:
                 self._unreported.append(self._current)
 
     def report(self, wait: bool = False) -> list:
-        """Finished forwards' marks, oldest first, each once: {forward_of (the batch index),
+        """Finished forwards' marks, oldest first, each once: {forward_of (the batch's load
+        number, LayerCounter's seq),
         n, p, clock ("gpu": CUDA event times on the forward's stream; "host"), stall_ms[l] =
         arrive(l) -> passed(l) (the forward waiting for layer l's KV: on the GPU, its stream
         idle before the layer's copy; the CPU's wait alone is not in it), span_ms[l] =
