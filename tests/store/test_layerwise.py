@@ -369,16 +369,18 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     rows = torch.arange(PAGE, PAGE * (N + 1))
     offload_all(lw, keys, rows)
     assert restore(lw, keys, rows)
-    assert lw.lookup(keys[:10]) == 10 and lw.lookup(keys[:10]) == 10  # as SGLang's match does
+    assert lw.lookup(keys[:10]) == 10  # SGLang's match may look up twice
+    lookup_between = [time.monotonic_ns()]
+    assert lw.lookup(keys[:10]) == 10
     assert restore(lw, keys[:10], rows[:10 * PAGE], rid="r2")
     files = list(tmp_path.glob("tl-*.jsonl"))
     assert len(files) == 1 and str(os.getpid()) in files[0].name
 
-    def lines_with(n_forwards):  # the tutti-timeline thread writes the forwards' records
+    def lines_with(n, key="forward_of"):  # the tutti-timeline thread writes the forwards' records
         deadline = time.monotonic() + 30
         while True:
             lines = [json.loads(x) for x in files[0].read_text().splitlines()]
-            if sum("forward_of" in r for r in lines) >= n_forwards or time.monotonic() > deadline:
+            if sum(key in r for r in lines) >= n or time.monotonic() > deadline:
                 return lines
             time.sleep(0.01)
 
@@ -386,10 +388,11 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     recs = [r for r in lines if "start_ns" in r]
     assert [r["index"] for r in recs] == [0, 1] and [r["pages"] for r in recs] == [N, 10]
     assert [r["seq"] for r in recs] == [0, 1]
-    # the linker's calls before each start: none for the first load's lookup, two for the second
+    # the linker's calls before each start: no lookup for the first load, the last of two
     assert recs[0]["lookup_ns"] == [0, 0] and 0 < recs[0]["load_ns"] <= recs[0]["start_ns"]
     look = recs[1]["lookup_ns"]
     assert recs[0]["finish_ns"][1] < look[0] <= look[1] <= recs[1]["load_ns"] <= recs[1]["start_ns"]
+    assert look[0] >= lookup_between[0]
     # each load's forward, written once its marks completed, without a later load
     fwds = [r for r in lines if "forward_of" in r]
     assert [f["forward_of"] for f in fwds] == [0, 1] and fwds[0]["clock"] == "host"
@@ -424,6 +427,25 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     for seg in (tmp_path / "b").rglob("*"):
         if seg.is_file() and seg.stat().st_size > 1 << 20:
             os.truncate(seg, 4096)
+    # forwards without a load: a decode-sized one is not written, a prefill-sized one is, with the
+    # last load's number, and read() hands it to that load as its compute-only twin
+    from tutti_hicache.layerwise import counter as counter_mod
+    for pause in (0.0, counter_mod.BARE_MIN_MS / 1e3 / (GEOM.num_layers - 1)):
+        lw.counter.set_consumer(-1)
+        for layer in range(GEOM.num_layers):
+            lw.counter.wait_until(layer)
+            time.sleep(pause)
+    lw.counter.set_consumer(-1)  # the next batch: the last one retires and the thread writes it
+    lines = lines_with(1, "bare_after")
+    time.sleep(0.2)  # and nothing more follows
+    lines = [json.loads(x) for x in files[0].read_text().splitlines()]
+    bare = [r for r in lines if "bare_after" in r]
+    assert len(bare) == 1 and bare[0]["bare_after"] == 1 and sum(bare[0]["span_ms"]) >= counter_mod.BARE_MIN_MS
+    assert len(bare[0]["span_ms"]) == GEOM.num_layers - 1
+    merged = timeline.read([files[0]])
+    assert "next_bare" not in merged[0] and merged[1]["next_bare"] == bare[0]
+    assert timeline.summarize(merged[1])["next_bare_compute_ms"] == pytest.approx(sum(bare[0]["span_ms"]),
+                                                                                   abs=0.01)
     lw.reset()  # SGLang's reset: the batch index restarts, the timeline's numbers do not
     assert not restore(lw, keys, rows, rid="r3")
     last = [r for r in map(json.loads, files[0].read_text().splitlines()) if "start_ns" in r][-1]

@@ -7,8 +7,8 @@ At a glance:
     summarize(record) -> dict       milliseconds from the load's start (LayerwiseKV.start):
         reads_ms          the last staging chunk's reads final (the I/O span)
         first_read_ms     the first chunk's
-        lookup_ms, lookup_took_ms   the linker's first lookup before the start (negative),
-                          and the time from it to the last lookup's return; lookup_ns its entry
+        lookup_ms, lookup_took_ms   the linker's last lookup before the start (negative)
+                          and its duration; lookup_ns its entry
         begin_ms, opened_ms   the loader thread took the batch; its read stream was open (the
                           part of first_read_ms before any read was at the devices)
         handed_ms         the last layer handed to the forward
@@ -29,6 +29,8 @@ At a glance:
         layers_compute_ms layer 0's KV landed -> the last layer reached, waits excluded (the
                           compute of every layer but the last, under the load's copies)
         forward_clock     "gpu" or "host" (CPU forwards: host clocks)
+        next_bare_compute_ms  the same for the first forward without a load after this load
+                          whose layers took >= 20 ms (a benchmark's compute-only twin)
     table(records) -> markdown
 """
 
@@ -57,11 +59,17 @@ def read(paths) -> list:
         except OSError:
             continue
         forwards = {r["forward_of"]: r for r in lines if isinstance(r, dict) and "forward_of" in r}
+        bare = {}
+        for r in lines:  # the first forward without a load after each load: its twin
+            if isinstance(r, dict) and "bare_after" in r:
+                bare.setdefault(r["bare_after"], r)
         for r in lines:
             if isinstance(r, dict) and "start_ns" in r:
                 key = r.get("seq", r.get("index"))
                 if key in forwards:
                     r["forward"] = forwards[key]
+                if "seq" in r and r["seq"] in bare:
+                    r["next_bare"] = bare[r["seq"]]
                 out.append(r)
     return out
 
@@ -111,6 +119,9 @@ def summarize(rec: dict) -> dict:
     if span:
         out["layers_compute_ms"] = round(sum(span), 3)
         out["forward_clock"] = fwd.get("clock")
+    nxt = (rec.get("next_bare") or {}).get("span_ms") or []
+    if nxt:
+        out["next_bare_compute_ms"] = round(sum(nxt), 3)
     return out
 
 

@@ -238,8 +238,9 @@ class LayerwiseKV:
             return self.store.prefix_len(list(keys))
         t0 = now_ns()
         n = self.store.prefix_len(list(keys))
-        # the timeline's record of the next load: its lookups' first entry and last return
-        self._before = [self._before[0] or t0, now_ns(), self._before[2]]
+        # the timeline's record of the next load: the last lookup before it (a request that
+        # loads nothing leaves no trace), and the first load call
+        self._before = [t0, now_ns(), self._before[2]]
         return n
 
     def load(self, rid: str, keys: list, device_indices) -> bool:

@@ -25,7 +25,9 @@ for slack windows, never for correctness). `times` (windows.LayerTimes) is told 
 `timeline` (timeline.TimelineFile, tutti_timeline_file) gets one record per batch at finish():
 when it started, each layer was handed over, the forward waited for it, and finish ran; and,
 with `times`, one record per loading forward once its CUDA events completed (report_forwards):
-the forward's own stream stalls and layer times.
+the forward's own stream stalls and layer times; and one per forward without a load whose layers
+took at least BARE_MIN_MS (`bare_after`: the last load's seq before it; the compute-only twin of a
+benchmark's point is the first after its load), its layer times alone.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch
 from .timeline import now_ns
 
 logger = logging.getLogger("tutti_hicache.timeline")
+BARE_MIN_MS = 20.0  # a forward without a load is written when its layers took this long
 
 
 @dataclass
@@ -69,8 +72,13 @@ class LayerCounter:
         self.num_layers = num_layers
         self.times = times  # windows.LayerTimes: the forward's progress, for write windows
         self.timeline = timeline  # timeline.TimelineFile, or None
+        # with a timeline, forwards without a load are marked too ("bare": the compute-only
+        # reference beside the loading ones); only those of at least BARE_MIN_MS are written
+        self.bare = None
         if timeline is not None and times is not None:
             times.report()  # keep the loading forwards' marks from now on, for the timeline
+            self.bare = type(times)(times.cuda)
+            self.bare.report()
         self.consumer_index = -1
         self.producer_index = -1
         self.waited = -1  # last layer the forward waited for (its progress)
@@ -110,6 +118,16 @@ class LayerCounter:
                 self.times.end()
             else:
                 self.times.begin(*b.shape, b.seq)
+            if self.bare is not None:
+                if b is None and not self._capturing():
+                    self.bare.begin(0, 0, self._seq)  # forward_of: the last load before it
+                else:
+                    self.bare.end()
+                if self._reporter is not None:
+                    self._report_due.set()
+
+    def _capturing(self) -> bool:  # a CUDA graph capture (SGLang's decode graphs): no marks
+        return self.bare.cuda and torch.cuda.is_current_stream_capturing()
 
     def complete(self, index: int, layer: int, event=None) -> None:
         b = self._batches[index]
@@ -140,6 +158,9 @@ class LayerCounter:
         self.waited = layer
         b = self._batches.get(self.consumer_index)
         if b is None:
+            if self.bare is not None:
+                self.bare.arrive(layer)
+                self.bare.passed(layer)
             return
         t, w = self.times, (b.rec["wait_ns"][layer] if b.rec is not None else None)
         if w is not None and not w[0]:
@@ -206,6 +227,12 @@ class LayerCounter:
                     self.times.end()
                 for rec in self.times.report(wait=final or wait):
                     self.timeline.write(rec)
+                if final:
+                    self.bare.end()
+                for rec in self.bare.report(wait=final or wait):
+                    if sum(rec["span_ms"]) >= BARE_MIN_MS:  # prefills, not decode steps
+                        self.timeline.write({"bare_after": rec["forward_of"], "clock": rec["clock"],
+                                             "span_ms": rec["span_ms"]})
             except Exception:  # e.g. a CUDA error surfacing in an event query
                 logger.exception("tutti: the forwards' timeline records were not written")
 

@@ -17,9 +17,8 @@ A record (layerwise/counter.py builds it; the loader adds its part) holds, all i
     mode, pages, chunk_layers, chunk_done_ns, loader_end_ns from the loader: the completion path,
                                     the pages loaded, each staging chunk's layer and the time its
                                     reads became final, the loader's end; error on failure
-    lookup_ns = [in, out], load_ns  the linker's lookups before the start (the first one's
-                                    entry, the last one's return; 0, 0: none) and its first
-                                    load call (0: none)
+    lookup_ns = [in, out], load_ns  the linker's last lookup before the start (0, 0: none)
+                                    and its first load call (0: none)
     begin_ns, opened_ns             the loader thread took the batch; its read stream was open
                                     (pages planned, directories held for reads)
 tutti_hicache/benchmarks/timeline.py summarizes a file.
