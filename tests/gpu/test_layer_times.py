@@ -2,6 +2,8 @@
 timeline reports them, on a real GPU. On CPU the same arithmetic is tested with host clocks
 (tests/unit/test_windows.py)."""
 
+import time
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ def test_a_stream_waiting_on_another_streams_work_is_reported_as_a_stall():
     for it between arrive(1) and passed(1). The check is where the time is attributed (that
     stall is the largest mark), not how long anything took."""
     times = LayerTimes(cuda=True)
+    assert rec["last_passed_ns"] >= before  # the host time the GPU passed the last layer's wait
     assert times.report() == []  # start keeping
     side = torch.cuda.Stream()
     x = torch.ones(1 << 20, device="cuda")
@@ -34,9 +37,11 @@ def test_a_stream_waiting_on_another_streams_work_is_reported_as_a_stall():
     times.arrive(2)
     times.passed(2)
     times.end()
+    before = time.monotonic_ns()  # layer 1's copy is still sleeping on the GPU
     (rec,) = times.report(wait=True)
     assert rec["forward_of"] == 3 and rec["clock"] == "gpu"
     assert len(rec["stall_ms"]) == 3 and len(rec["span_ms"]) == 2
     assert min(rec["stall_ms"] + rec["span_ms"]) >= 0
     assert max(rec["stall_ms"] + rec["span_ms"]) == rec["stall_ms"][1]  # the wait, not the compute
+    assert rec["last_passed_ns"] >= before  # the host time the GPU passed the last layer's wait
     assert times.report() == []

@@ -261,9 +261,9 @@ def test_split_rows_join_requests_with_the_load_that_started_between_send_and_fi
     run["raw_read_GBps"] = 10.0
     run["phases"]["sweep"][2]["cached"] = 1000  # 1000 tokens x 1000 B at 10 GB/s: 0.1 ms of I/O
     text = e2e.report_markdown([run], 1000)
-    assert "| m | tutti-linker | 4096 | 0.99 | 250 | - | 40.0 | - | 160.0 | 150.0 | 50.0 | 90 | 2.77 | 12.5 / 31.0 " \
+    assert "| m | tutti-linker | 4096 | 0.99 | 250 | - | 40.0 | - | 160.0 | 150.0 | 50.0 | 90 | 2.77 | - / - | 12.5 / 31.0 " \
         "| 104.0 / - |" in text
-    assert "| m | tutti-linker | 4096 | 0.9 | 300 | 50 | 30.0 | 25.0 | 250.0 | 240.0 | 20.0 | - | - | - / - | - / - |" \
+    assert "| m | tutti-linker | 4096 | 0.9 | 300 | 50 | 30.0 | 25.0 | 250.0 | 240.0 | 20.0 | - | - | - / - | - / - | - / - |" \
         in text
     assert e2e.split_rows([run], 1000)[1]["floor_ms"] == pytest.approx(90.1)
 
@@ -351,3 +351,16 @@ def test_share_linker_store_order(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", [a for a in argv if a != "--share-linker-store"])
     mod.main()
     assert all(c[1] == "" and c[2] == 0 for c in calls)
+
+
+def test_a_forward_record_with_a_host_anchor_places_its_layers_on_the_host_clock():
+    """last_passed_ns (the host time the GPU passed the last layer's wait) minus the layers'
+    spans and the later layers' stalls = when the GPU began layer 0, ms from the load's start."""
+    from tutti_hicache.benchmarks import timeline
+    rec = {"start_ns": 1_000_000_000, "forward": {
+        "stall_ms": [5.0, 1.0, 2.0], "span_ms": [10.0, 10.0], "clock": "gpu",
+        "last_passed_ns": 1_050_000_000}}
+    s = timeline.summarize(rec)
+    assert s["gpu_last_layer_ms"] == 50.0 and s["gpu_layer0_ms"] == pytest.approx(50 - 20 - 3)
+    del rec["forward"]["last_passed_ns"]
+    assert "gpu_layer0_ms" not in timeline.summarize(rec)

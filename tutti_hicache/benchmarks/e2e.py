@@ -339,11 +339,13 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0) -> str:
             ["medium", "config", "C", "h", "TTFT", "compute-only twin's TTFT", "before the load",
              "of which before the linker's lookup", "load", "of which reads",
              "after the load", "I/O floor + before + after (I/O-bound rows only)", "TTFT / that",
+             "GPU begins layer 0 / the last layer (ms after the load's start)",
              "forward's stream idle for KV: layer 0 / all layers",
              "layers' compute (all but the last): this / its twin's"],
             [[r["medium"], r["config"], r["context"], f"{r['h']:g}", _f(r["ttft_ms"]), _f(r.get("twin_ms")),
               _f(r["before_ms"], ".1f"), _f(r.get("to_lookup_ms"), ".1f"), _f(r["load_ms"], ".1f"), _f(r["reads_ms"], ".1f"), _f(r["after_ms"], ".1f"), _f(r["floor_ms"]),
               _f(r["ttft_ms"] / r["floor_ms"] if r["floor_ms"] else None, ".2f"),
+              f"{_f(r.get('gpu_layer0_ms'), '.1f')} / {_f(r.get('gpu_last_layer_ms'), '.1f')}",
               f"{_f(r.get('stream_stall_first_ms'), '.1f')} / {_f(r.get('stream_stall_ms'), '.1f')}",
               f"{_f(r.get('layers_compute_ms'), '.1f')} / {_f(r.get('next_bare_compute_ms'), '.1f')}"]
              for r in split])]
@@ -387,7 +389,8 @@ def split_rows(runs: list, bpt: int = 0) -> list:
                    "to_lookup_ms": (load["lookup_ns"] - sent) / 1e6
                    if sent <= load.get("lookup_ns", 0) <= load["start_ns"] else None,
                    **{k: load.get(k) for k in ("stream_stall_first_ms", "stream_stall_ms",
-                                                "layers_compute_ms", "next_bare_compute_ms")}}
+                                                "layers_compute_ms", "next_bare_compute_ms",
+                                                "gpu_layer0_ms", "gpu_last_layer_ms")}}
             io = io_floor_s(r, run.get("raw_read_GBps"), bpt)
             if io is not None:
                 row["floor_ms"] = io * 1e3 + row["before_ms"] + row["after_ms"]

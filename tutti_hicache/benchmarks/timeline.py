@@ -29,6 +29,8 @@ At a glance:
         layers_compute_ms layer 0's KV landed -> the last layer reached, waits excluded (the
                           compute of every layer but the last, under the load's copies)
         forward_clock     "gpu" or "host" (CPU forwards: host clocks)
+        gpu_layer0_ms, gpu_last_layer_ms   when the GPU began layer 0's and the last layer's
+                          compute (their KV landed), from the forward record's host anchor
         next_bare_compute_ms  the same for the first forward without a load after this load
                           whose layers took >= 20 ms (a benchmark's compute-only twin)
     table(records) -> markdown
@@ -119,6 +121,9 @@ def summarize(rec: dict) -> dict:
     if span:
         out["layers_compute_ms"] = round(sum(span), 3)
         out["forward_clock"] = fwd.get("clock")
+    if span and stall and fwd.get("last_passed_ns"):  # the forward's GPU times on the host clock
+        out["gpu_last_layer_ms"] = ms(fwd["last_passed_ns"])
+        out["gpu_layer0_ms"] = round(out["gpu_last_layer_ms"] - sum(span) - sum(stall[1:]), 3)
     nxt = (rec.get("next_bare") or {}).get("span_ms") or []
     if nxt:
         out["next_bare_compute_ms"] = round(sum(nxt), 3)

@@ -148,7 +148,10 @@ class LayerTimes:
         n, p, clock ("gpu": CUDA event times on the forward's stream; "host"), stall_ms[l] =
         arrive(l) -> passed(l) (the forward waiting for layer l's KV: on the GPU, its stream
         idle before the layer's copy; the CPU's wait alone is not in it), span_ms[l] =
-        passed(l) -> arrive(l + 1) (layer l's compute)}. Without wait, it stops at the first
+        passed(l) -> arrive(l + 1) (layer l's compute), and on the GPU with wait, when the
+        last layer's passed mark had not completed before the wait: last_passed_ns, the host's
+        CLOCK_MONOTONIC when it did (within the wake-up of a synchronize), which places the
+        forward's GPU times on the host clock}. Without wait, it stops at the first
         forward whose marks have not completed (they stay for the next call). The first call
         starts the keeping; forwards retired before it are not reported."""
         with self._lock:
@@ -160,16 +163,23 @@ class LayerTimes:
         ms = lambda gaps: [round(g * 1e3, 4) for g in gaps]
         for f in pending:
             marks = list(f.arrive.values()) + list(f.passed.values())
+            anchor = None
             if self.cuda:
                 if wait:
+                    final = f.passed[max(f.passed)] if f.passed else None
+                    running = final is not None and not final.query()
                     for m in marks:
                         m.synchronize()
+                    if running:  # the host clock when the GPU passed the last layer's wait
+                        anchor = time.monotonic_ns()
                 elif not all(m.query() for m in marks):
                     break
-            out.append({"forward_of": f.index, "n": f.n, "p": f.p,
-                        "clock": "gpu" if self.cuda else "host",
-                        "stall_ms": ms(self._gaps(f.arrive, f.passed, 0, True)),
-                        "span_ms": ms(self._spans(f, True))})
+            rec = {"forward_of": f.index, "n": f.n, "p": f.p, "clock": "gpu" if self.cuda else "host",
+                   "stall_ms": ms(self._gaps(f.arrive, f.passed, 0, True)),
+                   "span_ms": ms(self._spans(f, True))}
+            if anchor is not None:
+                rec["last_passed_ns"] = anchor
+            out.append(rec)
         with self._lock:
             for _ in out:
                 self._unreported.popleft()
