@@ -430,17 +430,19 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     # forwards without a load: a decode-sized one is not written, a prefill-sized one is, with the
     # last load's number, and read() hands it to that load as its compute-only twin
     from tutti_hicache.layerwise import counter as counter_mod
-    for pause in (0.0, counter_mod.BARE_MIN_MS / 1e3 / (GEOM.num_layers - 1)):
+    step = counter_mod.BARE_MIN_MS / 1e3 / (GEOM.num_layers - 1)
+    for pause in (0.0, 4 * step, step):  # short (not written), the twin, a shorter one after it
         lw.counter.set_consumer(-1)
         for layer in range(GEOM.num_layers):
             lw.counter.wait_until(layer)
             time.sleep(pause)
     lw.counter.set_consumer(-1)  # the next batch: the last one retires and the thread writes it
-    lines = lines_with(1, "bare_after")
+    lines = lines_with(2, "bare_after")
     time.sleep(0.2)  # and nothing more follows
     lines = [json.loads(x) for x in files[0].read_text().splitlines()]
     bare = [r for r in lines if "bare_after" in r]
-    assert len(bare) == 1 and bare[0]["bare_after"] == 1 and sum(bare[0]["span_ms"]) >= counter_mod.BARE_MIN_MS
+    assert len(bare) == 2 and {b["bare_after"] for b in bare} == {1}
+    assert sum(bare[0]["span_ms"]) > sum(bare[1]["span_ms"]) >= counter_mod.BARE_MIN_MS
     assert len(bare[0]["span_ms"]) == GEOM.num_layers - 1
     merged = timeline.read([files[0]])
     assert "next_bare" not in merged[0] and merged[1]["next_bare"] == bare[0]

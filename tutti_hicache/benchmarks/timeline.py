@@ -31,8 +31,8 @@ At a glance:
         forward_clock     "gpu" or "host" (CPU forwards: host clocks)
         gpu_layer0_ms, gpu_last_layer_ms   when the GPU began layer 0's and the last layer's
                           compute (their KV landed), from the forward record's host anchor
-        next_bare_compute_ms  the same for the first forward without a load after this load
-                          whose layers took >= 20 ms (a benchmark's compute-only twin)
+        next_bare_compute_ms  the same for the longest forward without a load between this
+                          load and the next (a benchmark's compute-only twin)
     table(records) -> markdown
 """
 
@@ -62,9 +62,12 @@ def read(paths) -> list:
             continue
         forwards = {r["forward_of"]: r for r in lines if isinstance(r, dict) and "forward_of" in r}
         bare = {}
-        for r in lines:  # the first forward without a load after each load: its twin
+        for r in lines:  # the longest forward without a load between a load and the next: a
+            # benchmark's compute-only twin (a prefill; eager decode steps are written too)
             if isinstance(r, dict) and "bare_after" in r:
-                bare.setdefault(r["bare_after"], r)
+                k = r["bare_after"]
+                if k not in bare or sum(r["span_ms"]) > sum(bare[k]["span_ms"]):
+                    bare[k] = r
         for r in lines:
             if isinstance(r, dict) and "start_ns" in r:
                 key = r.get("seq", r.get("index"))

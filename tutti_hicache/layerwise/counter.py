@@ -27,7 +27,7 @@ when it started, each layer was handed over, the forward waited for it, and fini
 with `times`, one record per loading forward once its CUDA events completed (report_forwards):
 the forward's own stream stalls and layer times; and one per forward without a load whose layers
 took at least BARE_MIN_MS (`bare_after`: the last load's seq before it; the compute-only twin of a
-benchmark's point is the first after its load), its layer times alone.
+benchmark's point is the longest before the next load), its layer times alone.
 """
 
 from __future__ import annotations
