@@ -364,3 +364,18 @@ def test_a_forward_record_with_a_host_anchor_places_its_layers_on_the_host_clock
     assert s["gpu_last_layer_ms"] == 50.0 and s["gpu_layer0_ms"] == pytest.approx(50 - 20 - 3)
     del rec["forward"]["last_passed_ns"]
     assert "gpu_layer0_ms" not in timeline.summarize(rec)
+
+
+def test_timeline_files_from_before_seq_match_forwards_only_where_no_index_repeats(tmp_path):
+    """Loads numbered by `index` alone (it restarts at every reset): two loads with index 0 and
+    one forward_of 0 cannot be told apart, so neither gets it; a file whose indices are unique
+    still matches."""
+    import json
+    from tutti_hicache.benchmarks import timeline
+    fwd = {"forward_of": 0, "stall_ms": [0.0], "span_ms": [], "clock": "gpu"}
+    a = tmp_path / "a.jsonl"
+    a.write_text("\n".join(json.dumps(r) for r in [{"index": 0, "start_ns": 1}, {"index": 0, "start_ns": 2}, fwd]))
+    assert all("forward" not in r for r in timeline.read([a]))
+    b = tmp_path / "b.jsonl"
+    b.write_text("\n".join(json.dumps(r) for r in [{"index": 0, "start_ns": 1}, {"index": 1, "start_ns": 2}, fwd]))
+    assert [("forward" in r) for r in timeline.read([b])] == [True, False]

@@ -46,8 +46,8 @@ import sys
 def read(paths) -> list:
     """The loads' records of every file, each with its forward's record (written later, by the
     same process: `forward_of` = the load's `seq`, its number since the counter was made; files
-    from before `seq` match on `index`, which restarts at every reset) under "forward" when
-    there is one."""
+    from before `seq` match on `index` where no index repeats: it restarts at every reset)
+    under "forward" when there is one."""
     out = []
     for p in paths:
         lines = []
@@ -68,10 +68,13 @@ def read(paths) -> list:
                 k = r["bare_after"]
                 if k not in bare or sum(r["span_ms"]) > sum(bare[k]["span_ms"]):
                     bare[k] = r
+        loads = [r for r in lines if isinstance(r, dict) and "start_ns" in r]
+        old = [r.get("index") for r in loads if "seq" not in r]
+        ambiguous = len(old) != len(set(old))  # a file from before seq, its index reset
         for r in lines:
             if isinstance(r, dict) and "start_ns" in r:
                 key = r.get("seq", r.get("index"))
-                if key in forwards:
+                if key in forwards and ("seq" in r or not ambiguous):
                     r["forward"] = forwards[key]
                 if "seq" in r and r["seq"] in bare:
                     r["next_bare"] = bare[r["seq"]]
