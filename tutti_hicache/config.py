@@ -194,6 +194,12 @@ class TuttiConfig:
         "Linker: staging chunks (layers) admitted to the read stream at once: the next layers' "
         "requests wait at the devices behind this layer's, so the queue never drains between "
         "layers; 1 reads layer after layer. At most stage_depth - 1 are used.", minimum=1)
+    first_alone: bool = setting(False,
+        "Linker, loads whose chunks the loader admits (tutti_admission=loader, GPU waits off): "
+        "the first staging chunk goes to the devices alone and the next read_ahead chunks once "
+        "its reads are final, so layer 0, before which no layer computes, does not share the "
+        "device queues with the next layers' reads (docs/benchmarks.md §7.1: it landed after "
+        "about two chunks' time); off: the first read_ahead chunks at once.")
     admission: str = setting("loader",
         "Linker, loads launched from the CPU (tutti_gpu_wait off): what admits a load's next "
         "staging chunk to the devices. loader = the loader thread, as it reaches the chunk; it "

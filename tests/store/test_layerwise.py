@@ -81,6 +81,32 @@ def test_multi_chunk_layers_restore_byte_exact(tmp_path, engine, read_ahead, dep
     lw.close()
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("first_alone", [False, True])
+def test_first_alone_sends_the_first_chunk_to_the_devices_by_itself(tmp_path, monkeypatch, engine,
+                                                                     first_alone):
+    """tutti_first_alone: the loader admits chunk 0 alone and chunks 1 .. read_ahead only once
+    chunk 0's reads are final; off, the first read_ahead chunks go at once. Byte-exact either way
+    (a layer of 300 pages is 3 chunks here)."""
+    from tutti_hicache.layer_reads import LayerStream
+    seen = []  # (chunks admitted, chunk 0's reads final then)
+    allow = LayerStream.allow
+
+    def spy(self, n):
+        seen.append((n, bool(self.done_ns()[0])))
+        allow(self, n)
+    monkeypatch.setattr(LayerStream, "allow", spy)
+    lw, k, v = make_lw(tmp_path, engine, tutti_first_alone=first_alone)
+    assert lw.first_alone is first_alone and lw.read_ahead == 3
+    roundtrip(lw, k, v, reverse=False)
+    lw.close()
+    if first_alone:
+        assert seen[0] == (1, False) and seen[1] == (4, True)  # the others once chunk 0 is in
+    else:
+        assert seen[0] == (3, False)
+    assert max(n for n, _ in seen) == 3 * GEOM.num_layers
+
+
 @pytest.mark.parametrize("writers", [1, 3])
 @pytest.mark.parametrize("engine", ENGINES)
 def test_offload_writers_set_the_chunks_written_at_once_and_stay_byte_exact(tmp_path, engine, writers):

@@ -182,6 +182,15 @@ class LayerwiseKV:
         self._loader.read_ahead = n
 
     @property
+    def first_alone(self) -> bool:
+        """Whether a loader-admitted load's first chunk goes to the devices alone (tutti_first_alone)."""
+        return self._loader.first_alone
+
+    @first_alone.setter
+    def first_alone(self, on: bool) -> None:
+        self._loader.first_alone = bool(on)
+
+    @property
     def gpu_wait_on(self) -> bool:
         """Whether loads take the GPU-wait path (settable between loads where it is available)."""
         return self._loader.gates is not None

@@ -76,6 +76,7 @@ class Loader:
         self._stats = stats
         self._page_nbytes = self._num_layers * self._k_objs * self._obj_stride  # staged, per page
         self.read_ahead = max(1, min(cfg.read_ahead, cfg.stage_depth - 1))
+        self.first_alone = cfg.first_alone  # the first chunk at the devices alone (loader path)
         self.windows_opened = 0
         self.gates = gates  # GPU-wait mode when set (between loads only)
         self.copy_admission = False  # tutti_admission=copies, for CPU-launched loads (CUDA only)
@@ -151,7 +152,7 @@ class Loader:
         at the devices at once, so the next layer's requests wait there behind this layer's and
         the queue never drains between layers; each chunk lands, is verified, copied and
         scattered in layer order. CPU path: chunk i + read_ahead - 1 is admitted before chunk i
-        is waited for. GPU-wait path and copy admission: the ring slots admit (chunk j once the
+        is waited for (with first_alone, chunk 0 alone: the others once its reads are final). GPU-wait path and copy admission: the ring slots admit (chunk j once the
         copy of chunk j - depth, the slot's last user, is done) and the stream's window
         (ahead=read_ahead) holds the reads to `read_ahead` chunks past the last final one."""
         begin_ns = now_ns()  # the loader thread has the batch (the timeline's begin_ns)
@@ -207,8 +208,9 @@ class Loader:
                 if gpu is not None:
                     self._enqueue(gpu, cuda_stream, gate, index, chunks, slots, page_ids, stream)
                 for i, (layer, rows) in enumerate(chunks):
-                    if gpu is None and not hosted:
-                        admit(min(len(chunks), i + self.read_ahead))
+                    if gpu is None and not hosted:  # first_alone: chunk 0, then 1 .. read_ahead
+                        admit(min(len(chunks), 1 if i == 0 and self.first_alone
+                                  else i + self.read_ahead))
                     ok = stream.wait(i)
                     if not ok.all():
                         raise LoadFailed(f"layer {layer}: {int((~ok).sum())} of {len(ok)} pages "
