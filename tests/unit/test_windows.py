@@ -148,3 +148,52 @@ def test_report_gives_each_finished_forward_once_with_its_stalls_and_layer_times
     assert rec == {"forward_of": 7, "n": 200, "p": 4096, "clock": "host",
                    "stall_ms": [10.0, 1.0, 0.0], "span_ms": [20.0, 19.0]}
     assert times.report() == []
+
+
+class _GpuMark:
+    """A CUDA event's surface as LayerTimes uses it: a GPU time (seconds) it completes at, on a
+    GPU whose clock `gpu` the test moves; synchronize() runs the GPU up to it."""
+
+    def __init__(self, gpu, t):
+        self.gpu, self.t = gpu, t
+
+    def query(self):
+        return self.gpu[0] >= self.t
+
+    def synchronize(self):
+        self.gpu[0] = max(self.gpu[0], self.t)
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+def test_report_with_wait_anchors_a_forward_still_running_on_the_gpu_to_the_host_clock():
+    """The GPU branch of report(wait=True): a forward whose last mark had not completed when the
+    report began gets last_passed_ns, the host clock once the wait for it returned; one whose
+    marks had all completed gets none (the host did not see the moment); stalls and spans come
+    from the events' own times either way."""
+    import time as _time
+    gpu = [0.0]
+    times = LayerTimes(cuda=True)
+    assert times.report() == []
+    stamps = iter([0.0, 0.010, 0.030, 0.031, 0.050, 0.050])
+    times._mark = lambda: _GpuMark(gpu, next(stamps))
+    times.begin(200, 4096, index=7)
+    for layer in range(3):
+        times.arrive(layer)
+        times.passed(layer)
+    times.end()
+    assert times.report() == []  # without wait: its marks have not completed
+    before = _time.monotonic_ns()
+    (rec,) = times.report(wait=True)
+    assert rec["clock"] == "gpu" and rec["stall_ms"] == pytest.approx([10.0, 1.0, 0.0])
+    assert rec["span_ms"] == pytest.approx([20.0, 19.0])
+    assert rec["last_passed_ns"] >= before
+    stamps = iter([0.06, 0.07])  # a forward that finished before the report
+    times.begin(1, 4096, index=8)
+    times.arrive(0)
+    times.passed(0)
+    times.end()
+    gpu[0] = 1.0
+    (rec,) = times.report(wait=True)
+    assert rec["forward_of"] == 8 and "last_passed_ns" not in rec
