@@ -126,7 +126,7 @@ class LayerCounter:
                 if self._reporter is not None:
                     self._report_due.set()
 
-    def _capturing(self) -> bool:  # a CUDA graph capture (SGLang's decode graphs): no marks
+    def _capturing(self) -> bool:  # a CUDA graph capture (SGLang's graphs): nothing recorded
         return self.bare.cuda and torch.cuda.is_current_stream_capturing()
 
     def complete(self, index: int, layer: int, event=None) -> None:
@@ -158,9 +158,8 @@ class LayerCounter:
         self.waited = layer
         b = self._batches.get(self.consumer_index)
         if b is None:
-            if self.bare is not None:
-                self.bare.arrive(layer)
-                self.bare.passed(layer)
+            if self.bare is not None and not self._capturing():
+                self.bare.mark(layer)  # one CUDA event per layer, only with a timeline
             return
         t, w = self.times, (b.rec["wait_ns"][layer] if b.rec is not None else None)
         if w is not None and not w[0]:

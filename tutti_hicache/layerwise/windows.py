@@ -203,6 +203,13 @@ class LayerTimes:
         if f is not None:
             f.passed[layer] = self._mark()
 
+    def mark(self, layer: int) -> None:
+        """arrive and passed at once, one mark (a forward that waits for nothing: its stalls
+        are 0 and its spans run mark to mark)."""
+        f = self._current
+        if f is not None:
+            f.arrive[layer] = f.passed[layer] = self._mark()
+
     def _spans(self, f: _Forward, wait: bool) -> list:
         """Per layer l in order, passed(l) -> arrive(l + 1), from marks that completed."""
         return self._gaps(f.passed, f.arrive, 1, wait)
