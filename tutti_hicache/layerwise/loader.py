@@ -154,7 +154,8 @@ class Loader:
         at the devices at once, so the next layer's requests wait there behind this layer's and
         the queue never drains between layers; each chunk lands, is verified, copied and
         scattered in layer order. CPU path: chunk i + read_ahead - 1 is admitted before chunk i
-        is waited for (with first_alone, chunk 0 alone: the others once its reads are final). GPU-wait path and copy admission: the ring slots admit (chunk j once the
+        is waited for (with first_alone, chunk 0 alone: the others once its reads are final).
+        GPU-wait path and copy admission: the ring slots admit (chunk j once the
         copy of chunk j - depth, the slot's last user, is done) and the stream's window
         (ahead=read_ahead) holds the reads to `read_ahead` chunks past the last final one."""
         begin_ns = now_ns()  # the loader thread has the batch (the timeline's begin_ns)
