@@ -97,7 +97,7 @@ def test_first_alone_sends_the_first_chunk_to_the_devices_by_itself(tmp_path, mo
         allow(self, n)
     monkeypatch.setattr(LayerStream, "allow", spy)
     lw, k, v = make_lw(tmp_path, engine, tutti_first_alone=first_alone)
-    assert lw.first_alone is first_alone and lw.read_ahead == 3
+    assert lw._loader.first_alone is first_alone and lw.read_ahead == 3
     roundtrip(lw, k, v, reverse=False)
     lw.close()
     if first_alone:

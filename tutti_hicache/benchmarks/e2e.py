@@ -361,7 +361,7 @@ def split_rows(runs: list, bpt: int = 0) -> list:
     layers' compute, sampling, the response). With bytes per token (bpt) and the run's raw read:
     floor_ms = the I/O floor (the cached bytes at the raw rate) + before + after, the time left
     for an I/O-bound request once SGLang's own work outside the load is counted. to_lookup_ms:
-    send to the linker's first lookup (SGLang's part of before); twin_ms: the TTFT of the point's
+    send to the linker's last lookup before the load (SGLang's part of before); twin_ms: the TTFT of the point's
     compute-only twin (the same prefix in device memory), beside it."""
     out = []
     for run in runs:

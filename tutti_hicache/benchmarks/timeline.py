@@ -71,14 +71,13 @@ def read(paths) -> list:
         loads = [r for r in lines if isinstance(r, dict) and "start_ns" in r]
         old = [r.get("index") for r in loads if "seq" not in r]
         ambiguous = len(old) != len(set(old))  # a file from before seq, its index reset
-        for r in lines:
-            if isinstance(r, dict) and "start_ns" in r:
-                key = r.get("seq", r.get("index"))
-                if key in forwards and ("seq" in r or not ambiguous):
-                    r["forward"] = forwards[key]
-                if "seq" in r and r["seq"] in bare:
-                    r["next_bare"] = bare[r["seq"]]
-                out.append(r)
+        for r in loads:
+            key = r.get("seq", r.get("index"))
+            if key in forwards and ("seq" in r or not ambiguous):
+                r["forward"] = forwards[key]
+            if "seq" in r and r["seq"] in bare:
+                r["next_bare"] = bare[r["seq"]]
+            out.append(r)
     return out
 
 

@@ -182,15 +182,6 @@ class LayerwiseKV:
         self._loader.read_ahead = n
 
     @property
-    def first_alone(self) -> bool:
-        """Whether a loader-admitted load's first chunk goes to the devices alone (tutti_first_alone)."""
-        return self._loader.first_alone
-
-    @first_alone.setter
-    def first_alone(self, on: bool) -> None:
-        self._loader.first_alone = bool(on)
-
-    @property
     def gpu_wait_on(self) -> bool:
         """Whether loads take the GPU-wait path (settable between loads where it is available)."""
         return self._loader.gates is not None
@@ -243,13 +234,12 @@ class LayerwiseKV:
 
     # ------------------------------------------------------------ lookup / load
     def lookup(self, keys: list) -> int:
-        if self.counter.timeline is None:
-            return self.store.prefix_len(list(keys))
         t0 = now_ns()
         n = self.store.prefix_len(list(keys))
-        # the timeline's record of the next load: the last lookup before it (a request that
-        # loads nothing leaves no trace), and the first load call
-        self._before = [t0, now_ns(), self._before[2]]
+        if self.counter.timeline is not None:
+            # the timeline's record of the next load: the last lookup before it (a request that
+            # loads nothing leaves no trace), and the first load call
+            self._before = [t0, now_ns(), self._before[2]]
         return n
 
     def load(self, rid: str, keys: list, device_indices) -> bool:
