@@ -459,6 +459,15 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     assert 0 <= s["stream_stall_first_ms"] <= s["stream_stall_ms"] <= s["forward_wait_ms"] + 0.01
     assert s["layers_compute_ms"] >= 0 and s["forward_clock"] == "host"
     assert "| 0 | cpu | 300 | " + str(s["begin_ms"]) + " |" in timeline.table(recs)
+    # SGLang's first offload after a load's finish is marked, once per load, and joined to it
+    offload_all(lw, keys[:2], rows[:2 * PAGE])
+    offload_all(lw, keys[2:4], rows[2 * PAGE:4 * PAGE])
+    offs = [r for r in map(json.loads, files[0].read_text().splitlines()) if "offload_after" in r]
+    assert len(offs) == 1 and offs[0]["offload_after"] == 1 and offs[0]["pages"] == 2
+    assert recs[1]["finish_ns"][1] <= offs[0]["offload_ns"][0] <= offs[0]["offload_ns"][1]
+    merged = timeline.read([files[0]])
+    assert "offload_ns" not in merged[0] and merged[1]["offload_ns"] == offs[0]["offload_ns"]
+    assert timeline.summarize(merged[1])["offload_ms"] >= timeline.summarize(merged[1])["finish_ms"]
     # a load that fails (its slots cut short on disk) is recorded with its error
     for seg in (tmp_path / "a").rglob("*"):
         if seg.is_file() and seg.stat().st_size > 1 << 20:

@@ -244,6 +244,7 @@ def test_split_rows_join_requests_with_the_load_that_started_between_send_and_fi
         {"id": "sweep/8192/0.9", "sent_ns": 3_000_000_000, "first_token_ns": 3_100_000_000}]},
         "timeline": [
             {"start_ns": 2_040_000_000, "finish_ns": 2_200_000_000, "reads_ms": 150.0,
+             "offload_ns": 2_230_000_000,
              "stream_stall_first_ms": 12.5, "stream_stall_ms": 31.0, "layers_compute_ms": 104.0},
             {"start_ns": 1_030_000_000, "finish_ns": 1_280_000_000, "reads_ms": 240.0,
              "lookup_ns": 1_025_000_000},
@@ -258,12 +259,13 @@ def test_split_rows_join_requests_with_the_load_that_started_between_send_and_fi
     assert a["floor_ms"] is None  # no bytes per token given
     assert a["twin_ms"] == pytest.approx(50) and a["to_lookup_ms"] == pytest.approx(25)
     assert b["twin_ms"] is None and b["to_lookup_ms"] is None
+    assert b["to_offload_ms"] == pytest.approx(30) and a["to_offload_ms"] is None
     run["raw_read_GBps"] = 10.0
     run["phases"]["sweep"][2]["cached"] = 1000  # 1000 tokens x 1000 B at 10 GB/s: 0.1 ms of I/O
     text = e2e.report_markdown([run], 1000)
-    assert "| m | tutti-linker | 4096 | 0.99 | 250 | - | 40.0 | - | 160.0 | 150.0 | 50.0 | 90 | 2.77 | - / - | 12.5 / 31.0 " \
+    assert "| m | tutti-linker | 4096 | 0.99 | 250 | - | 40.0 | - | 160.0 | 150.0 | 50.0 | 30.0 | 90 | 2.77 | - / - | 12.5 / 31.0 " \
         "| 104.0 / - |" in text
-    assert "| m | tutti-linker | 4096 | 0.9 | 300 | 50 | 30.0 | 25.0 | 250.0 | 240.0 | 20.0 | - | - | - / - | - / - | - / - |" \
+    assert "| m | tutti-linker | 4096 | 0.9 | 300 | 50 | 30.0 | 25.0 | 250.0 | 240.0 | 20.0 | - | - | - | - / - | - / - | - / - |" \
         in text
     assert e2e.split_rows([run], 1000)[1]["floor_ms"] == pytest.approx(90.1)
 

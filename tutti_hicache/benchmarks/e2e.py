@@ -338,12 +338,12 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0) -> str:
         parts += ["### The sweep's TTFT around its load (client clock joined with the timeline's; ms)", _table(
             ["medium", "config", "C", "h", "TTFT", "compute-only twin's TTFT", "before the load",
              "of which before the linker's lookup", "load", "of which reads",
-             "after the load", "I/O floor + before + after (I/O-bound rows only)", "TTFT / that",
+             "after the load", "of which until SGLang's first offload", "I/O floor + before + after (I/O-bound rows only)", "TTFT / that",
              "GPU begins layer 0 / the last layer (ms after the load's start)",
              "forward's stream idle for KV: layer 0 / all layers",
              "layers' compute (all but the last): this / its twin's"],
             [[r["medium"], r["config"], r["context"], f"{r['h']:g}", _f(r["ttft_ms"]), _f(r.get("twin_ms")),
-              _f(r["before_ms"], ".1f"), _f(r.get("to_lookup_ms"), ".1f"), _f(r["load_ms"], ".1f"), _f(r["reads_ms"], ".1f"), _f(r["after_ms"], ".1f"), _f(r["floor_ms"]),
+              _f(r["before_ms"], ".1f"), _f(r.get("to_lookup_ms"), ".1f"), _f(r["load_ms"], ".1f"), _f(r["reads_ms"], ".1f"), _f(r["after_ms"], ".1f"), _f(r.get("to_offload_ms"), ".1f"), _f(r["floor_ms"]),
               _f(r["ttft_ms"] / r["floor_ms"] if r["floor_ms"] else None, ".2f"),
               f"{_f(r.get('gpu_layer0_ms'), '.1f')} / {_f(r.get('gpu_last_layer_ms'), '.1f')}",
               f"{_f(r.get('stream_stall_first_ms'), '.1f')} / {_f(r.get('stream_stall_ms'), '.1f')}",
@@ -362,7 +362,8 @@ def split_rows(runs: list, bpt: int = 0) -> list:
     floor_ms = the I/O floor (the cached bytes at the raw rate) + before + after, the time left
     for an I/O-bound request once SGLang's own work outside the load is counted. to_lookup_ms:
     send to the linker's last lookup before the load (SGLang's part of before); twin_ms: the TTFT of the point's
-    compute-only twin (the same prefix in device memory), beside it."""
+    compute-only twin (the same prefix in device memory), beside it; to_offload_ms: the load's
+    finish to SGLang's first offload after it (the batch's result processed; after's first part)."""
     out = []
     for run in runs:
         loads = sorted((t for t in run.get("timeline") or [] if t.get("start_ns") and t.get("finish_ns")
@@ -388,6 +389,8 @@ def split_rows(runs: list, bpt: int = 0) -> list:
                    "twin_ms": twins[r["id"]] * 1e3 if twins.get(r["id"]) else None,
                    "to_lookup_ms": (load["lookup_ns"] - sent) / 1e6
                    if sent <= load.get("lookup_ns", 0) <= load["start_ns"] else None,
+                   "to_offload_ms": (load["offload_ns"] - load["finish_ns"]) / 1e6
+                   if load["finish_ns"] <= load.get("offload_ns", 0) <= first else None,
                    **{k: load.get(k) for k in ("stream_stall_first_ms", "stream_stall_ms",
                                                 "layers_compute_ms", "next_bare_compute_ms",
                                                 "gpu_layer0_ms", "gpu_last_layer_ms")}}

@@ -68,6 +68,7 @@ def read(paths) -> list:
                 k = r["bare_after"]
                 if k not in bare or sum(r["span_ms"]) > sum(bare[k]["span_ms"]):
                     bare[k] = r
+        offloads = {r["offload_after"]: r for r in lines if isinstance(r, dict) and "offload_after" in r}
         loads = [r for r in lines if isinstance(r, dict) and "start_ns" in r]
         old = [r.get("index") for r in loads if "seq" not in r]
         ambiguous = len(old) != len(set(old))  # a file from before seq, its index reset
@@ -77,6 +78,8 @@ def read(paths) -> list:
                 r["forward"] = forwards[key]
             if "seq" in r and r["seq"] in bare:
                 r["next_bare"] = bare[r["seq"]]
+            if "seq" in r and r["seq"] in offloads:  # SGLang's first offload after its finish
+                r["offload_ns"] = offloads[r["seq"]]["offload_ns"]
             out.append(r)
     return out
 
@@ -118,6 +121,9 @@ def summarize(rec: dict) -> dict:
     if fin[1]:
         out["finish_ms"], out["finish_wait_ms"] = ms(fin[1]), round((fin[1] - fin[0]) / 1e6, 3)
         out["finish_ns"] = fin[1]
+    off = rec.get("offload_ns") or [0, 0]
+    if off[0]:  # the scheduler's first offload after the finish: the batch's result processed
+        out["offload_ms"], out["offload_ns"] = ms(off[0]), off[0]
     fwd = rec.get("forward") or {}
     stall, span = fwd.get("stall_ms") or [], fwd.get("span_ms") or []
     if stall:

@@ -85,6 +85,7 @@ class LayerCounter:
         self._batches: dict[int, _Batch] = {}
         self._lock = threading.Lock()
         self._seq = -1  # the timeline's load numbers: the index restarts at every reset()
+        self.finished_seq = -1  # the last load finish() returned for (the timeline's offload_after)
         self._reporter: Optional[threading.Thread] = None  # writes the forwards' records
         self._report_due = threading.Event()
         self._report_lock = threading.Lock()
@@ -191,6 +192,7 @@ class LayerCounter:
         if b.rec is not None:
             b.rec["finish_ns"] = [t0, now_ns()]
             self.timeline.write(b.rec)
+            self.finished_seq = b.seq
             if self.times is not None:
                 # SGLang calls finish right after launching the batch's forward: its marks are
                 # all recorded, and a thread writes its record once they completed on the GPU
