@@ -107,19 +107,6 @@ def test_first_alone_sends_the_first_chunk_to_the_devices_by_itself(tmp_path, mo
     assert max(n for n, _ in seen) == 3 * GEOM.num_layers
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_host_ordered_launches_restore_byte_exact(tmp_path, device):
-    """tutti_host_ordered: on CUDA every copy and scatter is launched once what it follows has
-    completed and each layer is handed over once its scatter has; the bytes are the same, in
-    pool order and reversed, over several loads (the device staging buffer reused across them).
-    On CPU there is nothing to order and the path is the plain one."""
-    lw, k, v = make_lw(tmp_path, device=device, tutti_host_ordered=True)
-    assert lw._loader.host_ordered
-    roundtrip(lw, k, v, device)
-    roundtrip(lw, k, v, device)
-    lw.close()
-
-
 @pytest.mark.parametrize("writers", [1, 3])
 @pytest.mark.parametrize("engine", ENGINES)
 def test_offload_writers_set_the_chunks_written_at_once_and_stay_byte_exact(tmp_path, engine, writers):

@@ -182,6 +182,18 @@ def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
             assert "stats-tutti-mooncake-b-" in extra["tutti_stats_file"]
     with pytest.raises(ValueError):
         e2e.server_cmd(args, "lmcache", 30000)
+    # CUDA graphs: eager by default; --cuda-graph-max-bs N gives decode graphs, never prefill ones
+    assert parser.parse_args(e2e.server_cmd(args, "tutti-linker", 30000)[0][3:]).disable_cuda_graph
+    args.cuda_graph_max_bs = 4
+    ns = parser.parse_args(e2e.server_cmd(args, "tutti-linker", 30000)[0][3:])
+    if hasattr(ns, "cuda_graph_max_bs_decode"):  # 0.5.23
+        assert ns.cuda_graph_max_bs_decode == 4 and ns.cuda_graph_backend_prefill == "disabled"
+    else:  # 0.5.17
+        assert ns.cuda_graph_max_bs == 4 and ns.disable_piecewise_cuda_graph
+    assert not ns.disable_cuda_graph
+    assert e2e.graph_flags(2, "0.5.17") == ["--cuda-graph-max-bs", "2", "--disable-piecewise-cuda-graph"]
+    assert e2e.graph_flags(2, "0.5.23")[-2:] == ["--cuda-graph-max-bs-decode", "2"]
+    del args.cuda_graph_max_bs
     # a variant: the base configuration's server with tutti settings on top, its own stats files
     argv, _ = e2e.server_cmd(args, "tutti-linker+tutti_threads=4+tutti_verify=false", 30000)
     cfg = parser.parse_args(argv[3:]).unified_cache_external_linker_config

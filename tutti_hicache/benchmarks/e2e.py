@@ -489,6 +489,25 @@ def tutti_config(args, config: str) -> dict:
             "tutti_timeline_file": os.path.join(args.out_dir, f"timeline-{config}-{{pid}}.jsonl")}
 
 
+def graph_flags(max_bs: int, version: Optional[str] = None) -> list:
+    """The server's CUDA graph flags: decode graphs for batches up to max_bs, prefill graphs off
+    (a layer-wise load waits inside the prefill's forward), or none at all (max_bs 0: eager, the
+    harness's default). SGLang 0.5.23 spells them per phase; 0.5.17 has one max and piecewise
+    prefill graphs."""
+    if max_bs <= 0:
+        return ["--disable-cuda-graph"]
+    if version is None:
+        from importlib.metadata import PackageNotFoundError, version as pkg_version
+        try:
+            version = pkg_version("sglang")
+        except PackageNotFoundError:
+            version = ""
+    parts = tuple(int(x) for x in version.split(".")[:3] if x.isdigit())
+    if parts and parts < (0, 5, 23):
+        return ["--cuda-graph-max-bs", str(max_bs), "--disable-piecewise-cuda-graph"]
+    return ["--cuda-graph-backend-prefill", "disabled", "--cuda-graph-max-bs-decode", str(max_bs)]
+
+
 def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dict] = None) -> tuple[list, dict]:
     """(argv, environment) of one configuration's server. tutti-mooncake: `node` (a, b) names the
     server's own tutti directories and stats files, `extra` adds its Mooncake keys (the master)
@@ -497,9 +516,10 @@ def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dic
     config, over = split_config(name)
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model,
            "--load-format", "dummy", "--skip-tokenizer-init", "--attention-backend", "triton",
-           "--sampling-backend", "pytorch", "--disable-cuda-graph", "--page-size", str(PAGE),
+           "--sampling-backend", "pytorch", "--page-size", str(PAGE),
            "--mem-fraction-static", "0.5", "--max-total-tokens", str(args.max_total_tokens),
            "--port", str(port), "--enable-metrics", "--enable-cache-report"]
+    cmd += graph_flags(getattr(args, "cuda_graph_max_bs", 0))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_HICACHE_FILE", "SGLANG_HICACHE_NIXL"))}
     hicache = ["--enable-hierarchical-cache", "--hicache-write-policy", "write_through",
                "--hicache-storage-prefetch-policy", "wait_complete"]

@@ -77,8 +77,6 @@ class Loader:
         self._page_nbytes = self._num_layers * self._k_objs * self._obj_stride  # staged, per page
         self.read_ahead = max(1, min(cfg.read_ahead, cfg.stage_depth - 1))
         self.first_alone = cfg.first_alone  # the first chunk at the devices alone (loader path)
-        self.host_ordered = cfg.host_ordered  # loader path: launches resolved on the host
-        self._scattered = None  # host_ordered: the last scatter's event (device staging reuse)
         self.windows_opened = 0
         self.gates = gates  # GPU-wait mode when set (between loads only)
         self.copy_admission = False  # tutti_admission=copies, for CPU-launched loads (CUDA only)
@@ -163,8 +161,7 @@ class Loader:
         prefix = len(entries) * self._page_size
         self._windows.learn()  # the forwards that ran since the last load
         gates = self.gates
-        ordered = self.host_ordered and self._cuda and gates is None and not self.copy_admission
-        cuda_stream = self._order_streams(gates is not None, ready, ordered)
+        cuda_stream = self._order_streams(gates is not None, ready)
         n, per_page = len(entries), self._k_objs * self._obj_stride
         chunks = [(layer, slice(c0, min(n, c0 + self.stage_pages)))
                   for layer in range(self._num_layers) for c0 in range(0, n, self.stage_pages)]
@@ -225,16 +222,13 @@ class Loader:
                             after = partial(stream.allow_after, self._io.device,
                                             self._io.stream.cuda_stream, i + depth + 1)
                         self._copy_chunk(slots[i], layer, len(ok), page_ids[rows], scatter_start,
-                                         after, ordered)
+                                         after)
                     if rows.stop < n:
                         continue
                     if gpu is None:
                         if layer + 1 == self._num_layers:  # before finish() can write the record
                             self._annotate(index, mode, len(entries), chunks, stream, marks)
-                        ev = self._mark()
-                        if ordered:  # the forward's wait on it never blocks its queue
-                            ev.synchronize()
-                        self._counter.complete(index, layer, ev)
+                        self._counter.complete(index, layer, self._mark())
                     if gpu is None and not hosted and layer + 1 < self._num_layers and \
                             layer - self._counter.waited >= 2:
                         window = self._windows.window(input_tokens, prefix, self.read_Bps)
@@ -261,23 +255,14 @@ class Loader:
                                    chunk_done_ns=[int(t) for t in stream.done_ns()],
                                    loader_end_ns=now_ns(), **marks)
 
-    def _order_streams(self, gpu: bool, ready, ordered: bool = False):
+    def _order_streams(self, gpu: bool, ready):
         """The CUDA stream this load's GPU work goes on (GPU-wait loads: the I/O stream's second
         stream, so offloads never queue behind their waits), ordered after the batch's `ready`
-        event and after whatever the other stream last did with the device staging slot; with
-        `ordered` (host_ordered) by the host: both are waited for here, nothing is enqueued."""
+        event and after whatever the other stream last did with the device staging slot."""
         if not self._cuda:
             return None
         second = self._io.load_stream
         stream = second if gpu and second is not None else self._io.stream
-        if ordered:
-            if ready is not None:
-                ready.synchronize()
-            if second is not None:
-                done = torch.cuda.Event()
-                done.record(second)
-                done.synchronize()
-            return stream
         if ready is not None:
             stream.wait_event(ready)
         if second is not None:
@@ -322,19 +307,15 @@ class Loader:
         return self._windows.seed_read_Bps
 
     def _copy_chunk(self, k: int, layer: int, n: int, page_ids, trace: list,
-                    after_copy=None, ordered: bool = False) -> None:
+                    after_copy=None) -> None:
         """Ring slot k holds layer `layer` of n pages: to the device pool (H2D + scatter);
         after_copy() runs with the I/O stream current right after the copy is enqueued (before
-        the scatter), e.g. to enqueue the admission of the slot's next read. ordered
-        (host_ordered): the copy is launched once the last scatter (the device staging buffer's
-        reader) completed, the scatter once the copy did."""
+        the scatter), e.g. to enqueue the admission of the slot's next read."""
         host = self._stage.host[k][: n * self._k_objs * self._obj_stride]
         if not self._cuda:
             self._scatter(host, layer, page_ids)
             return
         with torch.cuda.stream(self._io.stream):
-            if ordered and self._scattered is not None:
-                self._scattered.synchronize()
             copy_start = gpu_wait.record(self._io.stream, True) if self.trace is not None else None
             dev = self._stage.device[: host.numel()]
             dev.copy_(host, non_blocking=True)
@@ -345,12 +326,7 @@ class Loader:
                 after_copy()
             if copy_start is not None:
                 trace.append((copy_start, gpu_wait.record(self._io.stream, True)))
-            if ordered:
-                ev.synchronize()
             self._scatter(dev, layer, page_ids)
-            if ordered:
-                self._scattered = torch.cuda.Event()
-                self._scattered.record()
 
     def warm(self, dev, gates: Optional[GateSlots] = None) -> None:
         """Load the scatter kernel at attach: every layer of pool page 0, staged in device
