@@ -133,6 +133,7 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
     clear_storage(args, config, keep_tutti=bool(store_from))
     run = {"config": config, "medium": args.medium, **raw, "layers": args.layers, "page_bytes": args.bpt * e2e.PAGE,
            "one_dir": args.one_dir_note, "cuda_graph_max_bs": args.cuda_graph_max_bs,
+           "prefill_graphs": args.prefill_graphs,
            "phases": {}, "summaries": {}, "start_s": [], "store_from": store_from or None, "salt": wl.salt,
            "host_pool_gb": args.dram_gb if base == "dram" else (args.host_gb if base in
                                                                 ("file", "nixl", "tutti-host") else 0)}
@@ -196,7 +197,8 @@ def run_cluster(args, config: str, wl: e2e.Workload, raw: dict) -> dict:
     from tutti_hicache.testing.cluster import Master, mooncake_extra
     clear_storage(args, config, tutti_names=("tutti-a", "tutti-b"))
     run = {"config": config, "medium": args.medium, **raw, "layers": args.layers,
-           "cuda_graph_max_bs": args.cuda_graph_max_bs, "page_bytes": args.bpt * e2e.PAGE, "phases": {}, "summaries": {}, "start_s": [],
+           "cuda_graph_max_bs": args.cuda_graph_max_bs, "prefill_graphs": args.prefill_graphs,
+           "page_bytes": args.bpt * e2e.PAGE, "phases": {}, "summaries": {}, "start_s": [],
            "host_pool_gb": args.host_gb, "store_from": None, "salt": wl.salt,
            "note": "B's hits come from A's Mooncake segment over loopback TCP"}
 
@@ -298,6 +300,8 @@ def main():
     ap.add_argument("--cuda-graph-max-bs", type=int, default=0,
                     help="decode CUDA graphs for batches up to this size, prefill graphs off, in "
                          "every configuration (0: none, --disable-cuda-graph, the default)")
+    ap.add_argument("--prefill-graphs", action="store_true",
+                    help="with --cuda-graph-max-bs: leave SGLang's prefill graphs on, as it picks them")
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--deadline-s", type=float, default=0, help="skip configurations that would not finish")
     ap.add_argument("--config-s", type=float, default=200, help="time one configuration needs")

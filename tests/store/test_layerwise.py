@@ -81,6 +81,30 @@ def test_multi_chunk_layers_restore_byte_exact(tmp_path, engine, read_ahead, dep
     lw.close()
 
 
+@pytest.mark.parametrize("device,admission", PATHS)
+def test_a_prefill_graph_replay_waiting_for_the_last_layer_only_finds_every_layer(tmp_path, device,
+                                                                                   admission):
+    """SGLang's prefill CUDA graph replay calls wait_until(num_layers - 1) alone, before the
+    replay: once that returns (and, on CUDA, the forward's stream has passed the wait), every
+    layer of the batch is in the pool, not only the last one."""
+    lw, k, v = make_lw(tmp_path, device=device, tutti_admission=admission)
+    keys = [f"p{i:063d}" for i in range(N)]
+    rows = torch.arange(PAGE, PAGE * (N + 1), device=device)
+    offload_all(lw, keys, rows)
+    want = [t[PAGE:].clone() for t in k + v]
+    for t in k + v:
+        t[PAGE:] = -7
+    assert lw.load("r", keys, rows)
+    idx = lw.start()
+    lw.counter.set_consumer(idx)
+    lw.counter.wait_until(GEOM.num_layers - 1)
+    if device == "cuda":
+        torch.cuda.current_stream().synchronize()
+    assert all(torch.equal(t[PAGE:], w) for t, w in zip(k + v, want))
+    assert lw.finish(idx)
+    lw.close()
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("first_alone", [False, True])
 def test_first_alone_sends_the_first_chunk_to_the_devices_by_itself(tmp_path, monkeypatch, engine,

@@ -193,7 +193,12 @@ def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
     assert not ns.disable_cuda_graph
     assert e2e.graph_flags(2, "0.5.17") == ["--cuda-graph-max-bs", "2", "--disable-piecewise-cuda-graph"]
     assert e2e.graph_flags(2, "0.5.23")[-2:] == ["--cuda-graph-max-bs-decode", "2"]
-    del args.cuda_graph_max_bs
+    assert e2e.graph_flags(2, "0.5.23", prefill=True) == ["--cuda-graph-max-bs-decode", "2"]
+    assert e2e.graph_flags(2, "0.5.17", prefill=True) == ["--cuda-graph-max-bs", "2"]
+    args.prefill_graphs = True
+    ns = parser.parse_args(e2e.server_cmd(args, "tutti-linker", 30000)[0][3:])
+    assert getattr(ns, "cuda_graph_backend_prefill", None) is None and not ns.disable_cuda_graph
+    del args.cuda_graph_max_bs, args.prefill_graphs
     # a variant: the base configuration's server with tutti settings on top, its own stats files
     argv, _ = e2e.server_cmd(args, "tutti-linker+tutti_threads=4+tutti_verify=false", 30000)
     cfg = parser.parse_args(argv[3:]).unified_cache_external_linker_config

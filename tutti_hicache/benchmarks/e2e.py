@@ -489,11 +489,12 @@ def tutti_config(args, config: str) -> dict:
             "tutti_timeline_file": os.path.join(args.out_dir, f"timeline-{config}-{{pid}}.jsonl")}
 
 
-def graph_flags(max_bs: int, version: Optional[str] = None) -> list:
+def graph_flags(max_bs: int, version: Optional[str] = None, prefill: bool = False) -> list:
     """The server's CUDA graph flags: decode graphs for batches up to max_bs, prefill graphs off
-    (a layer-wise load waits inside the prefill's forward), or none at all (max_bs 0: eager, the
-    harness's default). SGLang 0.5.23 spells them per phase; 0.5.17 has one max and piecewise
-    prefill graphs."""
+    (a layer-wise load waits inside the prefill's forward) unless `prefill` (SGLang's own
+    prefill graphs as it would pick them: 0.5.23's breakable ones, which wait for a load at
+    their eager breaks), or none at all (max_bs 0: eager, the harness's default). SGLang 0.5.23
+    spells them per phase; 0.5.17 has one max and piecewise prefill graphs."""
     if max_bs <= 0:
         return ["--disable-cuda-graph"]
     if version is None:
@@ -504,8 +505,9 @@ def graph_flags(max_bs: int, version: Optional[str] = None) -> list:
             version = ""
     parts = tuple(int(x) for x in version.split(".")[:3] if x.isdigit())
     if parts and parts < (0, 5, 23):
-        return ["--cuda-graph-max-bs", str(max_bs), "--disable-piecewise-cuda-graph"]
-    return ["--cuda-graph-backend-prefill", "disabled", "--cuda-graph-max-bs-decode", str(max_bs)]
+        return ["--cuda-graph-max-bs", str(max_bs)] + ([] if prefill else ["--disable-piecewise-cuda-graph"])
+    return ([] if prefill else ["--cuda-graph-backend-prefill", "disabled"]) + \
+        ["--cuda-graph-max-bs-decode", str(max_bs)]
 
 
 def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dict] = None) -> tuple[list, dict]:
@@ -519,7 +521,7 @@ def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dic
            "--sampling-backend", "pytorch", "--page-size", str(PAGE),
            "--mem-fraction-static", "0.5", "--max-total-tokens", str(args.max_total_tokens),
            "--port", str(port), "--enable-metrics", "--enable-cache-report"]
-    cmd += graph_flags(getattr(args, "cuda_graph_max_bs", 0))
+    cmd += graph_flags(getattr(args, "cuda_graph_max_bs", 0), prefill=getattr(args, "prefill_graphs", False))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_HICACHE_FILE", "SGLANG_HICACHE_NIXL"))}
     hicache = ["--enable-hierarchical-cache", "--hicache-write-policy", "write_through",
                "--hicache-storage-prefetch-policy", "wait_complete"]
