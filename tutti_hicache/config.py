@@ -194,6 +194,12 @@ class TuttiConfig:
         "Linker: staging chunks (layers) admitted to the read stream at once: the next layers' "
         "requests wait at the devices behind this layer's, so the queue never drains between "
         "layers; 1 reads layer after layer. At most stage_depth - 1 are used.", minimum=1)
+    edge_chunks: int = setting(1,
+        "Linker: the first and the last layer of a load are read in this many staging chunks "
+        "(each at most stage_mb), so each one's copy to the device overlaps the rest of its own "
+        "reads: the first layer is the read no compute hides (the forward starts once it has "
+        "landed), the last one the copy after which finish returns. 1: every layer in chunks "
+        "of stage_mb.", minimum=1)
     first_alone: bool = setting(False,
         "Linker, loads whose chunks the loader admits (tutti_admission=loader, GPU waits off): "
         "the first staging chunk goes to the devices alone and the next read_ahead chunks once "

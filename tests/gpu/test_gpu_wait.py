@@ -129,10 +129,11 @@ def check_pool(bufs, want, chunks_passed=None):
 
 
 @pytest.mark.parametrize("gpu_wait", ["on", "off"])
-@pytest.mark.parametrize("read_ahead,depth", [(1, 2), (3, 4)])
-def test_restore_is_byte_exact_with_either_completion_path(tmp_path, gpu_wait, read_ahead, depth):
+@pytest.mark.parametrize("read_ahead,depth,edge", [(1, 2, 1), (3, 4, 1), (3, 4, 4)])
+def test_restore_is_byte_exact_with_either_completion_path(tmp_path, gpu_wait, read_ahead, depth, edge):
+    """edge: tutti_edge_chunks, the first and the last layer in that many chunks each."""
     lw, bufs, keys, rows, want = make_lw(tmp_path, gpu_wait, tutti_read_ahead=read_ahead,
-                                         tutti_stage_depth=depth)
+                                         tutti_stage_depth=depth, tutti_edge_chunks=edge)
     for trial in range(3):  # the gates and ring slots are reused across loads
         assert restore(lw, keys, rows, rid=f"r{trial}")
         check_pool(bufs, want)

@@ -82,6 +82,30 @@ def test_multi_chunk_layers_restore_byte_exact(tmp_path, engine, read_ahead, dep
 
 
 @pytest.mark.parametrize("device,admission", PATHS)
+@pytest.mark.parametrize("read_ahead,depth", [(1, 2), (3, 4)])
+def test_edge_chunks_split_the_first_and_last_layer_and_restore_byte_exact(tmp_path, device, admission,
+                                                                            read_ahead, depth):
+    """tutti_edge_chunks=4: layer 0 and the last layer of a 300-page load go in chunks of 32
+    pages (a quarter of a 128-page slot: 10 chunks each), the others in 3; every layer is handed
+    over once its last chunk landed, byte-exact in pool order and reversed."""
+    import json
+    path = tmp_path / "tl.jsonl"
+    lw, k, v = make_lw(tmp_path, device=device, tutti_admission=admission, tutti_edge_chunks=4,
+                       tutti_read_ahead=read_ahead, tutti_stage_depth=depth, tutti_timeline_file=str(path))
+    roundtrip(lw, k, v, device)
+    lw.close()
+    recs = [r for r in map(json.loads, path.read_text().splitlines()) if "start_ns" in r]
+    last = GEOM.num_layers - 1
+    want = [0] * 10 + [l for l in range(1, last) for _ in range(3)] + [last] * 10
+    assert len(recs) == 2 and all(r["chunk_layers"] == want for r in recs)
+    for r in recs:
+        done = {}  # each layer's last chunk to land
+        for layer, t in zip(r["chunk_layers"], r["chunk_done_ns"]):
+            done[layer] = max(done.get(layer, 0), t)
+        assert all(r["complete_ns"][layer] >= t for layer, t in done.items())
+
+
+@pytest.mark.parametrize("device,admission", PATHS)
 def test_a_prefill_graph_replay_waiting_for_the_last_layer_only_finds_every_layer(tmp_path, device,
                                                                                    admission):
     """SGLang's prefill CUDA graph replay calls wait_until(num_layers - 1) alone, before the

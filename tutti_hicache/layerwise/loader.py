@@ -77,6 +77,7 @@ class Loader:
         self._page_nbytes = self._num_layers * self._k_objs * self._obj_stride  # staged, per page
         self.read_ahead = max(1, min(cfg.read_ahead, cfg.stage_depth - 1))
         self.first_alone = cfg.first_alone  # the first chunk at the devices alone (loader path)
+        self.edge_chunks = cfg.edge_chunks  # the first and the last layer in this many chunks
         self.windows_opened = 0
         self.gates = gates  # GPU-wait mode when set (between loads only)
         self.copy_admission = False  # tutti_admission=copies, for CPU-launched loads (CUDA only)
@@ -163,8 +164,8 @@ class Loader:
         gates = self.gates
         cuda_stream = self._order_streams(gates is not None, ready)
         n, per_page = len(entries), self._k_objs * self._obj_stride
-        chunks = [(layer, slice(c0, min(n, c0 + self.stage_pages)))
-                  for layer in range(self._num_layers) for c0 in range(0, n, self.stage_pages)]
+        chunks = [(layer, slice(c0, min(n, c0 + step))) for layer in range(self._num_layers)
+                  for step in [self._chunk_pages(layer, n)] for c0 in range(0, n, step)]
         depth = len(self._stage.bufs)
         slots = [(self._stage.next + i) % depth for i in range(len(chunks))]  # take() order
         dsts = [strided(self._stage.bufs[k].address, rows.stop - rows.start, per_page)
@@ -246,6 +247,13 @@ class Loader:
             if gate is not None:
                 gpu_wait.close(gpu, cuda_stream, gate, len(chunks), self._stage, slots)
                 gates.retire(gate, gpu.end)
+
+    def _chunk_pages(self, layer: int, n: int) -> int:
+        """Pages per staging chunk of `layer` in a load of n pages: stage_pages, and for the
+        first and the last layer 1/edge_chunks of what one chunk would hold (tutti_edge_chunks)."""
+        if self.edge_chunks > 1 and layer in (0, self._num_layers - 1):
+            return max(1, -(-min(n, self.stage_pages) // self.edge_chunks))
+        return self.stage_pages
 
     def _annotate(self, index: int, mode: str, pages: int, chunks: list, stream, marks) -> None:
         """The loader's part of the batch's timeline record (tutti_timeline_file), if kept."""

@@ -1,0 +1,136 @@
+"""One layer-wise load's edges on the CPU, no forward: when layer 0 is handed over (the fill
+before which nothing computes) and how long `finish` returns after the last chunk landed (the
+last layer's copy), for tutti settings side by side in one run (A/B variants).
+
+The pool is a CPU tensor, so a chunk's "copy" is the loader's host scatter (a memcpy), where
+the GPU machine runs an H2D copy and a scatter kernel: the times are this machine's, the
+ratios between variants show the mechanism, not the GPU's figures. With --busy, a Python thread
+spins beside the load as SGLang's scheduler thread launching a forward does (the GIL).
+
+  python bench/bench_load_cpu.py --dir /dev/shm/tl --pages 506 --layers 32 \
+      --variants "tutti_edge_chunks=1;tutti_edge_chunks=4" --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import threading
+import time
+
+import torch
+
+from tutti_hicache.config import TuttiConfig
+from tutti_hicache.layerwise import LayerwiseKV
+from tutti_hicache.layout import PageGeometry
+
+PAGE, KV_HEADS, HEAD_DIM = 64, 8, 128  # Llama-3-8B's KV shape, bf16
+
+
+def parse_variant(text: str) -> dict:
+    out = {}
+    for part in filter(None, text.split("+")):
+        key, eq, value = part.partition("=")
+        if not eq or not key.startswith("tutti_"):
+            raise SystemExit(f"a variant is tutti_KEY=VALUE[+...], not {part!r}")
+        out[key] = value
+    return out
+
+
+def spin(stop: threading.Event) -> None:
+    x = 0
+    while not stop.is_set():
+        for i in range(1000):
+            x += i
+
+
+def run_variant(args, over: dict, k: list, v: list) -> list:
+    root = os.path.join(args.dir, "store")
+    shutil.rmtree(root, ignore_errors=True)
+    geom = PageGeometry("mha", args.layers, PAGE, KV_HEADS * HEAD_DIM * 2, KV_HEADS * HEAD_DIM * 2)
+    dirs = [os.path.join(root, f"d{i}") for i in range(args.dirs)]
+    tl = os.path.join(args.dir, "timeline.jsonl")
+    if os.path.exists(tl):
+        os.remove(tl)
+    need_gb = args.pages * geom.page_nbytes / 1e9
+    cfg = TuttiConfig.from_sources({"tutti_dirs": dirs, "tutti_capacity_gb": need_gb * 1.3 + 0.5,
+                                    "tutti_timeline_file": tl, **over}, env={})
+    lw = LayerwiseKV(cfg, geom, {"t": "bench-load-cpu"}, k, v, PAGE)
+    keys = [f"p{i:063d}" for i in range(args.pages)]
+    ids = torch.arange(PAGE, PAGE * (args.pages + 1))
+    try:
+        assert lw.offload(keys, ids, [])
+        while lw.num_completed() < 1:
+            time.sleep(0.01)
+        if not lw.pop_completed():
+            raise SystemExit("the offload failed")
+        stop = threading.Event()
+        if args.busy:
+            threading.Thread(target=spin, args=(stop,), daemon=True).start()
+        try:
+            for rep in range(args.repeats):
+                n = lw.lookup(keys)
+                assert n == args.pages and lw.load(f"r{rep}", keys, ids)
+                idx = lw.start()
+                lw.counter.set_consumer(idx)
+                for layer in range(args.layers):
+                    lw.counter.wait_until(layer)
+                if not lw.finish(idx):
+                    raise SystemExit("a load failed")
+        finally:
+            stop.set()
+    finally:
+        lw.close()
+        shutil.rmtree(root, ignore_errors=True)
+    rows = []
+    with open(tl) as f:
+        recs = [json.loads(line) for line in f]
+    for r in recs:
+        if "start_ns" not in r:
+            continue
+        t0, done = r["start_ns"], r["chunk_done_ns"]
+        rows.append({"opened_ms": (r["opened_ns"] - t0) / 1e6,
+                     "first_chunk_ms": (min(done) - t0) / 1e6,
+                     "layer0_handed_ms": (r["complete_ns"][0] - t0) / 1e6,
+                     "reads_ms": (max(done) - t0) / 1e6,
+                     "tail_ms": (r["finish_ns"][1] - max(done)) / 1e6,
+                     "finish_ms": (r["finish_ns"][1] - t0) / 1e6,
+                     "chunks": len(done)})
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", required=True, help="a scratch directory (the store is made under it)")
+    ap.add_argument("--dirs", type=int, default=8, help="store directories under --dir")
+    ap.add_argument("--pages", type=int, default=506)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--variants", default="tutti_edge_chunks=1;tutti_edge_chunks=4",
+                    help="';'-separated, each tutti_KEY=VALUE[+tutti_KEY=VALUE]")
+    ap.add_argument("--busy", action="store_true", help="a spinning Python thread beside the loads")
+    ap.add_argument("--json", required=True)
+    args = ap.parse_args()
+    rows_n = (args.pages + 1) * PAGE
+    k = [torch.randn(rows_n, KV_HEADS, HEAD_DIM).to(torch.bfloat16) for _ in range(args.layers)]
+    v = [torch.randn(rows_n, KV_HEADS, HEAD_DIM).to(torch.bfloat16) for _ in range(args.layers)]
+    out = {"pages": args.pages, "layers": args.layers, "busy": args.busy, "dir": args.dir,
+           "variants": []}
+    for text in args.variants.split(";"):
+        loads = run_variant(args, parse_variant(text), k, v)
+        med = {key: statistics.median(r[key] for r in loads) for key in loads[0]}
+        out["variants"].append({"variant": text, "loads": loads, "median": med})
+    with open(args.json, "w") as f:
+        json.dump(out, f, indent=1)
+    cols = ["opened_ms", "first_chunk_ms", "layer0_handed_ms", "reads_ms", "tail_ms", "finish_ms", "chunks"]
+    print("| variant | " + " | ".join(cols) + " |")
+    print("|" + " --- |" * (len(cols) + 1))
+    for var in out["variants"]:
+        print(f"| {var['variant']} | " + " | ".join(f"{var['median'][c]:.1f}" for c in cols) + " |")
+
+
+if __name__ == "__main__":
+    main()
