@@ -23,21 +23,12 @@ import time
 
 import torch
 
+from tutti_hicache.benchmarks.e2e import tutti_settings
 from tutti_hicache.config import TuttiConfig
 from tutti_hicache.layerwise import LayerwiseKV
 from tutti_hicache.layout import PageGeometry
 
 PAGE, KV_HEADS, HEAD_DIM = 64, 8, 128  # Llama-3-8B's KV shape, bf16
-
-
-def parse_variant(text: str) -> dict:
-    out = {}
-    for part in filter(None, text.split("+")):
-        key, eq, value = part.partition("=")
-        if not eq or not key.startswith("tutti_"):
-            raise SystemExit(f"a variant is tutti_KEY=VALUE[+...], not {part!r}")
-        out[key] = value
-    return out
 
 
 def spin(stop: threading.Event) -> None:
@@ -120,7 +111,7 @@ def main():
     out = {"pages": args.pages, "layers": args.layers, "busy": args.busy, "dir": args.dir,
            "variants": []}
     for text in args.variants.split(";"):
-        loads = run_variant(args, parse_variant(text), k, v)
+        loads = run_variant(args, tutti_settings(text.split("+") if text else [], text), k, v)
         med = {key: statistics.median(r[key] for r in loads) for key in loads[0]}
         out["variants"].append({"variant": text, "loads": loads, "median": med})
     with open(args.json, "w") as f:

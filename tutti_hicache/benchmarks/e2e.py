@@ -448,6 +448,18 @@ PERSISTENT = {"file", "nixl", "tutti-host", *LINKERS}
 TUTTI = {"tutti-host", CLUSTER, *LINKERS}
 
 
+def tutti_settings(parts: list, name: str) -> dict:
+    """["tutti_threads=4", "tutti_verify=false"] -> {"tutti_threads": "4", ...}; anything else in
+    parts (an empty one too) is an error naming `name`."""
+    over = {}
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if not eq or not key.startswith("tutti_"):
+            raise ValueError(f"{name!r}: a variant is +tutti_KEY=VALUE, not {part!r}")
+        over[key] = value
+    return over
+
+
 def split_config(name: str) -> tuple[str, dict]:
     """A configuration name with tutti settings after it, for an A/B inside one run:
     "tutti-linker+tutti_threads=4+tutti_verify=false" -> ("tutti-linker", {...}). The variant keeps
@@ -456,12 +468,7 @@ def split_config(name: str) -> tuple[str, dict]:
     base, *parts = name.split("+")
     if base not in CONFIGS:
         raise ValueError(f"unknown configuration {base!r} (one of {', '.join(CONFIGS)})")
-    over = {}
-    for part in parts:
-        key, eq, value = part.partition("=")
-        if not eq or not key.startswith("tutti_"):
-            raise ValueError(f"{name!r}: a variant is +tutti_KEY=VALUE, not {part!r}")
-        over[key] = value
+    over = tutti_settings(parts, name)
     if over and base not in TUTTI:
         raise ValueError(f"{name!r}: only tutti configurations take tutti settings")
     return base, over

@@ -77,7 +77,6 @@ class LayerwiseKV:
                                     else None,
                                     TimelineFile(cfg.timeline_file) if cfg.timeline_file else None)
         self._before = [0, 0, 0]  # timeline: the next load's first lookup, last lookup return, load
-        self._offload_after = -1  # timeline: the load whose first offload after finish was marked
         self.gpu_wait = self._gpu_wait_mode(cfg.gpu_wait, geometry)  # before anything is opened
         self.store = ObjectStore(cfg, geometry, identity, writer=writer)
         self.io = self._io_stream()
@@ -270,15 +269,9 @@ class LayerwiseKV:
     # ------------------------------------------------------------ offload
     def offload(self, keys: list, device_indices, ready_events: list) -> bool:
         """Queue pages for writing once `ready_events` fired; False when the backlog is full."""
-        seq = self.counter.finished_seq
-        if seq < 0 or seq == self._offload_after:
-            return self._offloader.offload(keys, device_indices, ready_events)
-        # the timeline's mark of SGLang's first offload after a load's finish: the scheduler
-        # has processed the loading batch's result by then (its TTFT's "after the load", split)
-        self._offload_after, t0 = seq, now_ns()
+        t0 = now_ns()
         ok = self._offloader.offload(keys, device_indices, ready_events)
-        self.counter.timeline.write({"offload_after": seq, "offload_ns": [t0, now_ns()],
-                                     "pages": len(keys)})
+        self.counter.offloaded(t0, len(keys))
         return ok
 
     def num_completed(self) -> int:

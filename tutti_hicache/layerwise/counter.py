@@ -85,7 +85,8 @@ class LayerCounter:
         self._batches: dict[int, _Batch] = {}
         self._lock = threading.Lock()
         self._seq = -1  # the timeline's load numbers: the index restarts at every reset()
-        self.finished_seq = -1  # the last load finish() returned for (the timeline's offload_after)
+        self._finished_seq = -1  # the last load finish() returned for (timeline only)
+        self._offload_marked = -1  # the load whose first offload after its finish was written
         self._reporter: Optional[threading.Thread] = None  # writes the forwards' records
         self._report_due = threading.Event()
         self._report_lock = threading.Lock()
@@ -192,13 +193,23 @@ class LayerCounter:
         if b.rec is not None:
             b.rec["finish_ns"] = [t0, now_ns()]
             self.timeline.write(b.rec)
-            self.finished_seq = b.seq
+            self._finished_seq = b.seq
             if self.times is not None:
                 # SGLang calls finish right after launching the batch's forward: its marks are
                 # all recorded, and a thread writes its record once they completed on the GPU
                 self.times.end_of(b.seq)
                 self._reporter_wake()
         return b.error is None
+
+    def offloaded(self, t0: int, pages: int) -> None:
+        """An offload call (SGLang's scheduler thread) that began at t0: the first after a load's
+        finish is written to the timeline (`offload_after`: the scheduler has processed the
+        loading batch's result by then, the first part of its TTFT after the load)."""
+        seq = self._finished_seq  # -1 without a timeline
+        if seq < 0 or seq == self._offload_marked:
+            return
+        self._offload_marked = seq
+        self.timeline.write({"offload_after": seq, "offload_ns": [t0, now_ns()], "pages": pages})
 
     def _reporter_wake(self) -> None:
         with self._lock:
