@@ -13,7 +13,9 @@ events), I/O-only restore time and bandwidth, engine syscalls and CPU seconds pe
 the medium's raw O_DIRECT read (same run). --completion cpu,gpu alternates the two completion
 paths at every point (CPU-event launches vs GPU waits on the read stream's counter) and reports
 per run the time from a layer's last read completing to its copy and scatter starting on the
-GPU (tutti_hicache/benchmarks/reaction.py states the method). --dry-run: tiny shapes on CPU
+GPU (tutti_hicache/benchmarks/reaction.py states the method). --edge-chunks 1,4 alternates
+tutti_edge_chunks the same way, --repeats N runs every arm N times (interleaved; "arms" in the JSON
+holds the medians). --dry-run: tiny shapes on CPU
 (pipeline check only).
 
   python bench/bench_prefill.py --medium array-4=/mnt/a0,/mnt/a1,/mnt/a2,/mnt/a3 \
@@ -309,8 +311,11 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
         grid += [(c, h) for h in (0.96, 0.97, 0.975, 0.98, 0.985, 0.99, 0.995) if (c, h) not in grid]
     for c, h in grid:
         pages = int(c * h) // page
-        for ra, mode in [(ra, m) for ra in args.read_ahead for m in modes]:  # alternating per point
+        arms = [(ra, e, m) for _ in range(args.repeats) for ra in args.read_ahead
+                for e in args.edge_chunks for m in modes]  # alternating per point
+        for rep, (ra, edge, mode) in enumerate(arms):
             lw.read_ahead = min(ra, lw.cfg.stage_depth - 1)
+            lw.edge_chunks = edge
             completion = set_completion(lw, mode)
             t_io, cnt = io_only(lw, model, keys, pages)
             if prefix_kv is not None:  # dry run: the restored prefix must equal what was written
@@ -320,13 +325,16 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
             ttft, bub, cpu_s, react = traced_prefill(lw, model, c, pages, keys, cal)
             r = dict(config=f"tutti:{name}", C=c, h=h, ttft_s=ttft, bubble_s=bub, io_only_s=t_io,
                      restore_GBps=pages * page_bytes / t_io / 1e9, read_ahead=lw.read_ahead,
-                     completion=completion, prefill_cpu_s=cpu_s, reaction=react, **cnt)
+                     completion=completion, edge_chunks=edge, repeat=rep // (len(arms) // args.repeats),
+                     prefill_cpu_s=cpu_s, reaction=react, **cnt)
             info["runs"].append(r)
-            print(f"[{name}] C={c} h={h} read-ahead {lw.read_ahead} {completion}: TTFT {ttft:.3f}s "
+            print(f"[{name}] C={c} h={h} read-ahead {lw.read_ahead} {completion} edge {edge}: TTFT {ttft:.3f}s "
                   f"bubble {bub:.3f}s io-only {t_io:.3f}s ({r['restore_GBps']:.2f} GB/s, "
                   f"{cnt['enter_calls']} enters, {cnt['cpu_s']:.3f} CPU s/restore) read->scatter "
                   f"p50 {react.get('scatter_start_us_p50', float('nan')):.0f} us", flush=True)
     lw.read_ahead = min(args.read_ahead[-1], lw.cfg.stage_depth - 1)
+    lw.edge_chunks = args.edge_chunks[0]
+    info["arms"] = arm_medians(info["runs"])
     if args.offload_stream:
         c = max(contexts)
         info["offload_stream"] = offload_stream(lw, model, keys, c, int(c * 0.9) // page, args.offload_stream,
@@ -334,6 +342,24 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
     info["write_windows"] = lw.windows.snapshot()
     lw.close()
     return info
+
+
+def arm_medians(runs: list) -> list:
+    """Per (C, h, read-ahead, completion, edge chunks): the medians over the repeats of TTFT,
+    bubble, I/O-only time and the read -> scatter reaction (p50 of each run's layers)."""
+    import statistics
+    arms: dict = {}
+    for r in runs:
+        arms.setdefault((r["C"], r["h"], r["read_ahead"], r["completion"], r["edge_chunks"]), []).append(r)
+    out = []
+    for (c, h, ra, comp, edge), rs in arms.items():
+        row = dict(C=c, h=h, read_ahead=ra, completion=comp, edge_chunks=edge, n=len(rs))
+        for key in ("ttft_s", "bubble_s", "io_only_s", "restore_GBps"):
+            row[key] = statistics.median(r[key] for r in rs)
+        react = [r["reaction"]["scatter_start_us_p50"] for r in rs if "scatter_start_us_p50" in r["reaction"]]
+        row["scatter_start_us_p50"] = statistics.median(react) if react else None
+        out.append(row)
+    return out
 
 
 def offload_stream(lw: LayerwiseKV, model, keys: list, c: int, pages: int, limit: int,
@@ -400,6 +426,11 @@ def main():
     ap.add_argument("--read-ahead", type=lambda v: [int(x) for x in v.split(",")],
                     default=[TuttiConfig().read_ahead],
                     help="layer chunks read at once; a list (e.g. 1,2) measures each at every point")
+    ap.add_argument("--edge-chunks", type=lambda v: [int(x) for x in v.split(",")],
+                    default=[TuttiConfig().edge_chunks],
+                    help="tutti_edge_chunks values measured at every point (e.g. 1,4)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of every arm at every point, interleaved; the JSON's arms hold the medians")
     ap.add_argument("--completion", type=lambda v: v.split(","), default=["auto"],
                     help="cpu,gpu,copies: completion paths measured at every point (copies: CPU "
                          "launches, chunks admitted by the copies; auto: the default one)")

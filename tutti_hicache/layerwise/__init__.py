@@ -182,6 +182,18 @@ class LayerwiseKV:
         self._loader.read_ahead = n
 
     @property
+    def edge_chunks(self) -> int:
+        """Staging chunks the first and the last layer of a load are split into (tutti_edge_chunks;
+        settable between loads)."""
+        return self._loader.edge_chunks
+
+    @edge_chunks.setter
+    def edge_chunks(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"edge_chunks must be >= 1, got {n}")
+        self._loader.edge_chunks = n
+
+    @property
     def gpu_wait_on(self) -> bool:
         """Whether loads take the GPU-wait path (settable between loads where it is available)."""
         return self._loader.gates is not None
