@@ -120,3 +120,16 @@ def _umount(mnt):
             return
         time.sleep(0.1)
     subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+@pytest.fixture
+def load_bench():
+    """load_bench("e2e_sglang") -> bench/e2e_sglang.py imported as a module (the bench scripts
+    are not a package)."""
+    def load(name: str):
+        path = Path(__file__).parents[1] / "bench" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"{name}_under_test", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    return load

@@ -1,17 +1,12 @@
 """bench/bench_load_cpu.py on a tiny load: it runs its variants on real I/O and reports each
 load's edges (the fill, the tail), with the chunk counts its settings imply."""
 
-import importlib.util
 import json
-import pathlib
 import sys
 
 
-def test_the_edge_chunk_variants_report_their_chunks_and_ordered_edges(tmp_path, monkeypatch):
-    path = pathlib.Path(__file__).parents[2] / "bench" / "bench_load_cpu.py"
-    spec = importlib.util.spec_from_file_location("bench_load_cpu_under_test", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def test_the_edge_chunk_variants_report_their_chunks_and_ordered_edges(tmp_path, monkeypatch, load_bench):
+    mod = load_bench("bench_load_cpu")
     out = tmp_path / "out.json"
     monkeypatch.setattr(sys, "argv", ["bench_load_cpu.py", "--dir", str(tmp_path / "s"), "--dirs", "2",
                                       "--pages", "8", "--layers", "4", "--repeats", "2", "--json", str(out)])

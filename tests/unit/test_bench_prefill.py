@@ -3,17 +3,12 @@ compares every restored prefix with what was written (an AssertionError otherwis
 each (completion, edge chunks) arm runs at every point as often as --repeats asks, and the arms'
 medians come out per arm."""
 
-import importlib.util
 import json
-import pathlib
 import sys
 
 
-def test_the_dry_run_restores_byte_exact_for_every_arm_and_reports_their_medians(tmp_path, monkeypatch):
-    path = pathlib.Path(__file__).parents[2] / "bench" / "bench_prefill.py"
-    spec = importlib.util.spec_from_file_location("bench_prefill_under_test", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def test_the_dry_run_restores_byte_exact_for_every_arm_and_reports_their_medians(tmp_path, monkeypatch, load_bench):
+    mod = load_bench("bench_prefill")
     out = tmp_path / "out.json"
     monkeypatch.setattr(sys, "argv", ["bench_prefill.py", "--dry-run", "--medium", f"m={tmp_path}",
                                       "--contexts", "256", "--hits", "0.99", "--edge-chunks", "1,4",

@@ -309,22 +309,12 @@ def test_a_salted_workload_keeps_the_documents_and_changes_what_follows():
     assert e2e.sweep_rows([runs[1]], 1000)[0]["h"] == 0.9
 
 
-def load_e2e_sglang():
-    import importlib.util
-    import pathlib
-    path = pathlib.Path(__file__).parents[2] / "bench" / "e2e_sglang.py"
-    spec = importlib.util.spec_from_file_location("e2e_sglang_under_test", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_a_run_cut_off_keeps_the_phases_it_finished(tmp_path, monkeypatch):
+def test_a_run_cut_off_keeps_the_phases_it_finished(tmp_path, monkeypatch, load_bench):
     """bench/e2e_sglang.py writes the JSON after every phase: a configuration interrupted (the
     time limit's SIGINT) mid-way is in it, marked partial, with its finished phases, beside the
     configurations that had finished."""
     import sys
-    mod = load_e2e_sglang()
+    mod = load_bench("e2e_sglang")
 
     def fake_run(args, config, wl, raw, deadline, store_from=""):
         run = {"config": config, "medium": "m", "phases": {}, "summaries": {}}
@@ -345,11 +335,11 @@ def test_a_run_cut_off_keeps_the_phases_it_finished(tmp_path, monkeypatch):
     assert list(runs[1]["phases"]) == ["warm"] and runs[1]["summaries"]["warm"]["requests"] == 1
 
 
-def test_share_linker_store_order(tmp_path, monkeypatch):
+def test_share_linker_store_order(tmp_path, monkeypatch, load_bench):
     """bench/e2e_sglang.py --share-linker-store: the first linker configuration that warmed writes
     the store; later linker configurations start on it with salts 1, 2, ...; others never share."""
     import sys
-    mod = load_e2e_sglang()
+    mod = load_bench("e2e_sglang")
     calls = []
 
     def fake_run(args, config, wl, raw, deadline, store_from=""):
