@@ -331,7 +331,9 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
             print(f"[{name}] C={c} h={h} read-ahead {lw.read_ahead} {completion} edge {edge}: TTFT {ttft:.3f}s "
                   f"bubble {bub:.3f}s io-only {t_io:.3f}s ({r['restore_GBps']:.2f} GB/s, "
                   f"{cnt['enter_calls']} enters, {cnt['cpu_s']:.3f} CPU s/restore) read->scatter "
-                  f"p50 {react.get('scatter_start_us_p50', float('nan')):.0f} us", flush=True)
+                  f"p50 {react.get('scatter_start_us_p50', float('nan')):.0f} us, layer 0 at "
+                  f"{react.get('first_scatter_ms', float('nan')):.1f} ms, last layer "
+                  f"{react.get('last_scatter_start_us', float('nan')):.0f} us", flush=True)
     lw.read_ahead = min(args.read_ahead[-1], lw.cfg.stage_depth - 1)
     lw.edge_chunks = args.edge_chunks[0]
     info["arms"] = arm_medians(info["runs"])
@@ -346,7 +348,8 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
 
 def arm_medians(runs: list) -> list:
     """Per (C, h, read-ahead, completion, edge chunks): the medians over the repeats of TTFT,
-    bubble, I/O-only time and the read -> scatter reaction (p50 of each run's layers)."""
+    bubble, I/O-only time, the read -> scatter reaction (p50 of each run's layers) and the load's
+    edges (layer 0's scatter start after the load began; the last layer's reaction)."""
     import statistics
     arms: dict = {}
     for r in runs:
@@ -356,8 +359,9 @@ def arm_medians(runs: list) -> list:
         row = dict(C=c, h=h, read_ahead=ra, completion=comp, edge_chunks=edge, n=len(rs))
         for key in ("ttft_s", "bubble_s", "io_only_s", "restore_GBps"):
             row[key] = statistics.median(r[key] for r in rs)
-        react = [r["reaction"]["scatter_start_us_p50"] for r in rs if "scatter_start_us_p50" in r["reaction"]]
-        row["scatter_start_us_p50"] = statistics.median(react) if react else None
+        for key in ("scatter_start_us_p50", "first_scatter_ms", "last_scatter_start_us"):
+            vals = [r["reaction"][key] for r in rs if key in r["reaction"]]
+            row[key] = statistics.median(vals) if vals else None
         out.append(row)
     return out
 

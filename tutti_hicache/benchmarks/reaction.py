@@ -3,7 +3,9 @@
     cal = Calibration.now(device)          a CUDA event pinned to a CLOCK_MONOTONIC time
     stats = reaction(lw.trace[-1], cal)    per layer: its last chunk's read completion (the C++
                                            stream's clock) -> its copy and scatter starting on the
-                                           GPU (CUDA events), in microseconds
+                                           GPU (CUDA events), in microseconds; and the load's
+                                           edges: the loader taking the batch -> layer 0's
+                                           scatter starting, the last layer's reaction
 
 Method: the read stream stamps each chunk's completion with CLOCK_MONOTONIC in C++ (done_ns);
 the loader records timing events just before the chunk's H2D copy and just before its scatter.
@@ -64,4 +66,8 @@ def reaction(entry: dict, cal: Calibration) -> dict:
         out[f"{name}_start_us_p50"] = float(np.median(v))
         out[f"{name}_start_us_p90"] = float(np.percentile(v, 90))
         out[f"{name}_start_us_max"] = float(v.max())
+    # the load's two edges, which no compute hides: the first layer's scatter start after the
+    # loader took the batch, and the last layer's after its last read (tutti_edge_chunks)
+    out["first_scatter_ms"] = (cal.host_ns_of(starts[last[0]][1]) - entry["begin_ns"]) / 1e6
+    out["last_scatter_start_us"] = float(scatter_us[-1])
     return out

@@ -239,7 +239,7 @@ class Loader:
                 if gpu is not None:  # finish() waits for settle(), after this
                     self._annotate(index, mode, len(entries), chunks, stream, marks)
                 if self.trace is not None:
-                    self.trace.append({"mode": mode,
+                    self.trace.append({"mode": mode, "begin_ns": begin_ns,
                                        "layers": [layer for layer, _ in chunks],
                                        "done_ns": stream.done_ns(),
                                        "starts": gpu.starts if gpu else scatter_start})
