@@ -352,6 +352,16 @@ def main():
             writer = config
         with open(args.json, "w") as f:
             json.dump(results, f, default=str)
+    # the medium's rate moves between and within calls: read it again after the configurations,
+    # and set the I/O floor by the faster of the two reads (the stricter bar)
+    after = raw_read_dirs(args.tutti_dirs.split(","), 4 << 30)["raw_read_GBps"]
+    print(f"raw O_DIRECT read after the configurations: {after:.2f} GB/s", flush=True)
+    for run in results:
+        if "raw_read_GBps" in run and "raw_read_after_GBps" not in run:
+            run["raw_read_before_GBps"], run["raw_read_after_GBps"] = run["raw_read_GBps"], after
+            run["raw_read_GBps"] = max(run["raw_read_GBps"], after)
+    with open(args.json, "w") as f:
+        json.dump(results, f, default=str)
     print(e2e.report_markdown(results, args.bpt), flush=True)
 
 

@@ -362,6 +362,25 @@ def test_share_linker_store_order(tmp_path, monkeypatch, load_bench):
     assert all(c[1] == "" and c[2] == 0 for c in calls)
 
 
+def test_the_io_floor_takes_the_faster_of_the_raw_reads_before_and_after(tmp_path, monkeypatch, load_bench):
+    """The medium's raw read is taken before and after the configurations; every run keeps both
+    and raw_read_GBps (the I/O floor's rate) is the faster one."""
+    import sys
+    mod = load_bench("e2e_sglang")
+    reads = iter([5.0, 1.0, 7.0])  # the array before, the one directory, the array after
+    monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": next(reads)})
+    monkeypatch.setattr(mod, "run_config", lambda args, config, wl, raw, deadline, store_from="":
+                        {"config": config, "medium": "m", **raw, "phases": {}})
+    out = tmp_path / "out.json"
+    monkeypatch.setattr(sys, "argv", ["x", "--medium", "m", "--tutti-dirs", str(tmp_path / "a"),
+                                      "--one-dir", str(tmp_path / "o"), "--configs", "tutti-linker",
+                                      "--contexts", "4096", "--json", str(out), "--out-dir", str(tmp_path / "l")])
+    mod.main()
+    run, = json.loads(out.read_text())
+    assert (run["raw_read_before_GBps"], run["raw_read_after_GBps"], run["raw_read_GBps"]) == (5.0, 7.0, 7.0)
+    assert run["raw_read_one_dir_GBps"] == 1.0
+
+
 def test_a_forward_record_with_a_host_anchor_places_its_layers_on_the_host_clock():
     """last_passed_ns (the host time the GPU passed the last layer's wait) minus the layers'
     spans and the later layers' stalls = when the GPU began layer 0, ms from the load's start."""
