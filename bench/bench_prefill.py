@@ -285,6 +285,8 @@ def traced_prefill(lw: LayerwiseKV, model, c: int, pages: int, keys: list, cal) 
     cpu_s = time.process_time() - cpu0
     lw.drain_loads()
     stats = reaction(lw.trace[-1], cal) if cal is not None and lw.trace else {}
+    if "reads_ms" in stats:  # what the request took beyond its own reads: the completion path's part
+        stats["beyond_reads_ms"] = ttft * 1e3 - stats["reads_ms"]
     lw.trace = None
     return ttft, bub, cpu_s, stats
 
@@ -333,7 +335,9 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
                   f"{cnt['enter_calls']} enters, {cnt['cpu_s']:.3f} CPU s/restore) read->scatter "
                   f"p50 {react.get('scatter_start_us_p50', float('nan')):.0f} us, layer 0 at "
                   f"{react.get('first_scatter_ms', float('nan')):.1f} ms, last layer "
-                  f"{react.get('last_scatter_start_us', float('nan')):.0f} us", flush=True)
+                  f"{react.get('last_scatter_start_us', float('nan')):.0f} us, reads "
+                  f"{react.get('reads_ms', float('nan')):.1f} ms, beyond them "
+                  f"{react.get('beyond_reads_ms', float('nan')):.1f} ms", flush=True)
     lw.read_ahead = min(args.read_ahead[-1], lw.cfg.stage_depth - 1)
     lw.edge_chunks = args.edge_chunks[0]
     info["arms"] = arm_medians(info["runs"])
@@ -359,7 +363,8 @@ def arm_medians(runs: list) -> list:
         row = dict(C=c, h=h, read_ahead=ra, completion=comp, edge_chunks=edge, n=len(rs))
         for key in ("ttft_s", "bubble_s", "io_only_s", "restore_GBps"):
             row[key] = statistics.median(r[key] for r in rs)
-        for key in ("scatter_start_us_p50", "first_scatter_ms", "last_scatter_start_us"):
+        for key in ("scatter_start_us_p50", "first_scatter_ms", "last_scatter_start_us", "reads_ms",
+                    "beyond_reads_ms"):
             vals = [r["reaction"][key] for r in rs if key in r["reaction"]]
             row[key] = statistics.median(vals) if vals else None
         out.append(row)

@@ -70,4 +70,7 @@ def reaction(entry: dict, cal: Calibration) -> dict:
     # loader took the batch, and the last layer's after its last read (tutti_edge_chunks)
     out["first_scatter_ms"] = (cal.host_ns_of(starts[last[0]][1]) - entry["begin_ns"]) / 1e6
     out["last_scatter_start_us"] = float(scatter_us[-1])
+    # the load's reads on its own clock: the loader taking the batch -> the last read final (the
+    # rate the medium gave this load, which moves by ~20% from one restore to the next)
+    out["reads_ms"] = (float(done.max()) - entry["begin_ns"]) / 1e6
     return out
