@@ -56,14 +56,61 @@ class PagePlan:
     units: np.ndarray
 
 
+@dataclass
+class _Requests:
+    """A stream's requests, chunk after chunk: requests [starts[i], starts[i + 1]) are chunk
+    i's, one per page (plan index `pages`, layer `layers`)."""
+    files: np.ndarray
+    offsets: np.ndarray
+    nbytes: np.ndarray
+    addrs: np.ndarray
+    starts: np.ndarray
+    pages: np.ndarray
+    layers: np.ndarray
+    unpadded: bool
+
+    def expect(self, plan: PagePlan) -> np.ndarray:
+        """Each request's expected checksum (its page's unit checksum of its layer)."""
+        return np.ascontiguousarray(plan.units[self.pages, self.layers], dtype=np.uint64)
+
+
+class _Expected:
+    """What a chunk that landed whole and verified looks like, as bytes: wait() compares a
+    chunk's results and checksums with it (two memcmp, the GIL kept) and takes the per-page
+    path (layer_ok) only when they differ. Same verdict either way: a page is bad only where a
+    result is short or, where it must be checked, a checksum differs."""
+
+    def __init__(self, plan: PagePlan, req: _Requests, verify: bool):
+        self.starts = req.starts.tolist()
+        self.whole = req.nbytes.astype(np.int32).tobytes()
+        counts = np.zeros(len(req.pages) + 1, dtype=np.int64)
+        counts[1:] = np.cumsum(plan.must[req.pages])  # pages that must be checked, up to each request
+        self.must_any = (counts[req.starts[1:]] > counts[req.starts[:-1]]).tolist()
+        # a chunk with pages that must be checked is whole only with C++'s checksums (verify)
+        self.sums = req.expect(plan).tobytes() if verify else None
+        self.ones = np.ones(max(np.diff(req.starts).max(initial=0), 0), dtype=bool)
+        self.ones.flags.writeable = False
+
+    def whole_and_verified(self, i: int, res: np.ndarray, sums) -> bool:
+        a, b = self.starts[i], self.starts[i + 1]
+        if res.tobytes() != self.whole[4 * a:4 * b]:
+            return False
+        if not self.must_any[i]:
+            return True
+        return self.sums is not None and sums is not None and \
+            sums.tobytes() == self.sums[8 * a:8 * b]
+
+
 class LayerStream:
     """A running stream_layers read (see the module docstring)."""
 
     def __init__(self, reads: "LayerReads", plan: PagePlan, chunks: list, dsts: list, stream,
-                 verify: bool, lease: Lease, drop: Callable[[list], None], py_gate=None):
+                 verify: bool, lease: Lease, drop: Callable[[list], None], py_gate=None,
+                 expected: Optional[_Expected] = None):
         self._reads, self._plan, self._chunks, self._dsts = reads, plan, chunks, dsts
         self._stream, self._verify, self._lease, self._drop = stream, verify, lease, drop
         self._py_gate = py_gate  # (release, verified) this thread advances, or None
+        self._expected = expected
         self._admitted = 0
 
     def allow(self, n: int) -> None:
@@ -81,15 +128,24 @@ class LayerStream:
             self._stream.wait(i)
 
     def wait(self, i: int) -> np.ndarray:
+        return self.wait_whole(i)[0]
+
+    def wait_whole(self, i: int) -> tuple[np.ndarray, bool]:
+        """(wait(i), whether every page of chunk i is whole and verified)."""
         res, sums = self._stream.wait(i)
-        layer, rows = self._chunks[i]
-        ok, bad = self._reads.layer_ok(self._plan, layer, rows, self._dsts[i], res,
-                                       sums if self._verify else None)
-        if bad:
-            self._drop(bad)
+        if self._expected is not None and self._expected.whole_and_verified(
+                i, res, sums if self._verify else None):
+            whole, ok = True, self._expected.ones[:len(res)]
+        else:
+            layer, rows = self._chunks[i]
+            ok, bad = self._reads.layer_ok(self._plan, layer, rows, self._dsts[i], res,
+                                           sums if self._verify else None)
+            if bad:
+                self._drop(bad)
+            whole = bool(ok.all())
         if self._py_gate is not None:
-            gate_release(self._py_gate, i + 1 if ok.all() else None)
-        return ok
+            gate_release(self._py_gate, i + 1 if whole else None)
+        return ok, whole
 
     def done_ns(self) -> np.ndarray:
         """CLOCK_MONOTONIC ns at which each chunk's reads became final (0: not yet)."""
@@ -150,24 +206,22 @@ class LayerReads:
         verified) host addresses of a completion gate; ahead: the read-ahead window (both: the
         module docstring)."""
         with self._gate.reading(self._placement.devices(plan.slots)) as lease:
-            reqs = [self._requests(plan, layer, d, rows) for (layer, rows), d in zip(chunks, dsts)]
-            arrays = [np.concatenate([r[0][j] for r in reqs]) for j in range(4)]
-            starts = np.zeros(len(chunks) + 1, dtype=np.int64)
-            starts[1:] = np.cumsum([len(r[0][0]) for r in reqs])
-            verify = bool(reqs) and reqs[0][1] and bool(plan.must.any())
-            groups = np.arange(starts[-1] + 1, dtype=np.int64) if verify else None  # one per page
-            native, py_gate = self._gate_spec(plan, chunks, gate, verify)
-            stream = LayerStream(self, plan, chunks, [r[0][3] for r in reqs],
-                                 self._io.engine.read_stream(*arrays, starts, groups, native,
+            req = self._requests(plan, chunks, dsts)
+            verify = req.unpadded and bool(plan.must.any())  # checksums in C++ as pages land
+            groups = np.arange(req.starts[-1] + 1, dtype=np.int64) if verify else None  # per page
+            native, py_gate = self._gate_spec(plan, req, gate, verify)
+            stream = LayerStream(self, plan, chunks, list(dsts),
+                                 self._io.engine.read_stream(req.files, req.offsets, req.nbytes,
+                                                             req.addrs, req.starts, groups, native,
                                                              ahead),
-                                 verify, lease, drop, py_gate)
+                                 verify, lease, drop, py_gate, _Expected(plan, req, verify))
             try:
                 yield stream
             finally:
                 stream.close()  # nothing lands in the destinations after this
 
     @staticmethod
-    def _gate_spec(plan: PagePlan, chunks: list, gate: Optional[tuple], verify: bool) -> tuple:
+    def _gate_spec(plan: PagePlan, req: "_Requests", gate: Optional[tuple], verify: bool) -> tuple:
         """(the C++ stream's gate, or None; the gate this thread advances, or None). The stream
         checks what it can: results always, checksums where it computes them (verify: one
         group per page, in chunk order); pages that need a checksum computed in Python leave
@@ -175,23 +229,36 @@ class LayerReads:
         if gate is None:
             return None, None
         if verify:
-            expect = np.concatenate([plan.units[rows, layer] for layer, rows in chunks])
-            must = np.concatenate([plan.must[rows] for _, rows in chunks])
-            return (gate[0], gate[1], expect.astype(np.uint64), must.astype(np.uint8)), None
+            return (gate[0], gate[1], req.expect(plan), plan.must[req.pages].astype(np.uint8)), None
         if not plan.must.any():
             return (gate[0], gate[1], np.zeros(0, np.uint64), np.zeros(0, np.uint8)), None
         return None, gate
 
-    def _requests(self, plan: PagePlan, layer: int, dst, rows):
-        """(file, offset, nbytes, addr) of one request per page (its layer's objects are
-        contiguous on disk), and whether the objects are unpadded (checksums as pages land)."""
-        objs = self._layout.geometry.layer_objects(layer)
-        k, stride = len(objs), self.object_stride()
-        files, offsets = plan.files[rows], plan.offsets[rows]
-        n = len(files)
-        args = (files, offsets + self._layout.object_offsets[objs[0]],
-                np.full(n, k * stride, np.int64), np.asarray(dst, dtype=np.uint64))
-        return args, stride == int(self._layout.object_nbytes[objs[0]])
+    def _requests(self, plan: PagePlan, chunks: list, dsts: list) -> "_Requests":
+        """One request per page and chunk (a layer's objects of a page are contiguous on disk),
+        built for every chunk at once: a few numpy operations per batch, not per chunk (each
+        one over more than a few hundred elements lets the GIL go, and under a busy interpreter
+        getting it back costs up to a switch interval)."""
+        n = len(plan.entries)
+        spans = [rows.indices(n) for _, rows in chunks]
+        if any(step != 1 for _, _, step in spans):
+            raise ValueError("stream_layers: chunk rows must be contiguous slices")
+        sizes = np.array([max(0, stop - start) for start, stop, _ in spans], dtype=np.int64)
+        starts = np.zeros(len(chunks) + 1, dtype=np.int64)
+        starts[1:] = np.cumsum(sizes)
+        firsts = np.array([start for start, _, _ in spans], dtype=np.int64)
+        layers = [layer for layer, _ in chunks]
+        objs = [self._layout.geometry.layer_objects(layer) for layer in layers]
+        stride = self.object_stride()
+        pages = np.arange(starts[-1], dtype=np.int64) + np.repeat(firsts - starts[:-1], sizes)
+        first_off = np.array([self._layout.object_offsets[o[0]] for o in objs], dtype=np.int64)
+        return _Requests(
+            files=plan.files[pages], offsets=plan.offsets[pages] + np.repeat(first_off, sizes),
+            nbytes=np.repeat(np.array([len(o) * stride for o in objs], dtype=np.int64), sizes),
+            addrs=np.concatenate([np.asarray(d, dtype=np.uint64).ravel() for d in dsts])
+            if dsts else np.zeros(0, np.uint64),
+            starts=starts, pages=pages, layers=np.repeat(np.array(layers, dtype=np.int64), sizes),
+            unpadded=bool(chunks) and stride == int(self._layout.object_nbytes[objs[0][0]]))
 
     def layer_ok(self, plan: PagePlan, layer: int, rows, dst: np.ndarray, res: np.ndarray,
                  sums) -> tuple[np.ndarray, list]:

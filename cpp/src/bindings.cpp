@@ -103,10 +103,14 @@ std::unique_ptr<tutti::ReadStream> read_stream(Engine& e, const I64& file, const
   return e.read_stream(std::move(spec));
 }
 
-// wait(c): chunk c final -> (its results, the checksums of its groups), copies.
+// wait(c): chunk c final -> (its results, the checksums of its groups), copies. The GIL is let
+// go only when the chunk is not final yet: under a busy interpreter each release costs up to a
+// switch interval to get it back (SGLang's scheduler thread launching a forward holds it).
 py::tuple stream_wait(tutti::ReadStream& s, size_t c) {
   tutti::ChunkResults r;
-  {
+  if (s.final(c)) {
+    r = s.wait(c);
+  } else {
     py::gil_scoped_release release;
     r = s.wait(c);
   }
@@ -202,8 +206,10 @@ PYBIND11_MODULE(_engine, m) {
 
   py::class_<tutti::ReadStream>(m, "ReadStream")
       .def_property_readonly("nchunks", &tutti::ReadStream::nchunks)
-      .def("allow", &tutti::ReadStream::allow, py::arg("chunks"),
-           py::call_guard<py::gil_scoped_release>())
+      // allow() takes the stream's mutex (held briefly, never by a thread that needs the GIL)
+      // and writes an eventfd: it keeps the GIL, as stream_wait does when nothing blocks
+      .def("allow", &tutti::ReadStream::allow, py::arg("chunks"))
+      .def("final", &tutti::ReadStream::final, py::arg("chunk"))
       .def("wait", &stream_wait, py::arg("chunk"))
       .def("cancel", &tutti::ReadStream::cancel, py::call_guard<py::gil_scoped_release>())
       .def("join", &tutti::ReadStream::join, py::call_guard<py::gil_scoped_release>())

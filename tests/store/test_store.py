@@ -121,6 +121,25 @@ def test_corrupt_payload_is_a_miss_and_dropped(store):
     assert store.stats()["checksum_failures"] == 1 and ks[1] not in store
 
 
+def flip_layer_byte(s, key: str, layer: int, at: int, mask: int) -> None:
+    """XOR one byte of a page's first object of `layer` on disk (a silent corruption)."""
+    path, off = s.locate(key)
+    pos = off + int(s.layout.object_offsets[GEOM.layer_objects(layer)[0]]) + at
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ mask]))
+
+
+def layer_destination(s, n: int):
+    """(object stride, layers, an aligned buffer of every layer's n pages (K and V), its view
+    [layer, page, object, stride])."""
+    stride, layers = s.layer_object_stride(), GEOM.num_layers
+    dst = E.AlignedBuffer(layers * n * 2 * stride)
+    return stride, layers, dst, np.frombuffer(dst, np.uint8).reshape(layers, n, 2, stride)
+
+
 @pytest.mark.parametrize("corrupt", [False, True], ids=["clean", "corrupt-layer-2"])
 def test_stream_layers_window_with_every_layer_allowed_up_front(store_dirs, corrupt):
     """stream_layers(..., ahead=1), every layer admitted at once (as the GPU-wait loader's copies
@@ -131,19 +150,10 @@ def test_stream_layers_window_with_every_layer_allowed_up_front(store_dirs, corr
     src, ks = Pages(n, seed=21), keys(n, "w")
     assert s.write_pages(ks, src.addrs, True).all()
     if corrupt:
-        path, off = s.locate(ks[5])
-        k2 = GEOM.layer_objects(2)[0]
-        with open(path, "r+b") as f:
-            f.seek(off + int(s.layout.object_offsets[k2]) + 9)
-            b = f.read(1)
-            f.seek(off + int(s.layout.object_offsets[k2]) + 9)
-            f.write(bytes([b[0] ^ 0x10]))
+        flip_layer_byte(s, ks[5], 2, 9, 0x10)
     entries = s.pin(ks)
     try:
-        stride = s.layer_object_stride()
-        layers = GEOM.num_layers
-        dst = E.AlignedBuffer(layers * n * 2 * stride)
-        got = np.frombuffer(dst, np.uint8).reshape(layers, n, 2, stride)
+        stride, layers, dst, got = layer_destination(s, n)
         dsts = [dst.address + np.uint64(layer * n * 2 * stride)
                 + np.arange(n, dtype=np.uint64) * np.uint64(2 * stride) for layer in range(layers)]
         words = E.AlignedBuffer(4096)
@@ -160,6 +170,45 @@ def test_stream_layers_window_with_every_layer_allowed_up_front(store_dirs, corr
             k, v = GEOM.layer_objects(layer)
             assert (got[layer, ok, 0] == want[ok, k]).all() and (got[layer, ok, 1] == want[ok, v]).all()
         assert (int(w[0]), int(w[1])) == ((E.GATE_TERMINAL, 2) if corrupt else (layers, layers))
+    finally:
+        s.unpin(entries)
+        s.close()
+
+
+def test_stream_layers_verdicts_per_chunk_with_uneven_chunks(store_dirs):
+    """Every layer in two chunks of 5 and 7 pages (requests built for all chunks at once), a
+    corrupt page 8 in layer 1: wait_whole gives each chunk's verdict, whole and all pages ok
+    (the bytes-compared path) everywhere but layer 1's second chunk, where only page 8 is bad and
+    is dropped from the index; every other page lands byte-exact, and a waited chunk is final."""
+    s = ObjectStore(cfg_for(store_dirs, tutti_verify=True), GEOM, IDENT)
+    n, m = 12, len(GEOM.object_nbytes)
+    src, ks = Pages(n, seed=23), keys(n, "u")
+    assert s.write_pages(ks, src.addrs, True).all()
+    flip_layer_byte(s, ks[8], 1, 17, 0x01)
+    entries = s.pin(ks)
+    try:
+        stride, layers, dst, got = layer_destination(s, n)
+        chunks = [(layer, rows) for layer in range(layers) for rows in (slice(0, 5), slice(5, n))]
+        dsts = [dst.address + np.uint64(layer * n * 2 * stride)
+                + np.arange(rows.start, rows.stop, dtype=np.uint64) * np.uint64(2 * stride)
+                for layer, rows in chunks]
+        verdicts = []
+        with s.stream_layers(s.plan_pages(entries), chunks, dsts) as stream:
+            stream.allow(len(chunks))
+            for i in range(len(chunks)):
+                ok, whole = stream.wait_whole(i)
+                assert stream._stream.final(i)
+                verdicts.append((ok.copy(), whole))
+        want = src.a[:n * m * src.obj].reshape(n, m, src.obj)
+        for (layer, rows), (ok, whole) in zip(chunks, verdicts):
+            bad = layer == 1 and rows.start == 5
+            assert whole == (not bad) and len(ok) == rows.stop - rows.start
+            assert ok.tolist() == [p != 8 for p in range(rows.start, rows.stop)] if bad else ok.all()
+            k, v = GEOM.layer_objects(layer)
+            pages = np.arange(rows.start, rows.stop)[ok]
+            assert (got[layer, pages, 0] == want[pages, k]).all()
+            assert (got[layer, pages, 1] == want[pages, v]).all()
+        assert ks[8] not in s and all(k in s for i, k in enumerate(ks) if i != 8)
     finally:
         s.unpin(entries)
         s.close()

@@ -40,10 +40,10 @@ from collections import deque
 from functools import partial
 from typing import Optional
 
+import numpy as np
 import torch
 
 from ..config import TuttiConfig
-from ..layout import strided
 from . import gpu_wait
 from .counter import LayerCounter
 from .gpu_wait import GateSlots
@@ -168,8 +168,7 @@ class Loader:
                   for step in [self._chunk_pages(layer, n)] for c0 in range(0, n, step)]
         depth = len(self._stage.bufs)
         slots = [(self._stage.next + i) % depth for i in range(len(chunks))]  # take() order
-        dsts = [strided(self._stage.bufs[k].address, rows.stop - rows.start, per_page)
-                for (_, rows), k in zip(chunks, slots)]
+        dsts = self._destinations(chunks, slots, per_page)
         gate = gates.take() if gates is not None else None
         gpu = gpu_wait.Plan() if gate is not None else None
         # who admits: the loader chunk by chunk (0: no window), or the copies (GPU-wait loads, and
@@ -213,8 +212,8 @@ class Loader:
                     if gpu is None and not hosted:  # first_alone: chunk 0, then 1 .. read_ahead
                         admit(min(len(chunks), 1 if i == 0 and self.first_alone
                                   else i + self.read_ahead))
-                    ok = stream.wait(i)
-                    if not ok.all():
+                    ok, whole = stream.wait_whole(i)
+                    if not whole:
                         raise LoadFailed(f"layer {layer}: {int((~ok).sum())} of {len(ok)} pages "
                                          "unreadable or corrupt")
                     if gpu is None:
@@ -247,6 +246,20 @@ class Loader:
             if gate is not None:
                 gpu_wait.close(gpu, cuda_stream, gate, len(chunks), self._stage, slots)
                 gates.retire(gate, gpu.end)
+
+    def _destinations(self, chunks: list, slots: list, per_page: int) -> list:
+        """Each chunk's page addresses in its ring slot, as views of one array built in a few
+        numpy operations (the loader's setup runs while SGLang's scheduler thread launches the
+        forward; every numpy operation over more than a few hundred elements lets the GIL go,
+        and getting it back costs up to a switch interval)."""
+        sizes = np.array([rows.stop - rows.start for _, rows in chunks], dtype=np.int64)
+        starts = np.zeros(len(chunks) + 1, dtype=np.int64)
+        starts[1:] = np.cumsum(sizes)
+        bases = np.array([self._stage.bufs[k].address for k in slots], dtype=np.uint64)
+        within = np.arange(starts[-1], dtype=np.int64) - np.repeat(starts[:-1], sizes)
+        addrs = np.repeat(bases, sizes) + within.astype(np.uint64) * np.uint64(per_page)
+        bounds = starts.tolist()
+        return [addrs[bounds[i]:bounds[i + 1]] for i in range(len(chunks))]
 
     def _chunk_pages(self, layer: int, n: int) -> int:
         """Pages per staging chunk of `layer` in a load of n pages: stage_pages, and for the

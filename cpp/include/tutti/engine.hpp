@@ -124,6 +124,8 @@ class ReadStream {
   virtual void allow(size_t chunks) = 0;
   /// Blocks until chunk's results and checksums are final; rethrows the stream's error.
   [[nodiscard]] virtual ChunkResults wait(size_t chunk) = 0;
+  /// Whether wait(chunk) would return without blocking (the chunk is final, or the stream ended).
+  [[nodiscard]] virtual bool final(size_t chunk) = 0;
   /// Nothing new is submitted; requests not yet submitted end with -ECANCELED.
   virtual void cancel() noexcept = 0;
   /// Blocks until the stream's thread ended (nothing lands in memory after); rethrows its error.

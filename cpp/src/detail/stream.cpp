@@ -152,6 +152,12 @@ ChunkResults Stream::wait(size_t chunk) {
                       sums_.data() + g0, g1 - g0};
 }
 
+bool Stream::final(size_t chunk) {
+  TUTTI_EXPECT(chunk < nchunks(), "read stream: no such chunk");
+  std::lock_guard lock(mu_);
+  return done_[chunk] || ended_;
+}
+
 void Stream::join() {
   if (thread_.joinable()) thread_.join();
   std::lock_guard lock(mu_);

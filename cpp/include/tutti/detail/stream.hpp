@@ -28,6 +28,7 @@ class Stream final : public ReadStream {
   size_t nchunks() const noexcept override { return spec_.chunk_start.size() - 1; }
   void allow(size_t chunks) override;
   ChunkResults wait(size_t chunk) override;
+  bool final(size_t chunk) override;
   void cancel() noexcept override;
   void join() override;
   std::vector<int64_t> done_ns() override;
