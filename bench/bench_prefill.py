@@ -313,9 +313,9 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
         grid += [(c, h) for h in (0.96, 0.97, 0.975, 0.98, 0.985, 0.99, 0.995) if (c, h) not in grid]
     for c, h in grid:
         pages = int(c * h) // page
-        arms = [(ra, e, m) for _ in range(args.repeats) for ra in args.read_ahead
+        arms = [(rep, ra, e, m) for rep in range(args.repeats) for ra in args.read_ahead
                 for e in args.edge_chunks for m in modes]  # alternating per point
-        for rep, (ra, edge, mode) in enumerate(arms):
+        for rep, ra, edge, mode in arms:
             lw.read_ahead = min(ra, lw.cfg.stage_depth - 1)
             lw.edge_chunks = edge
             completion = set_completion(lw, mode)
@@ -327,7 +327,7 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
             ttft, bub, cpu_s, react = traced_prefill(lw, model, c, pages, keys, cal)
             r = dict(config=f"tutti:{name}", C=c, h=h, ttft_s=ttft, bubble_s=bub, io_only_s=t_io,
                      restore_GBps=pages * page_bytes / t_io / 1e9, read_ahead=lw.read_ahead,
-                     completion=completion, edge_chunks=edge, repeat=rep // (len(arms) // args.repeats),
+                     completion=completion, edge_chunks=edge, repeat=rep,
                      prefill_cpu_s=cpu_s, reaction=react, **cnt)
             info["runs"].append(r)
             print(f"[{name}] C={c} h={h} read-ahead {lw.read_ahead} {completion} edge {edge}: TTFT {ttft:.3f}s "

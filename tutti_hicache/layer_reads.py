@@ -37,7 +37,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 
 from .engine import extension
-from .layout import Placement, SlotLayout, align_up, strided
+from .layout import Placement, SlotLayout, align_up, runs, strided
 from .namespace import FileTable
 from .scheduler import Gate, Lease
 from .slot_io import SlotIO
@@ -80,15 +80,15 @@ class _Expected:
     path (layer_ok) only when they differ. Same verdict either way: a page is bad only where a
     result is short or, where it must be checked, a checksum differs."""
 
-    def __init__(self, plan: PagePlan, req: _Requests, verify: bool):
+    def __init__(self, plan: PagePlan, req: _Requests, expect: Optional[np.ndarray]):
         self.starts = req.starts.tolist()
         self.whole = req.nbytes.astype(np.int32).tobytes()
         counts = np.zeros(len(req.pages) + 1, dtype=np.int64)
         counts[1:] = np.cumsum(plan.must[req.pages])  # pages that must be checked, up to each request
         self.must_any = (counts[req.starts[1:]] > counts[req.starts[:-1]]).tolist()
-        # a chunk with pages that must be checked is whole only with C++'s checksums (verify)
-        self.sums = req.expect(plan).tobytes() if verify else None
-        self.ones = np.ones(max(np.diff(req.starts).max(initial=0), 0), dtype=bool)
+        # a chunk with pages that must be checked is whole only with C++'s checksums (expect)
+        self.sums = expect.tobytes() if expect is not None else None
+        self.ones = np.ones(np.diff(req.starts).max(initial=0), dtype=bool)
         self.ones.flags.writeable = False
 
     def whole_and_verified(self, i: int, res: np.ndarray, sums) -> bool:
@@ -209,27 +209,29 @@ class LayerReads:
             req = self._requests(plan, chunks, dsts)
             verify = req.unpadded and bool(plan.must.any())  # checksums in C++ as pages land
             groups = np.arange(req.starts[-1] + 1, dtype=np.int64) if verify else None  # per page
-            native, py_gate = self._gate_spec(plan, req, gate, verify)
+            expect = req.expect(plan) if verify else None  # per request, for C++ and for wait()
+            native, py_gate = self._gate_spec(plan, req, gate, expect)
             stream = LayerStream(self, plan, chunks, list(dsts),
                                  self._io.engine.read_stream(req.files, req.offsets, req.nbytes,
                                                              req.addrs, req.starts, groups, native,
                                                              ahead),
-                                 verify, lease, drop, py_gate, _Expected(plan, req, verify))
+                                 verify, lease, drop, py_gate, _Expected(plan, req, expect))
             try:
                 yield stream
             finally:
                 stream.close()  # nothing lands in the destinations after this
 
     @staticmethod
-    def _gate_spec(plan: PagePlan, req: "_Requests", gate: Optional[tuple], verify: bool) -> tuple:
+    def _gate_spec(plan: PagePlan, req: "_Requests", gate: Optional[tuple],
+                   expect: Optional[np.ndarray]) -> tuple:
         """(the C++ stream's gate, or None; the gate this thread advances, or None). The stream
         checks what it can: results always, checksums where it computes them (verify: one
-        group per page, in chunk order); pages that need a checksum computed in Python leave
-        the gate to wait() here."""
+        group per page, in chunk order; `expect` their expected sums, None: not verified there);
+        pages that need a checksum computed in Python leave the gate to wait() here."""
         if gate is None:
             return None, None
-        if verify:
-            return (gate[0], gate[1], req.expect(plan), plan.must[req.pages].astype(np.uint8)), None
+        if expect is not None:
+            return (gate[0], gate[1], expect, plan.must[req.pages].astype(np.uint8)), None
         if not plan.must.any():
             return (gate[0], gate[1], np.zeros(0, np.uint64), np.zeros(0, np.uint8)), None
         return None, gate
@@ -244,13 +246,12 @@ class LayerReads:
         if any(step != 1 for _, _, step in spans):
             raise ValueError("stream_layers: chunk rows must be contiguous slices")
         sizes = np.array([max(0, stop - start) for start, stop, _ in spans], dtype=np.int64)
-        starts = np.zeros(len(chunks) + 1, dtype=np.int64)
-        starts[1:] = np.cumsum(sizes)
+        starts, within = runs(sizes)
         firsts = np.array([start for start, _, _ in spans], dtype=np.int64)
         layers = [layer for layer, _ in chunks]
         objs = [self._layout.geometry.layer_objects(layer) for layer in layers]
         stride = self.object_stride()
-        pages = np.arange(starts[-1], dtype=np.int64) + np.repeat(firsts - starts[:-1], sizes)
+        pages = within + np.repeat(firsts, sizes)
         first_off = np.array([self._layout.object_offsets[o[0]] for o in objs], dtype=np.int64)
         return _Requests(
             files=plan.files[pages], offsets=plan.offsets[pages] + np.repeat(first_off, sizes),

@@ -38,6 +38,14 @@ def align_up(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
+def runs(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Runs of these sizes laid end to end: (their starts, len(sizes) + 1 with the total last;
+    each element's index within its run), in a few numpy operations whatever the run count."""
+    starts = np.zeros(len(sizes) + 1, dtype=np.int64)
+    starts[1:] = np.cumsum(sizes)
+    return starts, np.arange(starts[-1], dtype=np.int64) - np.repeat(starts[:-1], sizes)
+
+
 def strided(base, n: int, stride: int) -> np.ndarray:
     """uint64 addresses base + i * stride for i < n; an array `base` gives shape base.shape + (n,)."""
     steps = np.arange(n, dtype=np.uint64) * np.uint64(stride)

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from ..config import TuttiConfig
+from ..layout import runs
 from . import gpu_wait
 from .counter import LayerCounter
 from .gpu_wait import GateSlots
@@ -253,10 +254,8 @@ class Loader:
         forward; every numpy operation over more than a few hundred elements lets the GIL go,
         and getting it back costs up to a switch interval)."""
         sizes = np.array([rows.stop - rows.start for _, rows in chunks], dtype=np.int64)
-        starts = np.zeros(len(chunks) + 1, dtype=np.int64)
-        starts[1:] = np.cumsum(sizes)
+        starts, within = runs(sizes)
         bases = np.array([self._stage.bufs[k].address for k in slots], dtype=np.uint64)
-        within = np.arange(starts[-1], dtype=np.int64) - np.repeat(starts[:-1], sizes)
         addrs = np.repeat(bases, sizes) + within.astype(np.uint64) * np.uint64(per_page)
         bounds = starts.tolist()
         return [addrs[bounds[i]:bounds[i + 1]] for i in range(len(chunks))]
