@@ -305,11 +305,23 @@ def _settings() -> tuple[Setting, ...]:
 SETTINGS: tuple[Setting, ...] = _settings()
 _BY_NAME = {s.name: s for s in SETTINGS}
 
+# What an operator decides (where the store lives, how big, how safe, which model it caches for,
+# what it reports); every other setting is tuning, whose default is what the benchmarks measured.
+YOU_SET = ("dirs", "capacity_gb", "durability", "verify", "revision", "model", "free_space_floor_gb",
+           "stats_file", "drive_capacity_gb", "cluster_publish", "cluster_promote")
+if not set(YOU_SET) <= set(_BY_NAME):
+    raise TypeError(f"YOU_SET names no setting: {sorted(set(YOU_SET) - set(_BY_NAME))}")
+
+
 def settings_markdown() -> str:
-    """The table of docs/settings.md, generated from SETTINGS."""
-    rows = ["| key | env var | type | default | meaning |", "| --- | --- | --- | --- | --- |"]
-    for s in SETTINGS:
-        kind = "|".join(s.choices) if s.kind == "choice" else s.kind
-        default = json.dumps(list(s.default)) if s.kind == "dirs" else json.dumps(s.default)
-        rows.append(f"| `{PREFIX}{s.name}` | `{ENV_PREFIX}{s.name.upper()}` | {kind} | `{default}` | {s.doc} |")
-    return "\n".join(rows) + "\n"
+    """The two tables of docs/settings.md ("You set these", then "Tuning"), generated from SETTINGS."""
+    def table(settings) -> list:
+        rows = ["| key | env var | type | default | meaning |", "| --- | --- | --- | --- | --- |"]
+        for s in settings:
+            kind = "\\|".join(s.choices) if s.kind == "choice" else s.kind  # a bare | splits the cell
+            default = json.dumps(list(s.default)) if s.kind == "dirs" else json.dumps(s.default)
+            rows.append(f"| `{PREFIX}{s.name}` | `{ENV_PREFIX}{s.name.upper()}` | {kind} | `{default}` | {s.doc} |")
+        return rows
+    mine = [s for s in SETTINGS if s.name in YOU_SET]
+    tuning = [s for s in SETTINGS if s.name not in YOU_SET]
+    return "\n".join(["## You set these", ""] + table(mine) + ["", "## Tuning", ""] + table(tuning)) + "\n"
