@@ -10,10 +10,10 @@ wait_until(l) before layer l's attention exactly as SGLang's KV pool does. Confi
   tutti:<medium> LayerwiseKV (the TuttiLinker pipeline) restoring from the store on <medium>
 Reported per (medium, C, h): TTFT, bubble (time the forward waits in wait_until, from CUDA
 events), I/O-only restore time and bandwidth, engine syscalls and CPU seconds per request, and
-the medium's raw O_DIRECT read (same run). --completion cpu,gpu alternates the two completion
-paths at every point (CPU-event launches vs GPU waits on the read stream's counter) and reports
-per run the time from a layer's last read completing to its copy and scatter starting on the
-GPU (tutti_hicache/benchmarks/reaction.py states the method). --edge-chunks 1,4 alternates
+the medium's raw O_DIRECT read (same run). --completion cpu,copies alternates who admits the
+reads at every point (the loader, or each chunk's copy) and reports per run the time from a
+layer's last read completing to its copy and scatter starting on the GPU
+(tutti_hicache/benchmarks/reaction.py states the method). --edge-chunks 1,4 alternates
 tutti_edge_chunks the same way, --repeats N runs every arm N times (interleaved; "arms" in the JSON
 holds the medians). --dry-run: tiny shapes on CPU
 (pipeline check only).
@@ -40,7 +40,6 @@ from tutti_hicache.layerwise import LayerCounter, LayerwiseKV
 from tutti_hicache.layout import PageGeometry
 
 ENGINE, VERIFY, STAGE_DEPTH, THREADS = "auto", True, TuttiConfig().stage_depth, 16
-GPU_WAIT = TuttiConfig().gpu_wait  # "on" when --completion asks for the GPU-wait path
 LLAMA = dict(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, mlp=14336, page=64)
 TINY = dict(layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, mlp=512, page=16)
 
@@ -184,7 +183,7 @@ def make_tutti(model, dirs, cap_gb: float) -> LayerwiseKV:
     cfg = TuttiConfig.from_sources({"tutti_dirs": list(dirs), "tutti_capacity_gb": cap_gb,
                                     "tutti_threads": THREADS, "tutti_queue_depth": 1024,
                                     "tutti_engine": ENGINE, "tutti_verify": VERIFY,
-                                    "tutti_stage_depth": STAGE_DEPTH, "tutti_gpu_wait": GPU_WAIT})
+                                    "tutti_stage_depth": STAGE_DEPTH})
     ident = {"bench": "llama-shaped", "layers": s["layers"], "page": s["page"]}
     return LayerwiseKV(cfg, g, ident, model.k, model.v, s["page"])
 
@@ -268,12 +267,11 @@ def run(args) -> dict:
 
 
 def set_completion(lw: LayerwiseKV, mode) -> str:
-    """Switch the loads' completion path ("cpu" | "gpu" | "copies": CPU launches, chunks admitted
-    by the copies; None: keep); returns the one in use."""
+    """Switch who admits the loads' reads ("cpu": the loader | "copies": each chunk's copy; None:
+    keep); returns the one in use."""
     if mode is not None:
-        lw.gpu_wait_on = mode == "gpu"
         lw.copy_admission_on = mode == "copies"
-    return "gpu" if lw.gpu_wait_on else "copies" if lw.copy_admission_on else "cpu"
+    return "copies" if lw.copy_admission_on else "cpu"
 
 
 def traced_prefill(lw: LayerwiseKV, model, c: int, pages: int, keys: list, cal) -> tuple:
@@ -441,17 +439,15 @@ def main():
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of every arm at every point, interleaved; the JSON's arms hold the medians")
     ap.add_argument("--completion", type=lambda v: v.split(","), default=["auto"],
-                    help="cpu,gpu,copies: completion paths measured at every point (copies: CPU "
-                         "launches, chunks admitted by the copies; auto: the default one)")
+                    help="cpu,copies: who admits the reads, measured at every point (copies: each "
+                         "chunk's copy; auto: the default one)")
     ap.add_argument("--offload-stream", type=int, default=0, metavar="PAGES",
                     help="also TTFT at the largest C, h=0.9 with a continuous offload stream (at most PAGES "
                          "pages per request): scheduler off, on, on with online write windows")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
-    global ENGINE, VERIFY, STAGE_DEPTH, THREADS, GPU_WAIT
+    global ENGINE, VERIFY, STAGE_DEPTH, THREADS
     ENGINE, VERIFY, THREADS = args.engine, not args.no_verify, args.threads
-    if "gpu" in args.completion:
-        GPU_WAIT = "on"
     STAGE_DEPTH = max(TuttiConfig().stage_depth, max(args.read_ahead) + 1)
     if args.dry_run and not args.medium:
         args.medium = [f"tmp={tempfile.mkdtemp(prefix='tutti-prefill-')}"]

@@ -202,14 +202,14 @@ class TuttiConfig:
         "of stage_mb. On the H200 both edges moved 1.5-10 ms sooner with 4, but TTFT in a "
         "server did not: each extra chunk is one more hand-over that needs the GIL.", minimum=1)
     first_alone: bool = setting(False,
-        "Linker, loads whose chunks the loader admits (tutti_admission=loader, GPU waits off): "
+        "Linker, loads whose chunks the loader admits (tutti_admission=loader): "
         "the first staging chunk goes to the devices alone and the next read_ahead chunks once "
         "its reads are final, so layer 0, before which no layer computes, does not share the "
         "device queues with the next layers' reads (docs/benchmarks.md §7.1: layer 0 begins "
         "3-4 ms sooner in a 32-layer server, TTFT unchanged within the spread); off: the first "
         "read_ahead chunks at once.")
     admission: str = setting("loader",
-        "Linker, loads launched from the CPU (tutti_gpu_wait off): what admits a load's next "
+        "Linker: what admits a load's next "
         "staging chunk to the devices. loader = the loader thread, as it reaches the chunk; it "
         "can lend write windows between layers. copies = the H2D copy of the chunk that last "
         "used the ring slot, through a CUDA host function, with the read stream's C++ window "
@@ -221,14 +221,6 @@ class TuttiConfig:
     io_sms: int = setting(8,
         "Linker: SMs reserved for the I/O kernels through a CUDA green context (Hopper); 0 = an "
         "ordinary high-priority stream.", minimum=0)
-    gpu_wait: str = setting("off",
-        "Linker: on = a load enqueues every layer's copy and scatter up front, each behind a GPU "
-        "wait on a device-mapped counter the read stream writes once the layer is verified (no "
-        "CPU reaction per layer); off = each layer launched from the CPU as its reads land; auto "
-        "= on where the CUDA part of the extension loads (on fails the attach where it does not)."
-        " Off by default: on the H200 it restores as fast as off, not faster (docs/benchmarks.md"
-        " §3a); GPU-wait loads lend no write windows.",
-        choices=("auto", "on", "off"))
     offload_backlog_pages: int = setting(8192,
         "Linker: pages queued for offload before new offloads are refused (the device pages stay "
         "locked until written).", minimum=1)

@@ -317,6 +317,30 @@ def test_read_stream_submits_nothing_before_allow_and_cancel_ends_it(engine, tmp
     st.join()
 
 
+def test_a_link_admits_chunks_from_another_thread_and_outlives_its_stream(engine, tmp_path):
+    """What copy admission's CUDA host functions do (cuda.hpp allow_after), without CUDA: admit
+    chunks through the stream's link from a thread that is not the stream's owner; once the
+    stream is destroyed, the link's allow() does nothing (a host function that runs late)."""
+    n, sz = 24, 4096
+    f, a = _stream_file(engine, tmp_path, n, sz, 5)
+    dst, b = buf_of(n * sz)
+    st = engine.read_stream(np.full(n, f), np.arange(n) * sz, np.full(n, sz),
+                            dst.address + np.arange(n, dtype=np.uint64) * sz, np.array([0, 8, 16, 24]))
+    link = st.link()
+    st.allow(1)
+    assert (st.wait(0)[0] == sz).all()
+    t = threading.Thread(target=lambda: [link.allow(c) for c in (2, 3)])
+    t.start()
+    t.join()
+    for c in (1, 2):
+        assert (st.wait(c)[0] == sz).all()
+    st.join()
+    assert (b == a[:n * sz]).all()
+    del st
+    link.allow(3)  # detached: no stream behind it, nothing happens
+    link.allow(1)
+
+
 def test_a_file_opens_while_a_read_stream_holds_its_ring(engine, tmp_path):
     """A read stream holds one of the engine's rings for its whole life (a layer-wise load);
     opening a file meanwhile (a writer growing the store, a re-scan) does not wait for it, and

@@ -251,6 +251,42 @@ def test_bad_page_mid_pipeline_fails_the_batch_and_the_next_load_is_clean(tmp_pa
     lw.close()
 
 
+@pytest.mark.parametrize("device,admission", PATHS)
+@pytest.mark.parametrize("fault", ["cancel", "raise"])
+def test_a_load_ended_mid_stream_fails_and_the_next_load_is_exact(tmp_path, monkeypatch, device,
+                                                                   admission, fault):
+    """At chunk 5 of 12 the stream is cancelled (nothing new is submitted: the chunks not yet
+    admitted end -ECANCELED) or the loader raises (the stream is closed under it): the load fails
+    and the forward's waits all return (no hang), layer 3 (chunks 9-11) keeps its poison, and the
+    next load is byte-exact."""
+    from tutti_hicache.layer_reads import LayerStream
+    lw, k, v = make_lw(tmp_path, device=device, tutti_read_ahead=2, tutti_admission=admission)
+    keys = [f"p{i:063d}" for i in range(N)]
+    rows = torch.arange(PAGE, PAGE * (N + 1), device=device)
+    offload_all(lw, keys, rows)
+    want = [t[PAGE:].clone() for t in k + v]
+    real = LayerStream.wait_whole
+
+    def ending(self, i):
+        if i == 5 and fault == "cancel":
+            self._stream.cancel()
+        if i == 5 and fault == "raise":
+            raise RuntimeError("the load is abandoned")
+        return real(self, i)
+
+    monkeypatch.setattr(LayerStream, "wait_whole", ending)
+    for t in k + v:
+        t[PAGE:] = -7
+    assert not restore(lw, keys, rows, rid="ended")
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert all(bool((t[PAGE:] == -7).all()) for t in (k[3], v[3])), "a chunk never read landed"
+    monkeypatch.setattr(LayerStream, "wait_whole", real)
+    assert restore(lw, keys, rows, rid="again")
+    assert all(torch.equal(t[PAGE:], w) for t, w in zip(k + v, want))
+    lw.close()
+
+
 def test_a_starving_write_never_deadlocks_a_long_load(tmp_path, monkeypatch):
     """A load holds its directories for every layer; a write that arrives meanwhile starves
     (floor 1 ms). The floor makes *new* reads wait for that write, so the load's own per-chunk
@@ -260,13 +296,13 @@ def test_a_starving_write_never_deadlocks_a_long_load(tmp_path, monkeypatch):
     rows = torch.arange(PAGE, PAGE * (N + 1))
     offload_all(lw, keys, rows)
     from tutti_hicache.store import LayerStream
-    real = LayerStream.wait
+    real = LayerStream.wait_whole
 
     def slow(self, i):  # a long restore: 12 chunks, 20 ms each
         time.sleep(0.02)
         return real(self, i)
 
-    monkeypatch.setattr(LayerStream, "wait", slow)
+    monkeypatch.setattr(LayerStream, "wait_whole", slow)
     assert lw.load("r", keys, rows)
     idx = lw.start()
     time.sleep(0.03)  # the load now holds the directories
@@ -397,21 +433,6 @@ def test_offload_backlog_stays_exact_under_contention(tmp_path, monkeypatch, cap
     keys = [f"t{i:063d}" for i in range(64)]
     assert lw.offload(keys, torch.arange(PAGE, PAGE * 65), [NeverReady()])  # the whole bound
     lw.close()
-
-
-def test_gpu_wait_is_off_on_a_cpu_pool_and_on_refuses_it(tmp_path):
-    """tutti_gpu_wait: off by default; auto keeps the CPU path on a CPU pool and says why; on fails
-    the attach."""
-    lw, _, _ = make_lw(tmp_path / "default")
-    assert lw.gpu_wait == (False, "tutti_gpu_wait=off") and not lw.gpu_wait_on
-    lw.close()
-    lw, _, _ = make_lw(tmp_path, tutti_gpu_wait="auto")
-    assert lw.gpu_wait == (False, "the pool is not on a CUDA device") and not lw.gpu_wait_on
-    with pytest.raises(RuntimeError, match="off here"):
-        lw.gpu_wait_on = True
-    lw.close()
-    with pytest.raises(RuntimeError, match="tutti_gpu_wait=on"):
-        make_lw(tmp_path / "on", tutti_gpu_wait="on")
 
 
 def test_copy_admission_needs_cuda_and_falls_back_to_the_loader(tmp_path, caplog):

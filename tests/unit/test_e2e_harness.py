@@ -167,8 +167,6 @@ def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
         assert ns.enable_unified_cache_external_linker == config.startswith("tutti-linker")
         if config.startswith("tutti-linker") and config != "tutti-linker-dynamic":
             assert ns.unified_cache_external_linker_config["tutti_timeline_file"].endswith(".jsonl")
-        if config == "tutti-linker-gpuwait":
-            assert ns.unified_cache_external_linker_config["tutti_gpu_wait"] == "on"
         if config == "file":
             assert env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] == str(tmp_path / "one" / "file")
         if config == e2e.CLUSTER:  # node A by default; B gets its own directories and keys
@@ -349,12 +347,12 @@ def test_share_linker_store_order(tmp_path, monkeypatch, load_bench):
     monkeypatch.setattr(mod, "run_config", fake_run)
     monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": 1.0})
     argv = ["x", "--medium", "m", "--tutti-dirs", str(tmp_path / "a"), "--one-dir", str(tmp_path / "o"),
-            "--configs", "dram,tutti-linker,tutti-linker-copies,tutti-linker-gpuwait", "--contexts", "4096",
+            "--configs", "dram,tutti-linker,tutti-linker-copies,tutti-linker-dynamic", "--contexts", "4096",
             "--json", str(tmp_path / "out.json"), "--out-dir", str(tmp_path / "logs"), "--share-linker-store"]
     monkeypatch.setattr(sys, "argv", argv)
     mod.main()
     assert calls == [("dram", "", 0), ("tutti-linker", "", 0), ("tutti-linker-copies", "tutti-linker", 1),
-                     ("tutti-linker-gpuwait", "tutti-linker", 2)]
+                     ("tutti-linker-dynamic", "tutti-linker", 2)]
     calls.clear()
     (tmp_path / "out.json").unlink()
     monkeypatch.setattr(sys, "argv", [a for a in argv if a != "--share-linker-store"])

@@ -11,9 +11,7 @@ Method: the read stream stamps each chunk's completion with CLOCK_MONOTONIC in C
 the loader records timing events just before the chunk's H2D copy and just before its scatter.
 A calibration event is recorded on an idle stream and synchronized, bracketed by two host
 clock reads; its GPU time is taken as their midpoint, so every event converts to host time
-to within half that bracket (reported as `calibration_us`). The same clocks serve both paths:
-CPU-event (the loader thread wakes, then launches the copy and scatter) and GPU-wait (the
-stream's wait on the counter returns and the pre-enqueued copy runs).
+to within half that bracket (reported as `calibration_us`).
 """
 
 from __future__ import annotations

@@ -9,18 +9,15 @@ At a glance:
         one engine stream over every layer (and staging chunk), each chunk into a pinned ring
         slot, the next layer's requests queued behind this one's (read_ahead), per-layer
         checksums verified as pages land, one H2D copy, one scatter kernel on the I/O stream,
-        one CUDA event -> counter.complete(index, layer); with tutti_gpu_wait (gpu_wait.py)
-        every layer's copy and scatter are enqueued at the start behind GPU waits on a counter
-        the read stream advances as layers pass, so no layer waits on a CPU reaction
+        one CUDA event -> counter.complete(index, layer)
     lw.counter.wait_until(l)                waits until layer l is enqueued, then a GPU-side wait
     lw.finish(index) -> bool                every layer landed
     lw.offload(keys, device_indices, ready_events) -> bool,  num_completed() / pop_completed()
     lw.cancel(rid), lw.drain_loads(), lw.reset(), lw.close()
     lw.stats() -> dict                      the store's counters plus the linker's (stats.py);
                                             tutti_stats_file writes them
-    lw.gpu_wait -> (on, reason)             whether the GPU-wait path is available, and why
-    lw.admission -> (mode, reason)          who admits a CPU-launched load's chunks (tutti_admission)
-    lw.gpu_wait_on, lw.copy_admission_on, lw.trace   the path loads take, settable between
+    lw.admission -> (mode, reason)          who admits a load's chunks (tutti_admission)
+    lw.copy_admission_on, lw.trace          the path loads take, settable between
                                             loads; the benchmark's per-chunk timings
     tutti_timeline_file                     one JSON line per load (timeline.py): when each
                                             chunk landed, each layer was handed over and the
@@ -45,11 +42,10 @@ from typing import Optional
 import torch
 
 from ..config import TuttiConfig
-from ..layout import PageGeometry, align_up
+from ..layout import PageGeometry
 from ..profiler import SlackTable
 from ..store import ObjectStore
 from .counter import LayerCounter
-from .gpu_wait import GateSlots
 from .loader import Loader, LoadFailed
 from .offloader import Offloader
 from .staging import Staging
@@ -77,7 +73,6 @@ class LayerwiseKV:
                                     else None,
                                     TimelineFile(cfg.timeline_file) if cfg.timeline_file else None)
         self._before = [0, 0, 0]  # timeline: the next load's first lookup, last lookup return, load
-        self.gpu_wait = self._gpu_wait_mode(cfg.gpu_wait, geometry)  # before anything is opened
         self.store = ObjectStore(cfg, geometry, identity, writer=writer)
         self.io = self._io_stream()
         self.obj_stride = self.store.layer_object_stride()
@@ -95,10 +90,8 @@ class LayerwiseKV:
         self.windows = Windows(cfg.write_windows, self.slack, self.times,
                                sum(geometry.object_nbytes[:geometry.objects_per_layer]) // page_size)
         self._stats = LinkerStats(self.store, cfg.stats_file, self.windows)
-        self._gates = GateSlots(self.io.device) if self.gpu_wait[0] else None
         self._loader = Loader(self.store, self.counter, self.stage, self.stage_pages, self.k_bufs,
-                              self.v_bufs, page_size, self.io, cfg, self.windows, self._stats,
-                              self._gates)
+                              self.v_bufs, page_size, self.io, cfg, self.windows, self._stats)
         self.admission = self._admission_mode(cfg.admission)
         self._loader.copy_admission = self.admission[0] == "copies"
         self._offloader = Offloader(self.store, self.out, self.out_pages, self.k_bufs, self.v_bufs,
@@ -113,29 +106,11 @@ class LayerwiseKV:
         return io_stream(self.cfg.io_sms, self.device)
 
     def _cuda_part(self) -> tuple:
-        """(ok, reason): the CUDA part of the extension runs for this pool (GPU waits, host
-        functions)."""
+        """(ok, reason): the CUDA part of the extension runs for this pool (host functions)."""
         if not self.cuda:
             return False, "the pool is not on a CUDA device"
         from .. import driver
         return driver.available()
-
-    def _gpu_wait_mode(self, setting: str, geometry: PageGeometry) -> tuple:
-        """(on, reason) for tutti_gpu_wait; "on" raises where the path cannot run: no CUDA part,
-        or objects padded to 4 KiB (their checksums are computed by the loader's Python thread,
-        which a GPU-wait load must never depend on: docs/design.md §8)."""
-        if setting == "off":
-            return False, "tutti_gpu_wait=off"
-        nbytes = int(geometry.object_nbytes[0])
-        ok, why = self._cuda_part()
-        if ok and nbytes != align_up(nbytes):
-            ok, why = False, (f"a KV object is {nbytes} B, not a multiple of 4 KiB: its checksums "
-                              "run in Python, which GPU-side waits must not depend on")
-        if not ok and setting == "on":
-            raise RuntimeError(f"tutti_gpu_wait=on cannot run here: {why}")
-        mode = (True, "the CUDA part loaded") if ok else (False, why)
-        logger.info("tutti linker: GPU-side completion waits %s (%s)", "on" if ok else "off", mode[1])
-        return mode
 
     def _admission_mode(self, setting: str) -> tuple:
         """(mode, reason) for tutti_admission: copies needs CUDA host functions (the CUDA part)."""
@@ -159,7 +134,7 @@ class LayerwiseKV:
         with torch.cuda.stream(self.io.stream):
             dev = self.out.device
             self._offloader.gather(dev, torch.zeros(1, dtype=torch.int64, device=self.device))
-            self._loader.warm(dev, self._gates)
+            self._loader.warm(dev)
         self.io.stream.synchronize()
         self._stats.add(warmup_seconds=time.perf_counter() - t0)
 
@@ -192,18 +167,6 @@ class LayerwiseKV:
         if n < 1:
             raise ValueError(f"edge_chunks must be >= 1, got {n}")
         self._loader.edge_chunks = n
-
-    @property
-    def gpu_wait_on(self) -> bool:
-        """Whether loads take the GPU-wait path (settable between loads where it is available)."""
-        return self._loader.gates is not None
-
-    @gpu_wait_on.setter
-    def gpu_wait_on(self, on: bool) -> None:
-        if on and self._gates is None:
-            raise RuntimeError(f"GPU-side completion waits are off here: {self.gpu_wait[1]}")
-        self._loader.worker.drain()
-        self._loader.gates = self._gates if on else None
 
     @property
     def copy_admission_on(self) -> bool:
@@ -307,8 +270,6 @@ class LayerwiseKV:
         self._stats.dump(force=True)
         self._loader.worker.stop()
         self._offloader.close()
-        if self._gates is not None:
-            self._gates.drain()  # no GPU work reads the gate words any more
         self.store.close()
         self.stage.close()
         self.out.close()

@@ -6,9 +6,6 @@ At a glance:
     counter.describe(index, n_input, n_prefix)   [scheduler] its shape, for the write windows
     counter.complete(index, layer, event)   [loader] layer enqueued; event: its copy on the GPU
     counter.fail(index, error)              [loader] every wait returns; finish() reports False
-    counter.hold(index), counter.settle(index)   [loader] GPU-wait mode: the layers' events are
-                                            handed over before their reads ran; finish() also
-                                            waits for settle(), the loader's verdict
     counter.set_consumer(index), counter.wait_until(layer)   [forward] SGLang's interface
     counter.finish(index) -> bool           [scheduler] every layer landed (events synchronized)
     counter.annotate(index, **fields)       [loader] adds to the batch's timeline record
@@ -53,14 +50,12 @@ class _Batch:
     events: list = field(default_factory=list)
     error: Optional[BaseException] = None
     shape: tuple = (0, 0)  # (new tokens, loaded prefix tokens), for the write windows' timing
-    verdict: threading.Event = field(default_factory=threading.Event)
     rec: Optional[dict] = None  # the timeline record, when one is kept
     seq: int = 0  # the counter's loads numbered from its creation (reset() keeps counting)
 
     def __post_init__(self):
         self.enqueued = [threading.Event() for _ in range(self.layers)]
         self.events = [None] * self.layers
-        self.verdict.set()  # hold() clears it
 
 
 class LayerCounter:
@@ -138,14 +133,6 @@ class LayerCounter:
             b.rec["complete_ns"][layer] = now_ns()
         b.enqueued[layer].set()
 
-    def hold(self, index: int) -> None:
-        self._batches[index].verdict.clear()
-
-    def settle(self, index: int) -> None:
-        b = self._batches.get(index)
-        if b is not None:
-            b.verdict.set()
-
     def fail(self, index: int, error: BaseException) -> None:
         b = self._batches.get(index)
         if b is None:
@@ -184,7 +171,6 @@ class LayerCounter:
         t0 = now_ns()
         for ev in b.enqueued:
             ev.wait()
-        b.verdict.wait()
         for ev in b.events:
             if ev is not None:
                 ev.synchronize()

@@ -11,17 +11,12 @@ At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's t
         next layer's requests wait there behind this one's), per-layer checksums verified
         as pages land, one H2D copy and one scatter kernel on the I/O stream, one CUDA event
         -> counter.complete(index, layer); any failure -> counter.fail(index) (never a hang)
-        GPU-wait mode (gates given: tutti_gpu_wait): every chunk's copy and gated scatter are
-        enqueued up front behind GPU waits on a gate the read stream advances (gpu_wait.py),
-        every layer's event handed to the counter at once, each copy admitting the chunk that
-        reuses its ring slot through a CUDA host function, the stream's read-ahead window
-        keeping at most `read_ahead` chunks past the last final one at the devices; the loop
-        only checks the verdicts (no write windows)
-        copy admission (copy_admission: tutti_admission=copies, CPU-launched loads): the
-        copies and scatters are launched by the loop as chunks land, and each copy admits the
-        chunk that reuses its slot as in GPU-wait mode (no write windows)
+        copy admission (copy_admission: tutti_admission=copies): the copies and scatters are
+        launched by the loop as chunks land, each copy admitting the chunk that reuses its
+        ring slot through a CUDA host function, the stream's read-ahead window keeping at most
+        `read_ahead` chunks past the last final one at the devices (no write windows)
     loader.read_ahead, loader.windows_opened, loader.read_Bps, loader.worker (drain, stop, thread)
-    loader.gates, loader.copy_admission                the admission paths (between loads only)
+    loader.copy_admission                              the admission path (between loads only)
     loader.trace                                       None, or a list each load appends its
         chunks' read-completion times and scatter-start events to (the benchmark)
 
@@ -45,9 +40,7 @@ import torch
 
 from ..config import TuttiConfig
 from ..layout import runs
-from . import gpu_wait
 from .counter import LayerCounter
-from .gpu_wait import GateSlots
 from .staging import Staging
 from .timeline import now_ns
 from .stats import LinkerStats
@@ -63,7 +56,7 @@ class LoadFailed(RuntimeError):
 class Loader:
     def __init__(self, store, counter: LayerCounter, stage: Staging, stage_pages: int,
                  k_bufs: list, v_bufs, page_size: int, io, cfg: TuttiConfig, windows,
-                 stats: LinkerStats, gates: Optional[GateSlots] = None):
+                 stats: LinkerStats):
         self._store, self._counter, self._stage = store, counter, stage
         self.stage_pages = stage_pages  # pages of one layer per ring slot
         self._k_bufs, self._v_bufs, self._page_size = k_bufs, v_bufs, page_size
@@ -80,7 +73,6 @@ class Loader:
         self.first_alone = cfg.first_alone  # the first chunk at the devices alone (loader path)
         self.edge_chunks = cfg.edge_chunks  # the first and the last layer in this many chunks
         self.windows_opened = 0
-        self.gates = gates  # GPU-wait mode when set (between loads only)
         self.copy_admission = False  # tutti_admission=copies, for CPU-launched loads (CUDA only)
         self.trace: Optional[list] = None
         self._queued: dict[str, tuple] = {}
@@ -146,7 +138,6 @@ class Loader:
             self._counter.fail(index, e)
             self._stats.add(load_failures=1)
         finally:
-            self._counter.settle(index)
             self._store.unpin(entries)
 
     def _load(self, index, entries, page_ids, ready, input_tokens) -> None:
@@ -155,98 +146,77 @@ class Loader:
         the queue never drains between layers; each chunk lands, is verified, copied and
         scattered in layer order. CPU path: chunk i + read_ahead - 1 is admitted before chunk i
         is waited for (with first_alone, chunk 0 alone: the others once its reads are final).
-        GPU-wait path and copy admission: the ring slots admit (chunk j once the
-        copy of chunk j - depth, the slot's last user, is done) and the stream's window
-        (ahead=read_ahead) holds the reads to `read_ahead` chunks past the last final one."""
+        Copy admission: the ring slots admit (chunk j once the copy of chunk j - depth, the
+        slot's last user, is done) and the stream's window (ahead=read_ahead) holds the reads to
+        `read_ahead` chunks past the last final one."""
         begin_ns = now_ns()  # the loader thread has the batch (the timeline's begin_ns)
         plan = self._store.plan_pages(entries)
         prefix = len(entries) * self._page_size
         self._windows.learn()  # the forwards that ran since the last load
-        gates = self.gates
-        cuda_stream = self._order_streams(gates is not None, ready)
+        if ready is not None:
+            self._io.stream.wait_event(ready)
         n, per_page = len(entries), self._k_objs * self._obj_stride
         chunks = [(layer, slice(c0, min(n, c0 + step))) for layer in range(self._num_layers)
                   for step in [self._chunk_pages(layer, n)] for c0 in range(0, n, step)]
         depth = len(self._stage.bufs)
         slots = [(self._stage.next + i) % depth for i in range(len(chunks))]  # take() order
         dsts = self._destinations(chunks, slots, per_page)
-        gate = gates.take() if gates is not None else None
-        gpu = gpu_wait.Plan() if gate is not None else None
-        # who admits: the loader chunk by chunk (0: no window), or the copies (GPU-wait loads, and
-        # CPU-launched ones with tutti_admission=copies) with the stream's window
-        hosted = gpu is None and self.copy_admission
-        mode = "gpu" if gpu is not None else "copies" if hosted else "cpu"  # the timeline's, trace's
-        ahead = self.read_ahead if gpu is not None or hosted else 0
+        hosted = self.copy_admission  # who admits: the loader chunk by chunk, or the copies
+        mode = "copies" if hosted else "cpu"  # the timeline's, trace's
         scatter_start: list = []
-        try:
-            # the stream holds the batch's directories for reads until it is closed (and then
-            # nothing lands in the staging slots any more)
-            with self._store.stream_layers(plan, chunks, dsts, gate and gate.host,
-                                           ahead=ahead) as stream:
-                marks = {"begin_ns": begin_ns, "opened_ns": now_ns()}  # planned, directories held
-                admitted = 0
+        # the stream holds the batch's directories for reads until it is closed (and then
+        # nothing lands in the staging slots any more)
+        with self._store.stream_layers(plan, chunks, dsts,
+                                       ahead=self.read_ahead if hosted else 0) as stream:
+            marks = {"begin_ns": begin_ns, "opened_ns": now_ns()}  # planned, directories held
+            admitted = 0
 
-                def admit(upto: int) -> None:
-                    nonlocal admitted
-                    while admitted < upto:
-                        if self._stage.take() != slots[admitted]:  # waits for its last copy
-                            raise RuntimeError("tutti linker: staging ring out of order")
-                        admitted += 1
-                    stream.allow(admitted)
+            def admit(upto: int) -> None:
+                nonlocal admitted
+                while admitted < upto:
+                    if self._stage.take() != slots[admitted]:  # waits for its last copy
+                        raise RuntimeError("tutti linker: staging ring out of order")
+                    admitted += 1
+                stream.allow(admitted)
 
-                if gpu is not None or hosted:
-                    # the first reads go out (their slots free of the last load's copies, waited
-                    # for here); the rest of the ring's slots once the load stream has passed
-                    # those copies (it is ordered after them: _order_streams), by a host function
-                    # ahead of this load's GPU work; then each chunk's copy admits the chunk that
-                    # reads into its slot next (GPU-wait: every layer's GPU work enqueued now, no
-                    # CPU thread of ours; hosted: the copies launched below, as chunks land).
-                    # Slots past the waited ones are handed out unwaited; each copy leaves its
-                    # slot its event (gpu_wait.close, _copy_chunk).
-                    admit(min(len(chunks), self.read_ahead))
-                    stream.allow_after(self._io.device, cuda_stream.cuda_stream,
-                                       min(len(chunks), depth))
-                    self._stage.advance(len(chunks) - admitted)
-                if gpu is not None:
-                    self._enqueue(gpu, cuda_stream, gate, index, chunks, slots, page_ids, stream)
-                for i, (layer, rows) in enumerate(chunks):
-                    if gpu is None and not hosted:  # first_alone: chunk 0, then 1 .. read_ahead
-                        admit(min(len(chunks), 1 if i == 0 and self.first_alone
-                                  else i + self.read_ahead))
-                    ok, whole = stream.wait_whole(i)
-                    if not whole:
-                        raise LoadFailed(f"layer {layer}: {int((~ok).sum())} of {len(ok)} pages "
-                                         "unreadable or corrupt")
-                    if gpu is None:
-                        after = None  # hosted: the copy admits the slot's next reader
-                        if hosted and i + depth < len(chunks):
-                            after = partial(stream.allow_after, self._io.device,
-                                            self._io.stream.cuda_stream, i + depth + 1)
-                        self._copy_chunk(slots[i], layer, len(ok), page_ids[rows], scatter_start,
-                                         after)
-                    if rows.stop < n:
-                        continue
-                    if gpu is None:
-                        if layer + 1 == self._num_layers:  # before finish() can write the record
-                            self._annotate(index, mode, len(entries), chunks, stream, marks)
-                        self._counter.complete(index, layer, self._mark())
-                    if gpu is None and not hosted and layer + 1 < self._num_layers and \
-                            layer - self._counter.waited >= 2:
-                        window = self._windows.window(input_tokens, prefix, self.read_Bps)
-                        if window > 0:
-                            self.windows_opened += 1
-                            stream.lend(window)  # settles what was admitted, then a write window
-                if gpu is not None:  # finish() waits for settle(), after this
+            if hosted:
+                # the first reads go out (their slots free of the last load's copies, waited for
+                # here); the rest of the ring's slots once the I/O stream has passed those copies,
+                # by a host function ahead of this load's GPU work; then each chunk's copy admits
+                # the chunk that reads into its slot next. Slots past the waited ones are handed
+                # out unwaited; each copy leaves its slot its event (_copy_chunk).
+                admit(min(len(chunks), self.read_ahead))
+                stream.allow_after(self._io.device, self._io.stream.cuda_stream,
+                                   min(len(chunks), depth))
+                self._stage.advance(len(chunks) - admitted)
+            for i, (layer, rows) in enumerate(chunks):
+                if not hosted:  # first_alone: chunk 0, then 1 .. read_ahead
+                    admit(min(len(chunks), 1 if i == 0 and self.first_alone
+                              else i + self.read_ahead))
+                ok, whole = stream.wait_whole(i)
+                if not whole:
+                    raise LoadFailed(f"layer {layer}: {int((~ok).sum())} of {len(ok)} pages "
+                                     "unreadable or corrupt")
+                after = None  # hosted: the copy admits the slot's next reader
+                if hosted and i + depth < len(chunks):
+                    after = partial(stream.allow_after, self._io.device,
+                                    self._io.stream.cuda_stream, i + depth + 1)
+                self._copy_chunk(slots[i], layer, len(ok), page_ids[rows], scatter_start, after)
+                if rows.stop < n:
+                    continue
+                if layer + 1 == self._num_layers:  # before finish() can write the record
                     self._annotate(index, mode, len(entries), chunks, stream, marks)
-                if self.trace is not None:
-                    self.trace.append({"mode": mode, "begin_ns": begin_ns,
-                                       "layers": [layer for layer, _ in chunks],
-                                       "done_ns": stream.done_ns(),
-                                       "starts": gpu.starts if gpu else scatter_start})
-        finally:
-            if gate is not None:
-                gpu_wait.close(gpu, cuda_stream, gate, len(chunks), self._stage, slots)
-                gates.retire(gate, gpu.end)
+                self._counter.complete(index, layer, self._mark())
+                if not hosted and layer + 1 < self._num_layers and \
+                        layer - self._counter.waited >= 2:
+                    window = self._windows.window(input_tokens, prefix, self.read_Bps)
+                    if window > 0:
+                        self.windows_opened += 1
+                        stream.lend(window)  # settles what was admitted, then a write window
+            if self.trace is not None:
+                self.trace.append({"mode": mode, "begin_ns": begin_ns,
+                                   "layers": [layer for layer, _ in chunks],
+                                   "done_ns": stream.done_ns(), "starts": scatter_start})
 
     def _destinations(self, chunks: list, slots: list, per_page: int) -> list:
         """Each chunk's page addresses in its ring slot, as views of one array built in a few
@@ -275,49 +245,6 @@ class Loader:
                                    chunk_done_ns=[int(t) for t in stream.done_ns()],
                                    loader_end_ns=now_ns(), **marks)
 
-    def _order_streams(self, gpu: bool, ready):
-        """The CUDA stream this load's GPU work goes on (GPU-wait loads: the I/O stream's second
-        stream, so offloads never queue behind their waits), ordered after the batch's `ready`
-        event and after whatever the other stream last did with the device staging slot."""
-        if not self._cuda:
-            return None
-        second = self._io.load_stream
-        stream = second if gpu and second is not None else self._io.stream
-        if ready is not None:
-            stream.wait_event(ready)
-        if second is not None:
-            stream.wait_stream(self._io.stream if stream is second else second)
-        return stream
-
-    def _enqueue(self, gpu: "gpu_wait.Plan", stream, gate, index: int, chunks: list, slots: list,
-                 page_ids, reads) -> None:
-        """Every chunk's wait, copy and gated scatter on the load stream, each layer's event to
-        the counter as soon as it is enqueued (the forward's wait_until then never waits for
-        the CPU's reaction to a read). Chunk i's copy admits chunk i + depth, the next to read
-        into its ring slot (a host function on the stream: the slot is free then); the read
-        stream's window decides when an admitted chunk goes to the disk. So the whole load runs
-        to its end even while every Python thread is held (a context synchronization inside a
-        launch that holds the GIL, e.g. a kernel loaded lazily, waits for this stream)."""
-        per_page = self._k_objs * self._obj_stride
-        nbytes = [(rows.stop - rows.start) * per_page for _, rows in chunks]
-        last = [i + 1 == len(chunks) or chunks[i + 1][0] != layer
-                for i, (layer, _) in enumerate(chunks)]
-        ids = [page_ids[rows] for _, rows in chunks]
-
-        def scatter(dev, layer, i, g):
-            self._scatter(dev, layer, ids[i], g)
-
-        depth, n = len(self._stage.bufs), len(chunks)
-
-        def copied(i):  # chunk i's ring slot is free: chunk i + depth may be read into it
-            if i + depth < n:
-                reads.allow_after(self._io.device, stream.cuda_stream, i + depth + 1)
-
-        self._counter.hold(index)  # finish() waits for the loader's verdict, not just the GPU
-        gpu_wait.enqueue(gpu, stream, self._io.device, gate, chunks, slots, self._stage, nbytes,
-                         scatter, last, lambda layer, ev: self._counter.complete(index, layer, ev),
-                         copied, trace=self.trace is not None)
-
     @property
     def read_Bps(self) -> float:
         """The best of the recent loads' rates (a load held back by the forward reads slower than
@@ -336,7 +263,7 @@ class Loader:
             self._scatter(host, layer, page_ids)
             return
         with torch.cuda.stream(self._io.stream):
-            copy_start = gpu_wait.record(self._io.stream, True) if self.trace is not None else None
+            copy_start = _record(self._io.stream) if self.trace is not None else None
             dev = self._stage.device[: host.numel()]
             dev.copy_(host, non_blocking=True)
             ev = torch.cuda.Event()
@@ -345,32 +272,25 @@ class Loader:
             if after_copy is not None:
                 after_copy()
             if copy_start is not None:
-                trace.append((copy_start, gpu_wait.record(self._io.stream, True)))
+                trace.append((copy_start, _record(self._io.stream)))
             self._scatter(dev, layer, page_ids)
 
-    def warm(self, dev, gates: Optional[GateSlots] = None) -> None:
+    def warm(self, dev) -> None:
         """Load the scatter kernel at attach: every layer of pool page 0, staged in device
-        memory `dev` (gathered from page 0 just before), scattered back onto itself; with
-        gates, its gated variant too, on a fresh gate (verified 0 < 1: it writes nothing)."""
+        memory `dev` (gathered from page 0 just before), scattered back onto itself."""
         ids = torch.zeros(1, dtype=torch.int64, device=dev.device)
         per_layer = self._k_objs * self._obj_stride
         for layer in range(self._num_layers):
             self._scatter(dev[layer * per_layer:(layer + 1) * per_layer], layer, ids)
-        if gates is not None:
-            gate = gates.take()
-            self._scatter(dev[:per_layer], 0, ids, (gate.copy, 1))  # copy holds 0 (< 1)
-            gates.retire(gate, self._mark())
 
-    def _scatter(self, staging, layer: int, page_ids, gate=None) -> None:
+    def _scatter(self, staging, layer: int, page_ids) -> None:
         import tutti_kernels as tk
         v_buf = None if self._v_bufs is None else self._v_bufs[layer]
         args = (staging, self._k_bufs[layer], v_buf, page_ids, self._page_size, self._obj_stride)
         if not self._cuda:
             tk.scatter_layer_ref(*args)
-        elif gate is None:
-            tk.scatter_layer(*args)
         else:
-            tk.scatter_layer(*args, gate=gate)
+            tk.scatter_layer(*args)
 
     def _mark(self):
         if not self._cuda:
@@ -378,3 +298,10 @@ class Loader:
         ev = torch.cuda.Event()
         ev.record(self._io.stream)
         return ev
+
+
+def _record(stream) -> "torch.cuda.Event":
+    """A timing event recorded on stream now."""
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record(stream)
+    return ev

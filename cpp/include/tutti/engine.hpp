@@ -55,34 +55,15 @@ struct Counters {
   uint64_t errors = 0;       ///< requests that ended with -errno
 };
 
-/// A completion gate of a read stream (optional: release == 0 means none): two 32-bit words,
-/// e.g. in pinned, device-mapped host memory that a GPU stream waits on. As chunks end, in chunk
-/// order, the stream checks each (every request moved its nbytes; group g's checksum equals
-/// expect_sum[g] where must_sum[g]) and stores v = the count of leading chunks that passed,
-/// first into *verified, then (release order) into *release. The first chunk that fails, or the
-/// stream ending before every chunk passed (cancel, error, destructor), stores kGateTerminal
-/// into *release alone: every wait on release returns, and *verified never counts a chunk that
-/// did not pass. The words must outlive the stream.
-struct StreamGate {
-  uint64_t release = 0, verified = 0;  ///< addresses of the two words (4-byte aligned)
-  std::vector<uint64_t> expect_sum;    ///< per group, empty when there are no groups
-  std::vector<uint8_t> must_sum;       ///< per group: compare its checksum
-};
-
-/// The value a gate's release word takes when its stream failed or ended early; above every
-/// chunk count, and still ">=" them in the GPU's cyclic 32-bit comparison.
-inline constexpr uint32_t kGateTerminal = 0x7fffffffu;
-
 /// The arrays of a read stream, moved into it. chunk_start runs from 0 to n (n_chunks + 1
-/// entries, non-decreasing); group_start is empty or as Groups::start, each group inside a chunk;
-/// gate as StreamGate. ahead: a read-ahead window, at most this many chunks past the leading run
+/// entries, non-decreasing); group_start is empty or as Groups::start, each group inside a chunk.
+/// ahead: a read-ahead window, at most this many chunks past the leading run
 /// of final ones go to the devices, whatever allow() admitted (0: no window). The first chunk
 /// not yet final is always inside it, so a window never stalls an admitted chunk.
 struct StreamSpec {
   std::vector<int64_t> file, offset, nbytes;
   std::vector<uint64_t> addr;
   std::vector<int64_t> chunk_start, group_start;
-  StreamGate gate;
   size_t ahead = 0;
 };
 

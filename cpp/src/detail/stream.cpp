@@ -36,7 +36,6 @@ Stream::Stream(EngineBase& engine, StreamSpec spec) : engine_(engine), spec_(std
   results_.assign(n, 0);
   chunk_groups_.assign(nc, {0, 0});
   validate_groups();
-  validate_gate();
   ops_left_.assign(nc, 0);
   tasks_left_.assign(nc, 0);
   planned_.assign(nc, 0);
@@ -79,10 +78,6 @@ Stream::~Stream() {
   cancel();
   if (thread_.joinable()) thread_.join();
   if (groups_) groups_->wait();
-  {
-    std::lock_guard lock(mu_);
-    close_gate();
-  }
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
@@ -108,8 +103,6 @@ void Stream::run() {
     done_[c] = 1;
   }
   done_prefix_ = nchunks();
-  advance_gate();  // releases what passed, then the terminal value at the first chunk that did not
-  close_gate();
   ended_ = true;
   cv_.notify_all();
 }
@@ -238,7 +231,6 @@ bool Stream::check_done(size_t c) {
   done_ns_[c] = now_ns();
   const size_t before = admissible();
   while (done_prefix_ < nchunks() && done_[done_prefix_]) done_prefix_++;
-  advance_gate();  // before anyone waiting on chunk c wakes
   cv_.notify_all();  // the POSIX loop's wait_allowed, and wait()
   // The ring's loop sleeps in io_uring_enter with a read armed on wake_fd_: it needs a write only
   // when the window held it back, and not from its own thread (it re-reads allowed() first).
@@ -262,59 +254,3 @@ void StreamLink::detach() noexcept {
 }
 
 }  // namespace tutti
-
-namespace tutti::detail {
-
-// ---- the completion gate (see StreamGate)
-
-namespace {
-void store_word(uint64_t addr, uint32_t v) {
-  __atomic_store_n(reinterpret_cast<uint32_t*>(addr), v, __ATOMIC_RELEASE);
-}
-}  // namespace
-
-void Stream::validate_gate() {
-  const StreamGate& g = spec_.gate;
-  if (g.release == 0) return;
-  TUTTI_EXPECT(g.verified != 0 && g.release % 4 == 0 && g.verified % 4 == 0,
-               "gate words must be 4-byte aligned addresses");
-  TUTTI_EXPECT(nchunks() < kGateTerminal, "too many chunks for a gate");
-  TUTTI_EXPECT(g.expect_sum.size() == sums_.size() && g.must_sum.size() == sums_.size(),
-               "gate expect_sum and must_sum need one entry per checksum group");
-  gate_open_ = true;
-}
-
-bool Stream::chunk_passed(size_t c) const {
-  for (int64_t i = chunk_begin(c); i < chunk_end(c); ++i) {
-    const size_t r = static_cast<size_t>(i);
-    if (results_[r] != spec_.nbytes[r]) return false;
-  }
-  const auto [g0, g1] = chunk_groups_[c];
-  for (size_t g = g0; g < g1; ++g)
-    if (spec_.gate.must_sum[g] && sums_[g] != spec_.gate.expect_sum[g]) return false;
-  return true;
-}
-
-void Stream::advance_gate() {
-  if (!gate_open_) return;
-  size_t v = released_;
-  while (v < nchunks() && done_[v] && chunk_passed(v)) v++;
-  if (v != released_) {
-    released_ = v;
-    store_word(spec_.gate.verified, static_cast<uint32_t>(v));  // the kernels' check first,
-    store_word(spec_.gate.release, static_cast<uint32_t>(v));   // then what the stream waits on
-  }
-  if (v == nchunks()) {
-    gate_open_ = false;
-  } else if (done_[v]) {
-    close_gate();  // chunk v failed: release every wait, verified stays at v
-  }
-}
-
-void Stream::close_gate() {
-  if (!gate_open_) return;
-  gate_open_ = false;
-  store_word(spec_.gate.release, kGateTerminal);
-}
-
-}  // namespace tutti::detail

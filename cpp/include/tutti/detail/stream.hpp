@@ -59,10 +59,6 @@ class Stream final : public ReadStream {
   bool check_done(size_t c);
   size_t admissible() const;  // holds mu_: allowed_, capped by the window
   void wake_loop();           // a write to wake_fd_: ends the ring's wait for completions
-  void validate_gate();
-  bool chunk_passed(size_t c) const;  // holds mu_; chunk c is done
-  void advance_gate();                // holds mu_
-  void close_gate();                  // holds mu_: the terminal value, if still open
   EngineBase& engine_;
   StreamSpec spec_;
   std::vector<int32_t> results_;
@@ -86,8 +82,6 @@ class Stream final : public ReadStream {
   std::vector<char> planned_, done_;
   std::vector<int64_t> done_ns_;
   size_t oldest_ = 0;
-  bool gate_open_ = false;
-  size_t released_ = 0;  // chunks the gate has released (all passed)
   std::shared_ptr<StreamLink> link_;
   std::thread thread_;
 };
