@@ -10,12 +10,10 @@ wait_until(l) before layer l's attention exactly as SGLang's KV pool does. Confi
   tutti:<medium> LayerwiseKV (the TuttiLinker pipeline) restoring from the store on <medium>
 Reported per (medium, C, h): TTFT, bubble (time the forward waits in wait_until, from CUDA
 events), I/O-only restore time and bandwidth, engine syscalls and CPU seconds per request, and
-the medium's raw O_DIRECT read (same run). --completion cpu,copies alternates who admits the
-reads at every point (the loader, or each chunk's copy) and reports per run the time from a
-layer's last read completing to its copy and scatter starting on the GPU
-(tutti_hicache/benchmarks/reaction.py states the method). --edge-chunks 1,4 alternates
-tutti_edge_chunks the same way, --repeats N runs every arm N times (interleaved; "arms" in the JSON
-holds the medians). --dry-run: tiny shapes on CPU
+the medium's raw O_DIRECT read (same run), and per run the time from a layer's last read
+completing to its copy and scatter starting on the GPU (tutti_hicache/benchmarks/reaction.py
+states the method). --read-ahead 1,3 alternates read-ahead values at every point, --repeats N
+runs every arm N times (interleaved; "arms" in the JSON holds the medians). --dry-run: tiny shapes on CPU
 (pipeline check only).
 
   python bench/bench_prefill.py --medium array-4=/mnt/a0,/mnt/a1,/mnt/a2,/mnt/a3 \
@@ -266,14 +264,6 @@ def run(args) -> dict:
     return out
 
 
-def set_completion(lw: LayerwiseKV, mode) -> str:
-    """Switch who admits the loads' reads ("cpu": the loader | "copies": each chunk's copy; None:
-    keep); returns the one in use."""
-    if mode is not None:
-        lw.copy_admission_on = mode == "copies"
-    return "copies" if lw.copy_admission_on else "cpu"
-
-
 def traced_prefill(lw: LayerwiseKV, model, c: int, pages: int, keys: list, cal) -> tuple:
     """prefill() with the loader tracing its chunks: (TTFT, bubble, CPU s, reaction stats)."""
     page = model.s["page"]
@@ -300,23 +290,17 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
     info = {"dirs": dirs, **raw, "write_GBps": max_pages * page_bytes / write_s / 1e9, "runs": []}
     print(f"[{name}] wrote {max_pages} pages at {info['write_GBps']:.2f} GB/s; raw read {raw}", flush=True)
     warm = max(1, min(max_pages // 2, 64))  # first use: kernel compiles, cuBLAS/SDPA setup
-    modes = [None] if args.completion == ["auto"] else args.completion
-    for mode in modes:
-        set_completion(lw, mode)
-        io_only(lw, model, keys, warm)
-        prefill(model, warm * page * 2, warm * page, restore_fn(lw, model, keys, warm), lw.counter)
+    io_only(lw, model, keys, warm)
+    prefill(model, warm * page * 2, warm * page, restore_fn(lw, model, keys, warm), lw.counter)
     cal = Calibration.now(model.device) if model.device.type == "cuda" else None
     grid = [(c, h) for c in contexts for h in hits if int(c * h) // page > 0]
     for c in (args.crossover_context,) if args.crossover_context else ():
         grid += [(c, h) for h in (0.96, 0.97, 0.975, 0.98, 0.985, 0.99, 0.995) if (c, h) not in grid]
     for c, h in grid:
         pages = int(c * h) // page
-        arms = [(rep, ra, e, m) for rep in range(args.repeats) for ra in args.read_ahead
-                for e in args.edge_chunks for m in modes]  # alternating per point
-        for rep, ra, edge, mode in arms:
+        arms = [(rep, ra) for rep in range(args.repeats) for ra in args.read_ahead]  # alternating
+        for rep, ra in arms:
             lw.read_ahead = min(ra, lw.cfg.stage_depth - 1)
-            lw.edge_chunks = edge
-            completion = set_completion(lw, mode)
             t_io, cnt = io_only(lw, model, keys, pages)
             if prefix_kv is not None:  # dry run: the restored prefix must equal what was written
                 for l, (k, v) in enumerate(prefix_kv):
@@ -324,11 +308,10 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
                     assert torch.equal(model.k[l][rows], k[rows]) and torch.equal(model.v[l][rows], v[rows])
             ttft, bub, cpu_s, react = traced_prefill(lw, model, c, pages, keys, cal)
             r = dict(config=f"tutti:{name}", C=c, h=h, ttft_s=ttft, bubble_s=bub, io_only_s=t_io,
-                     restore_GBps=pages * page_bytes / t_io / 1e9, read_ahead=lw.read_ahead,
-                     completion=completion, edge_chunks=edge, repeat=rep,
+                     restore_GBps=pages * page_bytes / t_io / 1e9, read_ahead=lw.read_ahead, repeat=rep,
                      prefill_cpu_s=cpu_s, reaction=react, **cnt)
             info["runs"].append(r)
-            print(f"[{name}] C={c} h={h} read-ahead {lw.read_ahead} {completion} edge {edge}: TTFT {ttft:.3f}s "
+            print(f"[{name}] C={c} h={h} read-ahead {lw.read_ahead}: TTFT {ttft:.3f}s "
                   f"bubble {bub:.3f}s io-only {t_io:.3f}s ({r['restore_GBps']:.2f} GB/s, "
                   f"{cnt['enter_calls']} enters, {cnt['cpu_s']:.3f} CPU s/restore) read->scatter "
                   f"p50 {react.get('scatter_start_us_p50', float('nan')):.0f} us, layer 0 at "
@@ -337,7 +320,6 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
                   f"{react.get('reads_ms', float('nan')):.1f} ms, beyond them "
                   f"{react.get('beyond_reads_ms', float('nan')):.1f} ms", flush=True)
     lw.read_ahead = min(args.read_ahead[-1], lw.cfg.stage_depth - 1)
-    lw.edge_chunks = args.edge_chunks[0]
     info["arms"] = arm_medians(info["runs"])
     if args.offload_stream:
         c = max(contexts)
@@ -349,16 +331,16 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
 
 
 def arm_medians(runs: list) -> list:
-    """Per (C, h, read-ahead, completion, edge chunks): the medians over the repeats of TTFT,
+    """Per (C, h, read-ahead): the medians over the repeats of TTFT,
     bubble, I/O-only time, the read -> scatter reaction (p50 of each run's layers) and the load's
     edges (layer 0's scatter start after the load began; the last layer's reaction)."""
     import statistics
     arms: dict = {}
     for r in runs:
-        arms.setdefault((r["C"], r["h"], r["read_ahead"], r["completion"], r["edge_chunks"]), []).append(r)
+        arms.setdefault((r["C"], r["h"], r["read_ahead"]), []).append(r)
     out = []
-    for (c, h, ra, comp, edge), rs in arms.items():
-        row = dict(C=c, h=h, read_ahead=ra, completion=comp, edge_chunks=edge, n=len(rs))
+    for (c, h, ra), rs in arms.items():
+        row = dict(C=c, h=h, read_ahead=ra, n=len(rs))
         for key in ("ttft_s", "bubble_s", "io_only_s", "restore_GBps"):
             row[key] = statistics.median(r[key] for r in rs)
         for key in ("scatter_start_us_p50", "first_scatter_ms", "last_scatter_start_us", "reads_ms",
@@ -433,14 +415,8 @@ def main():
     ap.add_argument("--read-ahead", type=lambda v: [int(x) for x in v.split(",")],
                     default=[TuttiConfig().read_ahead],
                     help="layer chunks read at once; a list (e.g. 1,2) measures each at every point")
-    ap.add_argument("--edge-chunks", type=lambda v: [int(x) for x in v.split(",")],
-                    default=[TuttiConfig().edge_chunks],
-                    help="tutti_edge_chunks values measured at every point (e.g. 1,4)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of every arm at every point, interleaved; the JSON's arms hold the medians")
-    ap.add_argument("--completion", type=lambda v: v.split(","), default=["auto"],
-                    help="cpu,copies: who admits the reads, measured at every point (copies: each "
-                         "chunk's copy; auto: the default one)")
     ap.add_argument("--offload-stream", type=int, default=0, metavar="PAGES",
                     help="also TTFT at the largest C, h=0.9 with a continuous offload stream (at most PAGES "
                          "pages per request): scheduler off, on, on with online write windows")

@@ -194,30 +194,6 @@ class TuttiConfig:
         "Linker: staging chunks (layers) admitted to the read stream at once: the next layers' "
         "requests wait at the devices behind this layer's, so the queue never drains between "
         "layers; 1 reads layer after layer. At most stage_depth - 1 are used.", minimum=1)
-    edge_chunks: int = setting(1,
-        "Linker: the first and the last layer of a load are read in this many staging chunks "
-        "(each at most stage_mb), so each one's copy to the device overlaps the rest of its own "
-        "reads: the first layer is the read no compute hides (the forward starts once it has "
-        "landed), the last one the copy after which finish returns. 1: every layer in chunks "
-        "of stage_mb. On the H200 both edges moved 1.5-10 ms sooner with 4, but TTFT in a "
-        "server did not: each extra chunk is one more hand-over that needs the GIL.", minimum=1)
-    first_alone: bool = setting(False,
-        "Linker, loads whose chunks the loader admits (tutti_admission=loader): "
-        "the first staging chunk goes to the devices alone and the next read_ahead chunks once "
-        "its reads are final, so layer 0, before which no layer computes, does not share the "
-        "device queues with the next layers' reads (docs/benchmarks.md §7.1: layer 0 begins "
-        "3-4 ms sooner in a 32-layer server, TTFT unchanged within the spread); off: the first "
-        "read_ahead chunks at once.")
-    admission: str = setting("loader",
-        "Linker: what admits a load's next "
-        "staging chunk to the devices. loader = the loader thread, as it reaches the chunk; it "
-        "can lend write windows between layers. copies = the H2D copy of the chunk that last "
-        "used the ring slot, through a CUDA host function, with the read stream's C++ window "
-        "holding read_ahead chunks at the devices, so the disk never waits for the loader's "
-        "Python thread (which in a server competes for the GIL with SGLang's scheduler, "
-        "docs/benchmarks.md §7.1); no write windows are lent (writes run while the devices are "
-        "idle). copies needs the CUDA part; without it loader is used and the reason logged.",
-        choices=("loader", "copies"))
     io_sms: int = setting(8,
         "Linker: SMs reserved for the I/O kernels through a CUDA green context (Hopper); 0 = an "
         "ordinary high-priority stream.", minimum=0)

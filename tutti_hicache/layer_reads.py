@@ -4,15 +4,12 @@ At a glance (ObjectStore.plan_pages / ObjectStore.stream_layers call these):
     plan = reads.plan(entries) -> PagePlan      per-page arrays, built once per batch (numpy)
     with reads.stream(plan, chunks, dsts, drop) as s:   the batch's directories are held for reads
         s.allow(n)                              admit chunks [0, n) to the devices
-        s.allow_after(device, cuda_stream, n)   the same, once a CUDA stream got there
+        s.admitted                              the chunks admitted so far
         s.wait(i) -> ok [pages of chunk i]      whole and verified (corrupt pages are dropped)
         s.settle(n)                             wait until chunks [0, n) landed (not consumed)
         s.lend(seconds)                         settle every admitted chunk, then lend the
                                                 directories to writes for one window
     (leaving the with cancels and joins the stream, then releases the read hold)
-    reads.stream(..., ahead=k)                  a read-ahead window: of the admitted chunks, at
-        most k past the leading run of final ones are at the devices (0: no window; the first
-        chunk not yet final always goes)
 
 chunks are [(layer, rows)] with rows a slice of the plan's pages; chunk i's page j lands that
 layer's objects (K then V; MLA one) at dsts[i][j] + o * object_stride() (uint64, 4 KiB aligned).
@@ -31,7 +28,6 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
-from .engine import extension
 from .layout import Placement, SlotLayout, align_up, runs, strided
 from .namespace import FileTable
 from .scheduler import Gate, Lease
@@ -111,11 +107,9 @@ class LayerStream:
         self._stream.allow(n)
         self._admitted = max(self._admitted, n)
 
-    def allow_after(self, device: int, cuda_stream: int, n: int) -> None:
-        """Admit chunks [0, n) once the CUDA stream reaches this point (a host function on it:
-        no thread of ours, and no GIL, takes part in admitting them)."""
-        extension().stream_allow_after(self._stream, device, cuda_stream, n)
-        self._admitted = max(self._admitted, n)
+    @property
+    def admitted(self) -> int:
+        return self._admitted
 
     def settle(self, n: int) -> None:
         for i in range(n):
@@ -175,10 +169,9 @@ class LayerReads:
         return PagePlan(list(entries), slots, files, offsets, must, units.reshape(len(entries), u))
 
     @contextlib.contextmanager
-    def stream(self, plan: PagePlan, chunks: list, dsts: list, drop: Callable[[list], None],
-               ahead: int = 0) -> Iterator[LayerStream]:
-        """drop(entries): forget pages found corrupt (the store's index). ahead: the read-ahead
-        window (the module docstring)."""
+    def stream(self, plan: PagePlan, chunks: list, dsts: list,
+               drop: Callable[[list], None]) -> Iterator[LayerStream]:
+        """drop(entries): forget pages found corrupt (the store's index)."""
         with self._gate.reading(self._placement.devices(plan.slots)) as lease:
             req = self._requests(plan, chunks, dsts)
             verify = req.unpadded and bool(plan.must.any())  # checksums in C++ as pages land
@@ -186,7 +179,7 @@ class LayerReads:
             expect = req.expect(plan) if verify else None  # per request, for wait()
             stream = LayerStream(self, plan, chunks, list(dsts),
                                  self._io.engine.read_stream(req.files, req.offsets, req.nbytes,
-                                                             req.addrs, req.starts, groups, ahead),
+                                                             req.addrs, req.starts, groups),
                                  verify, lease, drop, _Expected(plan, req, expect))
             try:
                 yield stream

@@ -292,13 +292,12 @@ class ObjectStore:
         """Everything per page a layer-wise restore needs, built once per batch (vectorized)."""
         return self._layers.plan(entries)
 
-    def stream_layers(self, plan: PagePlan, chunks: list, dsts: list, ahead: int = 0):
+    def stream_layers(self, plan: PagePlan, chunks: list, dsts: list):
         """`with store.stream_layers(plan, chunks, dsts) as stream:` reads chunks [(layer, rows)]
         of the plan's pages back to back, holding their directories for reads (the scheduler)
-        until the with ends; stream.lend(s) lends them to writes for one window. ahead: at most
-        this many admitted chunks past the last final one at the devices (0: no limit). See
+        until the with ends; stream.lend(s) lends them to writes for one window. See
         layer_reads.py for the stream's verbs and the destination layout."""
-        return self._layers.stream(plan, chunks, dsts, self._drop_corrupt, ahead)
+        return self._layers.stream(plan, chunks, dsts, self._drop_corrupt)
 
     # ------------------------------------------------------------------- writes
     def write_pages(self, keys: list[str], addrs: np.ndarray, aligned: bool) -> np.ndarray:

@@ -57,12 +57,11 @@ py::object submit(Engine& e, const std::string& op, const I64& file, const I64& 
 
 std::vector<int64_t> vec(const I64& a) { return {a.data(), a.data() + a.size()}; }
 
-// A many-chunk read kept back to back at the device (see ReadStream in engine.hpp); ahead: the
-// read-ahead window (StreamSpec::ahead, 0: none).
+// A many-chunk read kept back to back at the device (see ReadStream in engine.hpp).
 std::unique_ptr<tutti::ReadStream> read_stream(Engine& e, const I64& file, const I64& offset,
                                                const I64& nbytes, const U64& addr,
                                                const I64& chunk_start,
-                                               const py::object& group_starts, size_t ahead) {
+                                               const py::object& group_starts) {
   same_length({file.size(), offset.size(), nbytes.size(), addr.size()});
   tutti::StreamSpec spec;
   if (!group_starts.is_none()) spec.group_start = vec(group_starts.cast<I64>());
@@ -71,7 +70,6 @@ std::unique_ptr<tutti::ReadStream> read_stream(Engine& e, const I64& file, const
   spec.offset = vec(offset);
   spec.nbytes = vec(nbytes);
   spec.chunk_start = vec(chunk_start);
-  spec.ahead = ahead;
   py::gil_scoped_release release;
   return e.read_stream(std::move(spec));
 }
@@ -173,7 +171,7 @@ PYBIND11_MODULE(_engine, m) {
            py::arg("nbytes"), py::arg("addrs"), py::arg("group_starts") = py::none())
       .def("read_stream", &read_stream, py::arg("files"), py::arg("offsets"), py::arg("nbytes"),
            py::arg("addrs"), py::arg("chunk_starts"), py::arg("group_starts") = py::none(),
-           py::arg("ahead") = 0, py::keep_alive<0, 1>())
+           py::keep_alive<0, 1>())
       .def("counters", &counters)
       .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>());
 
@@ -186,14 +184,7 @@ PYBIND11_MODULE(_engine, m) {
       .def("wait", &stream_wait, py::arg("chunk"))
       .def("cancel", &tutti::ReadStream::cancel, py::call_guard<py::gil_scoped_release>())
       .def("join", &tutti::ReadStream::join, py::call_guard<py::gil_scoped_release>())
-      .def("done_ns", &tutti::ReadStream::done_ns)
-      .def("link", &tutti::ReadStream::link);
-
-  // What a CUDA host function admits chunks through (cuda.hpp allow_after); bound for tests and
-  // for callers on other threads: allow() does nothing once its stream is gone.
-  py::class_<tutti::StreamLink, std::shared_ptr<tutti::StreamLink>>(m, "StreamLink")
-      .def("allow", &tutti::StreamLink::allow, py::arg("chunks"),
-           py::call_guard<py::gil_scoped_release>());
+      .def("done_ns", &tutti::ReadStream::done_ns);
 
   m.def("make_engine", &make_engine, py::arg("kind"), py::arg("queue_depth") = 1024,
         py::arg("vectored") = true, py::arg("threads") = 8, py::arg("max_op_bytes") = 1 << 30,

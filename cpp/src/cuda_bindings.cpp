@@ -3,7 +3,6 @@
 #include <pybind11/stl.h>
 
 #include "tutti/cuda.hpp"
-#include "tutti/engine.hpp"
 
 namespace py = pybind11;
 
@@ -23,13 +22,6 @@ void bind_cuda(py::module_& m) {
         return py::make_tuple(g.streams, g.sm_count);
       },
       py::arg("device"), py::arg("min_sms"), py::arg("n_streams") = 1);
-  m.def(
-      "stream_allow_after",
-      [](ReadStream& s, int device, uint64_t stream, size_t chunks) {
-        cuda::allow_after(device, stream, s.link(), chunks);
-      },
-      py::arg("read_stream"), py::arg("device"), py::arg("stream"), py::arg("chunks"),
-      py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace tutti

@@ -5,12 +5,10 @@
 // The declarations are ours, written from the driver API reference, not copied from cuda.h.
 #include <dlfcn.h>
 
-#include <memory>
 #include <mutex>
 #include <string>
 
 #include "tutti/cuda.hpp"
-#include "tutti/engine.hpp"
 
 namespace tutti::cuda {
 namespace {
@@ -49,7 +47,6 @@ struct Api {
   CUresult (*DevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
   CUresult (*CtxGetCurrent)(CUcontext*) = nullptr;
   CUresult (*CtxSetCurrent)(CUcontext) = nullptr;
-  CUresult (*LaunchHostFunc)(CUstream, void (*)(void*), void*) = nullptr;
   // green contexts (12.4+, their streams 12.5+): null where the driver has none
   CUresult (*DeviceGetDevResource)(CUdevice, DevResource*, int) = nullptr;
   CUresult (*DevSmResourceSplitByCount)(DevResource*, unsigned*, const DevResource*, DevResource*,
@@ -91,9 +88,8 @@ std::string load(Api& a) {
                         resolve(get, v, "cuDeviceGet", a.DeviceGet) &&
                         resolve(get, v, "cuDevicePrimaryCtxRetain", a.DevicePrimaryCtxRetain) &&
                         resolve(get, v, "cuCtxGetCurrent", a.CtxGetCurrent) &&
-                        resolve(get, v, "cuCtxSetCurrent", a.CtxSetCurrent) &&
-                        resolve(get, v, "cuLaunchHostFunc", a.LaunchHostFunc);
-  if (!required) return "the CUDA driver lacks a context or host-function call";
+                        resolve(get, v, "cuCtxSetCurrent", a.CtxSetCurrent);
+  if (!required) return "the CUDA driver lacks a context call";
   resolve(get, v, "cuDeviceGetDevResource", a.DeviceGetDevResource);
   resolve(get, v, "cuDevSmResourceSplitByCount", a.DevSmResourceSplitByCount);
   resolve(get, v, "cuDevResourceGenerateDesc", a.DevResourceGenerateDesc);
@@ -168,31 +164,6 @@ GreenStreams green_streams(int device, unsigned min_sms, unsigned n_streams) {
     out.streams.push_back(reinterpret_cast<uint64_t>(stream));
   }
   return out;
-}
-
-namespace {
-struct AllowCall {
-  std::shared_ptr<StreamLink> link;
-  size_t chunks;
-};
-
-// Runs on the driver's callback thread once the stream reached it: no CUDA call, no exception
-// out, nothing that blocks beyond the read stream's own lock.
-void run_allow(void* p) {
-  std::unique_ptr<AllowCall> call(static_cast<AllowCall*>(p));
-  try {
-    call->link->allow(call->chunks);
-  } catch (...) {  // a lock that failed: the chunk stays unadmitted, the loader's close ends it
-  }
-}
-}  // namespace
-
-void allow_after(int device, uint64_t stream, std::shared_ptr<StreamLink> link, size_t chunks) {
-  ensure_context(device);
-  auto call = std::make_unique<AllowCall>(AllowCall{std::move(link), chunks});
-  check(api().LaunchHostFunc(reinterpret_cast<CUstream>(stream), &run_allow, call.get()),
-        "cuLaunchHostFunc");
-  call.release();  // run_allow owns it now
 }
 
 }  // namespace tutti::cuda

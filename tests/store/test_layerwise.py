@@ -22,8 +22,6 @@ ENGINES = ["uring", "posix"] if extension().uring_compiled() else ["posix"]
 
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # cuda: the GPU machine
-# (device, tutti_admission): the copies admitting the reads needs CUDA host functions
-PATHS = [("cpu", "loader")] + ([("cuda", "loader"), ("cuda", "copies")] if torch.cuda.is_available() else [])
 
 
 def make_lw(tmp_path, engine="posix", device="cpu", **extra):
@@ -70,48 +68,22 @@ def roundtrip(lw, k, v, device="cpu", reverse=True):
         assert all(torch.equal(t[PAGE:], w) for t, w in zip(k + v, want))
 
 
-@pytest.mark.parametrize("device,admission", PATHS)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("read_ahead,depth", [(1, 2), (2, 3), (3, 4)])
-def test_multi_chunk_layers_restore_byte_exact(tmp_path, engine, read_ahead, depth, device, admission):
-    lw, k, v = make_lw(tmp_path, engine, device, tutti_read_ahead=read_ahead, tutti_stage_depth=depth,
-                       tutti_admission=admission)
-    assert lw.stage_pages == 128 and lw.read_ahead == read_ahead and lw.admission[0] == admission
+def test_multi_chunk_layers_restore_byte_exact(tmp_path, engine, read_ahead, depth, device):
+    lw, k, v = make_lw(tmp_path, engine, device, tutti_read_ahead=read_ahead, tutti_stage_depth=depth)
+    assert lw.stage_pages == 128 and lw.read_ahead == read_ahead
     roundtrip(lw, k, v, device)
     lw.close()
 
 
-@pytest.mark.parametrize("device,admission", PATHS)
-@pytest.mark.parametrize("read_ahead,depth", [(1, 2), (3, 4)])
-def test_edge_chunks_split_the_first_and_last_layer_and_restore_byte_exact(tmp_path, device, admission,
-                                                                            read_ahead, depth):
-    """tutti_edge_chunks=4: layer 0 and the last layer of a 300-page load go in chunks of 32
-    pages (a quarter of a 128-page slot: 10 chunks each), the others in 3; every layer is handed
-    over once its last chunk landed, byte-exact in pool order and reversed."""
-    import json
-    path = tmp_path / "tl.jsonl"
-    lw, k, v = make_lw(tmp_path, device=device, tutti_admission=admission, tutti_edge_chunks=4,
-                       tutti_read_ahead=read_ahead, tutti_stage_depth=depth, tutti_timeline_file=str(path))
-    roundtrip(lw, k, v, device)
-    lw.close()
-    recs = [r for r in map(json.loads, path.read_text().splitlines()) if "start_ns" in r]
-    last = GEOM.num_layers - 1
-    want = [0] * 10 + [l for l in range(1, last) for _ in range(3)] + [last] * 10
-    assert len(recs) == 2 and all(r["chunk_layers"] == want for r in recs)
-    for r in recs:
-        done = {}  # each layer's last chunk to land
-        for layer, t in zip(r["chunk_layers"], r["chunk_done_ns"]):
-            done[layer] = max(done.get(layer, 0), t)
-        assert all(r["complete_ns"][layer] >= t for layer, t in done.items())
-
-
-@pytest.mark.parametrize("device,admission", PATHS)
-def test_a_prefill_graph_replay_waiting_for_the_last_layer_only_finds_every_layer(tmp_path, device,
-                                                                                   admission):
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_prefill_graph_replay_waiting_for_the_last_layer_only_finds_every_layer(tmp_path, device):
     """SGLang's prefill CUDA graph replay calls wait_until(num_layers - 1) alone, before the
     replay: once that returns (and, on CUDA, the forward's stream has passed the wait), every
     layer of the batch is in the pool, not only the last one."""
-    lw, k, v = make_lw(tmp_path, device=device, tutti_admission=admission)
+    lw, k, v = make_lw(tmp_path, device=device)
     keys = [f"p{i:063d}" for i in range(N)]
     rows = torch.arange(PAGE, PAGE * (N + 1), device=device)
     offload_all(lw, keys, rows)
@@ -127,32 +99,6 @@ def test_a_prefill_graph_replay_waiting_for_the_last_layer_only_finds_every_laye
     assert all(torch.equal(t[PAGE:], w) for t, w in zip(k + v, want))
     assert lw.finish(idx)
     lw.close()
-
-
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("first_alone", [False, True])
-def test_first_alone_sends_the_first_chunk_to_the_devices_by_itself(tmp_path, monkeypatch, engine,
-                                                                     first_alone):
-    """tutti_first_alone: the loader admits chunk 0 alone and chunks 1 .. read_ahead only once
-    chunk 0's reads are final; off, the first read_ahead chunks go at once. Byte-exact either way
-    (a layer of 300 pages is 3 chunks here)."""
-    from tutti_hicache.layer_reads import LayerStream
-    seen = []  # (chunks admitted, chunk 0's reads final then)
-    allow = LayerStream.allow
-
-    def spy(self, n):
-        seen.append((n, bool(self.done_ns()[0])))
-        allow(self, n)
-    monkeypatch.setattr(LayerStream, "allow", spy)
-    lw, k, v = make_lw(tmp_path, engine, tutti_first_alone=first_alone)
-    assert lw._loader.first_alone is first_alone and lw.read_ahead == 3
-    roundtrip(lw, k, v, reverse=False)
-    lw.close()
-    if first_alone:
-        assert seen[0] == (1, False) and seen[1] == (4, True)  # the others once chunk 0 is in
-    else:
-        assert seen[0] == (3, False)
-    assert max(n for n, _ in seen) == 3 * GEOM.num_layers
 
 
 @pytest.mark.parametrize("writers", [1, 3])
@@ -221,12 +167,10 @@ def test_read_ahead_is_capped_by_the_staging_ring(tmp_path):
     lw.close()
 
 
-@pytest.mark.parametrize("device,admission", PATHS)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("engine", ENGINES)
-def test_bad_page_mid_pipeline_fails_the_batch_and_the_next_load_is_clean(tmp_path, engine, device,
-                                                                          admission):
-    lw, k, v = make_lw(tmp_path, engine, device, tutti_read_ahead=2, tutti_admission=admission)
-    assert lw.admission[0] == admission
+def test_bad_page_mid_pipeline_fails_the_batch_and_the_next_load_is_clean(tmp_path, engine, device):
+    lw, k, v = make_lw(tmp_path, engine, device, tutti_read_ahead=2)
     keys = [f"p{i:063d}" for i in range(N)]
     rows = torch.arange(PAGE, PAGE * (N + 1), device=device)
     offload_all(lw, keys, rows)
@@ -251,16 +195,15 @@ def test_bad_page_mid_pipeline_fails_the_batch_and_the_next_load_is_clean(tmp_pa
     lw.close()
 
 
-@pytest.mark.parametrize("device,admission", PATHS)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fault", ["cancel", "raise"])
-def test_a_load_ended_mid_stream_fails_and_the_next_load_is_exact(tmp_path, monkeypatch, device,
-                                                                   admission, fault):
+def test_a_load_ended_mid_stream_fails_and_the_next_load_is_exact(tmp_path, monkeypatch, device, fault):
     """At chunk 5 of 12 the stream is cancelled (nothing new is submitted: the chunks not yet
     admitted end -ECANCELED) or the loader raises (the stream is closed under it): the load fails
     and the forward's waits all return (no hang), layer 3 (chunks 9-11) keeps its poison, and the
     next load is byte-exact."""
     from tutti_hicache.layer_reads import LayerStream
-    lw, k, v = make_lw(tmp_path, device=device, tutti_read_ahead=2, tutti_admission=admission)
+    lw, k, v = make_lw(tmp_path, device=device, tutti_read_ahead=2)
     keys = [f"p{i:063d}" for i in range(N)]
     rows = torch.arange(PAGE, PAGE * (N + 1), device=device)
     offload_all(lw, keys, rows)
@@ -435,22 +378,6 @@ def test_offload_backlog_stays_exact_under_contention(tmp_path, monkeypatch, cap
     lw.close()
 
 
-def test_copy_admission_needs_cuda_and_falls_back_to_the_loader(tmp_path, caplog):
-    """tutti_admission: loader by default; copies on a CPU pool keeps the loader's admission, says
-    why once, restores byte-exact; switching to it where it cannot run raises."""
-    lw, _, _ = make_lw(tmp_path / "default")
-    assert lw.admission == ("loader", "tutti_admission=loader") and not lw.copy_admission_on
-    lw.close()
-    with caplog.at_level(logging.WARNING, logger="tutti_hicache"):
-        lw, k, v = make_lw(tmp_path, tutti_admission="copies")
-    assert lw.admission == ("loader", "the pool is not on a CUDA device") and not lw.copy_admission_on
-    assert sum("tutti_admission=copies cannot run here" in r.getMessage() for r in caplog.records) == 1
-    with pytest.raises(RuntimeError, match="copy admission cannot run here"):
-        lw.copy_admission_on = True
-    roundtrip(lw, k, v, reverse=False)
-    lw.close()
-
-
 def test_timeline_file_records_each_load_in_order(tmp_path):
     """tutti_timeline_file: one JSON line per load, its times ordered as the pipeline runs them
     (start < first read <= last read <= last layer handed over <= finish), a failed load's error,
@@ -494,7 +421,7 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     assert len(fwds[0]["stall_ms"]) == GEOM.num_layers and len(fwds[0]["span_ms"]) == GEOM.num_layers - 1
     assert min(fwds[0]["stall_ms"] + fwds[0]["span_ms"]) >= 0
     r = recs[0]
-    assert r["mode"] == "cpu" and r["chunk_layers"] == [l for l in range(GEOM.num_layers) for _ in range(3)]
+    assert r["chunk_layers"] == [l for l in range(GEOM.num_layers) for _ in range(3)]
     done = r["chunk_done_ns"]
     assert len(done) == 3 * GEOM.num_layers and all(done)
     assert r["start_ns"] <= r["begin_ns"] <= r["opened_ns"] < min(done) <= max(done) \
@@ -514,7 +441,7 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     # each stall (arrive -> passed) lies inside the forward's wait_until(l) (entry -> return)
     assert 0 <= s["stream_stall_first_ms"] <= s["stream_stall_ms"] <= s["forward_wait_ms"] + 0.01
     assert s["layers_compute_ms"] >= 0 and s["forward_clock"] == "host"
-    assert "| 0 | cpu | 300 | " + str(s["begin_ms"]) + " |" in timeline.table(recs)
+    assert "| 0 | 300 | " + str(s["begin_ms"]) + " |" in timeline.table(recs)
     # SGLang's first offload after a load's finish is marked, once per load, and joined to it
     offload_all(lw, keys[:2], rows[:2 * PAGE])
     offload_all(lw, keys[2:4], rows[2 * PAGE:4 * PAGE])

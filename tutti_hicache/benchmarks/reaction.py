@@ -59,13 +59,13 @@ def reaction(entry: dict, cal: Calibration) -> dict:
         scatter_ev.synchronize()
     copy_us = np.array([(cal.host_ns_of(starts[i][0]) - done[i]) / 1e3 for i in last])
     scatter_us = np.array([(cal.host_ns_of(starts[i][1]) - done[i]) / 1e3 for i in last])
-    out = {"mode": entry["mode"], "calibration_us": cal.bracket_ns / 2e3}
+    out = {"calibration_us": cal.bracket_ns / 2e3}
     for name, v in (("copy", copy_us), ("scatter", scatter_us)):
         out[f"{name}_start_us_p50"] = float(np.median(v))
         out[f"{name}_start_us_p90"] = float(np.percentile(v, 90))
         out[f"{name}_start_us_max"] = float(v.max())
     # the load's two edges, which no compute hides: the first layer's scatter start after the
-    # loader took the batch, and the last layer's after its last read (tutti_edge_chunks)
+    # loader took the batch, and the last layer's after its last read
     out["first_scatter_ms"] = (cal.host_ns_of(starts[last[0]][1]) - entry["begin_ns"]) / 1e6
     out["last_scatter_start_us"] = float(scatter_us[-1])
     # the load's reads on its own clock: the loader taking the batch -> the last read final (the

@@ -89,7 +89,7 @@ def summarize(rec: dict) -> dict:
     def ms(t):
         return round((t - t0) / 1e6, 3) if t else None
 
-    out = {"index": rec.get("index"), "mode": rec.get("mode"), "pages": rec.get("pages"),
+    out = {"index": rec.get("index"), "pages": rec.get("pages"),
            "error": rec.get("error"), "start_ns": t0}
     look = rec.get("lookup_ns") or [0, 0]
     if look[0] and look[1]:  # the linker's lookups before the start (negative: before it)
@@ -140,7 +140,7 @@ def summarize(rec: dict) -> dict:
     return out
 
 
-COLUMNS = ("index", "mode", "pages", "begin_ms", "opened_ms", "first_read_ms", "reads_ms", "handed_ms",
+COLUMNS = ("index", "pages", "begin_ms", "opened_ms", "first_read_ms", "reads_ms", "handed_ms",
            "react_ms_p50", "react_ms_max", "forward_start_ms", "forward_wait_ms", "forward_end_ms", "finish_ms",
            "finish_wait_ms", "stream_stall_first_ms", "stream_stall_ms", "layers_compute_ms", "error")
 

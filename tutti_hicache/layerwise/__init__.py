@@ -16,9 +16,8 @@ At a glance:
     lw.cancel(rid), lw.drain_loads(), lw.reset(), lw.close()
     lw.stats() -> dict                      the store's counters plus the linker's (stats.py);
                                             tutti_stats_file writes them
-    lw.admission -> (mode, reason)          who admits a load's chunks (tutti_admission)
-    lw.copy_admission_on, lw.trace          the path loads take, settable between
-                                            loads; the benchmark's per-chunk timings
+    lw.trace, lw.read_ahead                 the benchmark's per-chunk timings, settable between
+                                            loads
     tutti_timeline_file                     one JSON line per load (timeline.py): when each
                                             chunk landed, each layer was handed over and the
                                             forward waited for it
@@ -92,8 +91,6 @@ class LayerwiseKV:
         self._stats = LinkerStats(self.store, cfg.stats_file, self.windows)
         self._loader = Loader(self.store, self.counter, self.stage, self.stage_pages, self.k_bufs,
                               self.v_bufs, page_size, self.io, cfg, self.windows, self._stats)
-        self.admission = self._admission_mode(cfg.admission)
-        self._loader.copy_admission = self.admission[0] == "copies"
         self._offloader = Offloader(self.store, self.out, self.out_pages, self.k_bufs, self.v_bufs,
                                     page_size, self.io, writer, cfg.offload_backlog_pages,
                                     self._stats)
@@ -104,25 +101,6 @@ class LayerwiseKV:
             return None
         from ..green import io_stream
         return io_stream(self.cfg.io_sms, self.device)
-
-    def _cuda_part(self) -> tuple:
-        """(ok, reason): the CUDA part of the extension runs for this pool (host functions)."""
-        if not self.cuda:
-            return False, "the pool is not on a CUDA device"
-        from .. import driver
-        return driver.available()
-
-    def _admission_mode(self, setting: str) -> tuple:
-        """(mode, reason) for tutti_admission: copies needs CUDA host functions (the CUDA part)."""
-        if setting == "loader":
-            return "loader", "tutti_admission=loader"
-        ok, why = self._cuda_part()
-        if not ok:
-            logger.warning("tutti linker: tutti_admission=copies cannot run here (%s); the loader "
-                           "thread admits the chunks", why)
-            return "loader", why
-        logger.info("tutti linker: each chunk's copy admits the next read into its ring slot")
-        return "copies", "the CUDA part loaded"
 
     def _warm_kernels(self) -> None:
         """Load the gather and scatter kernels at attach, so the first restore after a server
@@ -155,33 +133,6 @@ class LayerwiseKV:
     @read_ahead.setter
     def read_ahead(self, n: int) -> None:
         self._loader.read_ahead = n
-
-    @property
-    def edge_chunks(self) -> int:
-        """Staging chunks the first and the last layer of a load are split into (tutti_edge_chunks;
-        settable between loads)."""
-        return self._loader.edge_chunks
-
-    @edge_chunks.setter
-    def edge_chunks(self, n: int) -> None:
-        if n < 1:
-            raise ValueError(f"edge_chunks must be >= 1, got {n}")
-        self._loader.edge_chunks = n
-
-    @property
-    def copy_admission_on(self) -> bool:
-        """Whether CPU-launched loads' copies admit the chunks (tutti_admission=copies; settable
-        between loads where CUDA host functions run)."""
-        return self._loader.copy_admission
-
-    @copy_admission_on.setter
-    def copy_admission_on(self, on: bool) -> None:
-        if on and self.admission[0] != "copies":
-            ok, why = self._cuda_part()
-            if not ok:
-                raise RuntimeError(f"copy admission cannot run here: {why}")
-        self._loader.worker.drain()
-        self._loader.copy_admission = on
 
     @property
     def trace(self):

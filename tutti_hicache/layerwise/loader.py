@@ -11,12 +11,7 @@ At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's t
         next layer's requests wait there behind this one's), per-layer checksums verified
         as pages land, one H2D copy and one scatter kernel on the I/O stream, one CUDA event
         -> counter.complete(index, layer); any failure -> counter.fail(index) (never a hang)
-        copy admission (copy_admission: tutti_admission=copies): the copies and scatters are
-        launched by the loop as chunks land, each copy admitting the chunk that reuses its
-        ring slot through a CUDA host function, the stream's read-ahead window keeping at most
-        `read_ahead` chunks past the last final one at the devices (no write windows)
     loader.read_ahead, loader.windows_opened, loader.read_Bps, loader.worker (drain, stop, thread)
-    loader.copy_admission                              the admission path (between loads only)
     loader.trace                                       None, or a list each load appends its
         chunks' read-completion times and scatter-start events to (the benchmark)
 
@@ -32,7 +27,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from functools import partial
 from typing import Optional
 
 import numpy as np
@@ -70,10 +64,7 @@ class Loader:
         self._stats = stats
         self._page_nbytes = self._num_layers * self._k_objs * self._obj_stride  # staged, per page
         self.read_ahead = max(1, min(cfg.read_ahead, cfg.stage_depth - 1))
-        self.first_alone = cfg.first_alone  # the first chunk at the devices alone (loader path)
-        self.edge_chunks = cfg.edge_chunks  # the first and the last layer in this many chunks
         self.windows_opened = 0
-        self.copy_admission = False  # tutti_admission=copies, for CPU-launched loads (CUDA only)
         self.trace: Optional[list] = None
         self._queued: dict[str, tuple] = {}
         self.worker = Worker("tutti-load", self._run)  # drain(): every started load finished
@@ -141,84 +132,60 @@ class Loader:
             self._store.unpin(entries)
 
     def _load(self, index, entries, page_ids, ready, input_tokens) -> None:
-        """Every (layer, staging chunk) of the batch is one store stream: `read_ahead` chunks are
-        at the devices at once, so the next layer's requests wait there behind this layer's and
-        the queue never drains between layers; each chunk lands, is verified, copied and
-        scattered in layer order. CPU path: chunk i + read_ahead - 1 is admitted before chunk i
-        is waited for (with first_alone, chunk 0 alone: the others once its reads are final).
-        Copy admission: the ring slots admit (chunk j once the copy of chunk j - depth, the
-        slot's last user, is done) and the stream's window (ahead=read_ahead) holds the reads to
-        `read_ahead` chunks past the last final one."""
+        """Every (layer, staging chunk) of the batch is one store stream, `read_ahead` chunks at
+        the devices at once (chunk i + read_ahead - 1 is admitted, into its free ring slot,
+        before chunk i is waited for), so the next layer's requests wait there behind this
+        layer's and the queue never drains between layers; each chunk lands, is verified,
+        copied and scattered in layer order; while the reads run two layers ahead of the
+        forward, a write window may follow a layer."""
         begin_ns = now_ns()  # the loader thread has the batch (the timeline's begin_ns)
         plan = self._store.plan_pages(entries)
-        prefix = len(entries) * self._page_size
         self._windows.learn()  # the forwards that ran since the last load
         if ready is not None:
             self._io.stream.wait_event(ready)
-        n, per_page = len(entries), self._k_objs * self._obj_stride
+        n, step = len(entries), self.stage_pages
         chunks = [(layer, slice(c0, min(n, c0 + step))) for layer in range(self._num_layers)
-                  for step in [self._chunk_pages(layer, n)] for c0 in range(0, n, step)]
-        depth = len(self._stage.bufs)
-        slots = [(self._stage.next + i) % depth for i in range(len(chunks))]  # take() order
-        dsts = self._destinations(chunks, slots, per_page)
-        hosted = self.copy_admission  # who admits: the loader chunk by chunk, or the copies
-        mode = "copies" if hosted else "cpu"  # the timeline's, trace's
+                  for c0 in range(0, n, step)]
+        slots = [(self._stage.next + i) % len(self._stage.bufs) for i in range(len(chunks))]
         scatter_start: list = []
         # the stream holds the batch's directories for reads until it is closed (and then
         # nothing lands in the staging slots any more)
-        with self._store.stream_layers(plan, chunks, dsts,
-                                       ahead=self.read_ahead if hosted else 0) as stream:
+        with self._store.stream_layers(plan, chunks, self._destinations(chunks, slots)) as stream:
             marks = {"begin_ns": begin_ns, "opened_ns": now_ns()}  # planned, directories held
-            admitted = 0
-
-            def admit(upto: int) -> None:
-                nonlocal admitted
-                while admitted < upto:
-                    if self._stage.take() != slots[admitted]:  # waits for its last copy
-                        raise RuntimeError("tutti linker: staging ring out of order")
-                    admitted += 1
-                stream.allow(admitted)
-
-            if hosted:
-                # the first reads go out (their slots free of the last load's copies, waited for
-                # here); the rest of the ring's slots once the I/O stream has passed those copies,
-                # by a host function ahead of this load's GPU work; then each chunk's copy admits
-                # the chunk that reads into its slot next. Slots past the waited ones are handed
-                # out unwaited; each copy leaves its slot its event (_copy_chunk).
-                admit(min(len(chunks), self.read_ahead))
-                stream.allow_after(self._io.device, self._io.stream.cuda_stream,
-                                   min(len(chunks), depth))
-                self._stage.advance(len(chunks) - admitted)
             for i, (layer, rows) in enumerate(chunks):
-                if not hosted:  # first_alone: chunk 0, then 1 .. read_ahead
-                    admit(min(len(chunks), 1 if i == 0 and self.first_alone
-                              else i + self.read_ahead))
+                self._admit(stream, slots, min(len(chunks), i + self.read_ahead))
                 ok, whole = stream.wait_whole(i)
                 if not whole:
                     raise LoadFailed(f"layer {layer}: {int((~ok).sum())} of {len(ok)} pages "
                                      "unreadable or corrupt")
-                after = None  # hosted: the copy admits the slot's next reader
-                if hosted and i + depth < len(chunks):
-                    after = partial(stream.allow_after, self._io.device,
-                                    self._io.stream.cuda_stream, i + depth + 1)
-                self._copy_chunk(slots[i], layer, len(ok), page_ids[rows], scatter_start, after)
+                self._copy_chunk(slots[i], layer, len(ok), page_ids[rows], scatter_start)
                 if rows.stop < n:
                     continue
                 if layer + 1 == self._num_layers:  # before finish() can write the record
-                    self._annotate(index, mode, len(entries), chunks, stream, marks)
+                    self._annotate(index, len(entries), chunks, stream, marks)
                 self._counter.complete(index, layer, self._mark())
-                if not hosted and layer + 1 < self._num_layers and \
-                        layer - self._counter.waited >= 2:
-                    window = self._windows.window(input_tokens, prefix, self.read_Bps)
-                    if window > 0:
-                        self.windows_opened += 1
-                        stream.lend(window)  # settles what was admitted, then a write window
+                self._lend_window(stream, layer, input_tokens, n * self._page_size)
             if self.trace is not None:
-                self.trace.append({"mode": mode, "begin_ns": begin_ns,
-                                   "layers": [layer for layer, _ in chunks],
+                self.trace.append({"begin_ns": begin_ns, "layers": [layer for layer, _ in chunks],
                                    "done_ns": stream.done_ns(), "starts": scatter_start})
 
-    def _destinations(self, chunks: list, slots: list, per_page: int) -> list:
+    def _admit(self, stream, slots: list, upto: int) -> None:
+        """Admit chunks [0, upto) to the stream, each once its ring slot's last copy is done."""
+        while stream.admitted < upto:
+            if self._stage.take() != slots[stream.admitted]:  # waits for the slot's last copy
+                raise RuntimeError("tutti linker: staging ring out of order")
+            stream.allow(stream.admitted + 1)
+
+    def _lend_window(self, stream, layer: int, input_tokens: int, prefix: int) -> None:
+        """After `layer` was handed over, while the reads run two layers ahead of the forward:
+        a write window (windows.py), if the model predicts room for one."""
+        if layer + 1 < self._num_layers and layer - self._counter.waited >= 2:
+            window = self._windows.window(input_tokens, prefix, self.read_Bps)
+            if window > 0:
+                self.windows_opened += 1
+                stream.lend(window)  # settles what was admitted, then a write window
+
+    def _destinations(self, chunks: list, slots: list) -> list:
         """Each chunk's page addresses in its ring slot, as views of one array built in a few
         numpy operations (the loader's setup runs while SGLang's scheduler thread launches the
         forward; every numpy operation over more than a few hundred elements lets the GIL go,
@@ -226,21 +193,15 @@ class Loader:
         sizes = np.array([rows.stop - rows.start for _, rows in chunks], dtype=np.int64)
         starts, within = runs(sizes)
         bases = np.array([self._stage.bufs[k].address for k in slots], dtype=np.uint64)
-        addrs = np.repeat(bases, sizes) + within.astype(np.uint64) * np.uint64(per_page)
+        per_page = np.uint64(self._k_objs * self._obj_stride)
+        addrs = np.repeat(bases, sizes) + within.astype(np.uint64) * per_page
         bounds = starts.tolist()
         return [addrs[bounds[i]:bounds[i + 1]] for i in range(len(chunks))]
 
-    def _chunk_pages(self, layer: int, n: int) -> int:
-        """Pages per staging chunk of `layer` in a load of n pages: stage_pages, and for the
-        first and the last layer 1/edge_chunks of what one chunk would hold (tutti_edge_chunks)."""
-        if self.edge_chunks > 1 and layer in (0, self._num_layers - 1):
-            return max(1, -(-min(n, self.stage_pages) // self.edge_chunks))
-        return self.stage_pages
-
-    def _annotate(self, index: int, mode: str, pages: int, chunks: list, stream, marks) -> None:
+    def _annotate(self, index: int, pages: int, chunks: list, stream, marks) -> None:
         """The loader's part of the batch's timeline record (tutti_timeline_file), if kept."""
         if self._counter.timeline is not None:
-            self._counter.annotate(index, mode=mode, pages=pages,
+            self._counter.annotate(index, pages=pages,
                                    chunk_layers=[layer for layer, _ in chunks],
                                    chunk_done_ns=[int(t) for t in stream.done_ns()],
                                    loader_end_ns=now_ns(), **marks)
@@ -253,11 +214,8 @@ class Loader:
             return max(self._rates)
         return self._windows.seed_read_Bps
 
-    def _copy_chunk(self, k: int, layer: int, n: int, page_ids, trace: list,
-                    after_copy=None) -> None:
-        """Ring slot k holds layer `layer` of n pages: to the device pool (H2D + scatter);
-        after_copy() runs with the I/O stream current right after the copy is enqueued (before
-        the scatter), e.g. to enqueue the admission of the slot's next read."""
+    def _copy_chunk(self, k: int, layer: int, n: int, page_ids, trace: list) -> None:
+        """Ring slot k holds layer `layer` of n pages: to the device pool (H2D + scatter)."""
         host = self._stage.host[k][: n * self._k_objs * self._obj_stride]
         if not self._cuda:
             self._scatter(host, layer, page_ids)
@@ -269,8 +227,6 @@ class Loader:
             ev = torch.cuda.Event()
             ev.record()
             self._stage.events[k] = ev  # the ring slot is free once this copy is done
-            if after_copy is not None:
-                after_copy()
             if copy_start is not None:
                 trace.append((copy_start, _record(self._io.stream)))
             self._scatter(dev, layer, page_ids)

@@ -14,9 +14,9 @@ A record (layerwise/counter.py builds it; the loader adds its part) holds, all i
     complete_ns[layer]              the layer handed to the forward (its copy enqueued)
     wait_ns[layer] = [in, out]      the forward's wait_until(layer): entry and return (0, 0: never)
     finish_ns = [in, out]           finish_layer_wise_loading
-    mode, pages, chunk_layers, chunk_done_ns, loader_end_ns from the loader: the completion path,
-                                    the pages loaded, each staging chunk's layer and the time its
-                                    reads became final, the loader's end; error on failure
+    pages, chunk_layers, chunk_done_ns, loader_end_ns   from the loader: the pages loaded, each
+                                    staging chunk's layer and the time its reads became final,
+                                    the loader's end; error on failure
     lookup_ns = [in, out], load_ns  the linker's last lookup before the start (0, 0: none)
                                     and its first load call (0: none)
     begin_ns, opened_ns             the loader thread took the batch; its read stream was open

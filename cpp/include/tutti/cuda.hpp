@@ -11,7 +11,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -21,8 +20,6 @@ class module_;
 }
 
 namespace tutti {
-
-class StreamLink;
 
 class CudaError : public std::runtime_error {
  public:
@@ -44,12 +41,6 @@ struct GreenStreams {
   unsigned sm_count = 0;
 };
 GreenStreams green_streams(int device, unsigned min_sms, unsigned n_streams);
-
-/// Enqueues on stream a host function (cuLaunchHostFunc) that admits chunks [0, chunks) of the
-/// read stream behind link once the stream's earlier work ended: the read stream's next chunks
-/// then go out without any thread of the caller (the Python loader, its GIL) taking part. A
-/// stream destroyed before then detached its link: the call does nothing.
-void allow_after(int device, uint64_t stream, std::shared_ptr<StreamLink> link, size_t chunks);
 
 }  // namespace cuda
 

@@ -14,7 +14,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,14 +56,10 @@ struct Counters {
 
 /// The arrays of a read stream, moved into it. chunk_start runs from 0 to n (n_chunks + 1
 /// entries, non-decreasing); group_start is empty or as Groups::start, each group inside a chunk.
-/// ahead: a read-ahead window, at most this many chunks past the leading run
-/// of final ones go to the devices, whatever allow() admitted (0: no window). The first chunk
-/// not yet final is always inside it, so a window never stalls an admitted chunk.
 struct StreamSpec {
   std::vector<int64_t> file, offset, nbytes;
   std::vector<uint64_t> addr;
   std::vector<int64_t> chunk_start, group_start;
-  size_t ahead = 0;
 };
 
 /// A chunk's final results and its groups' checksums; valid as long as the stream.
@@ -75,33 +70,15 @@ struct ChunkResults {
   size_t n_groups = 0;
 };
 
-class ReadStream;
-
-/// A handle through which another thread (a CUDA host function behind a copy) admits chunks of a
-/// read stream that may be gone by then: allow() is a no-op once the stream detached it (its
-/// destructor does, first). Shared by the stream and every pending caller.
-class StreamLink {
- public:
-  explicit StreamLink(ReadStream* s) : s_(s) {}
-  void allow(size_t chunks);
-  void detach() noexcept;
-
- private:
-  std::mutex mu_;
-  ReadStream* s_;
-};
-
 /// One read of many chunks (the layers of a restore) kept back to back at the device, run on a
-/// thread of its own: chunk c's requests go out once allow(c + 1) admitted it and it is inside
-/// the window (StreamSpec::ahead: c < the count of leading final chunks + ahead), queued behind
-/// the earlier chunks'. The destructor cancels and joins (errors dropped). It must not outlive
+/// thread of its own: chunk c's requests go out once allow(c + 1) admitted it, queued behind the
+/// earlier chunks'. The destructor cancels and joins (errors dropped). It must not outlive
 /// its engine.
 class ReadStream {
  public:
   virtual ~ReadStream() = default;
   [[nodiscard]] virtual size_t nchunks() const noexcept = 0;
-  /// Chunks [0, chunks) may be submitted (within the window, if any); never shrinks (a smaller
-  /// count is ignored).
+  /// Chunks [0, chunks) may be submitted; never shrinks (a smaller count is ignored).
   virtual void allow(size_t chunks) = 0;
   /// Blocks until chunk's results and checksums are final; rethrows the stream's error.
   [[nodiscard]] virtual ChunkResults wait(size_t chunk) = 0;
@@ -113,8 +90,6 @@ class ReadStream {
   virtual void join() = 0;
   /// CLOCK_MONOTONIC nanoseconds at which each chunk became final (0: not yet), for tracing.
   [[nodiscard]] virtual std::vector<int64_t> done_ns() = 0;
-  /// The stream's StreamLink (allow() from threads that may outlive the stream).
-  [[nodiscard]] virtual std::shared_ptr<StreamLink> link() = 0;
 };
 
 struct EngineOptions {

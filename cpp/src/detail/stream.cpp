@@ -1,5 +1,4 @@
-// The read stream's bookkeeping: what may be submitted (allow() and the read-ahead window), when
-// a chunk is final; its thread runs the engine's stream loop (EngineBase::run_stream, or the
+// The read stream's bookkeeping: what may be submitted (allow()), when a chunk is final; its thread runs the engine's stream loop (EngineBase::run_stream, or the
 // io_uring ring's).
 #include "tutti/detail/stream.hpp"
 
@@ -47,7 +46,6 @@ Stream::Stream(EngineBase& engine, StreamSpec spec) : engine_(engine), spec_(std
                                                sums_.size(), n, sums_.data(), engine_.task_pool());
     groups_->on_task = [this](uint32_t g, int delta) { task(group_chunk_[g], delta); };
   }
-  link_ = std::make_shared<StreamLink>(this);
   wake_fd_ = eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) TUTTI_SYS_FAIL(errno, "eventfd", "");
   thread_ = std::thread([this] { run(); });
@@ -74,7 +72,6 @@ void Stream::validate_groups() {
 }
 
 Stream::~Stream() {
-  link_->detach();  // no caller through the link reaches this stream any more
   cancel();
   if (thread_.joinable()) thread_.join();
   if (groups_) groups_->wait();
@@ -82,10 +79,6 @@ Stream::~Stream() {
 }
 
 void Stream::run() {
-  {
-    std::lock_guard lock(mu_);
-    loop_thread_ = std::this_thread::get_id();
-  }
   try {
     engine_.run_stream(*this);
   } catch (...) {
@@ -102,7 +95,6 @@ void Stream::run() {
     if (!done_[c]) done_ns_[c] = now_ns();
     done_[c] = 1;
   }
-  done_prefix_ = nchunks();
   ended_ = true;
   cv_.notify_all();
 }
@@ -164,15 +156,7 @@ std::vector<int64_t> Stream::done_ns() {
 
 size_t Stream::allowed() {
   std::lock_guard lock(mu_);
-  return admissible();
-}
-
-// min(allowed_, done_prefix_ + ahead), without overflow for any ahead. With ahead >= 1 the first
-// chunk not done is inside the window whenever allow() admitted it: a window never deadlocks.
-size_t Stream::admissible() const {
-  const size_t a = spec_.ahead;
-  if (a == 0 || done_prefix_ >= allowed_ || allowed_ - done_prefix_ <= a) return allowed_;
-  return done_prefix_ + a;
+  return allowed_;
 }
 
 bool Stream::cancelled() {
@@ -182,39 +166,27 @@ bool Stream::cancelled() {
 
 size_t Stream::wait_allowed(size_t have) {
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return admissible() > have || cancelled_; });
-  return cancelled_ ? have : admissible();
+  cv_.wait(lock, [&] { return allowed_ > have || cancelled_; });
+  return cancelled_ ? have : allowed_;
 }
 
 void Stream::planned(size_t c, size_t ops) {
-  bool wake;
-  {
-    std::lock_guard lock(mu_);
-    ops_left_[c] += static_cast<int64_t>(ops);
-    planned_[c] = 1;
-    wake = check_done(c);
-  }
-  if (wake) wake_loop();
+  std::lock_guard lock(mu_);
+  ops_left_[c] += static_cast<int64_t>(ops);
+  planned_[c] = 1;
+  check_done(c);
 }
 
 void Stream::op_finished(size_t c) {
-  bool wake;
-  {
-    std::lock_guard lock(mu_);
-    ops_left_[c]--;
-    wake = check_done(c);
-  }
-  if (wake) wake_loop();
+  std::lock_guard lock(mu_);
+  ops_left_[c]--;
+  check_done(c);
 }
 
 void Stream::task(size_t c, int delta) {  // on a checksum thread (GroupChecksums::on_task)
-  bool wake;
-  {
-    std::lock_guard lock(mu_);
-    tasks_left_[c] += delta;
-    wake = check_done(c);
-  }
-  if (wake) wake_loop();  // before the task counts as ended: wake_fd_ is still open
+  std::lock_guard lock(mu_);
+  tasks_left_[c] += delta;
+  check_done(c);
 }
 
 size_t Stream::ops_left_oldest() {
@@ -225,32 +197,11 @@ size_t Stream::ops_left_oldest() {
   return static_cast<size_t>(std::max<int64_t>(1, ops_left_[oldest_]));
 }
 
-bool Stream::check_done(size_t c) {
-  if (done_[c] || !planned_[c] || ops_left_[c] > 0 || tasks_left_[c] > 0) return false;
+void Stream::check_done(size_t c) {
+  if (done_[c] || !planned_[c] || ops_left_[c] > 0 || tasks_left_[c] > 0) return;
   done_[c] = 1;
   done_ns_[c] = now_ns();
-  const size_t before = admissible();
-  while (done_prefix_ < nchunks() && done_[done_prefix_]) done_prefix_++;
-  cv_.notify_all();  // the POSIX loop's wait_allowed, and wait()
-  // The ring's loop sleeps in io_uring_enter with a read armed on wake_fd_: it needs a write only
-  // when the window held it back, and not from its own thread (it re-reads allowed() first).
-  return admissible() > before && std::this_thread::get_id() != loop_thread_;
+  cv_.notify_all();  // wait()
 }
-
-// ---- StreamLink (engine.hpp)
 
 }  // namespace tutti::detail
-
-namespace tutti {
-
-void StreamLink::allow(size_t chunks) {
-  std::lock_guard lock(mu_);
-  if (s_ != nullptr) s_->allow(chunks);
-}
-
-void StreamLink::detach() noexcept {
-  std::lock_guard lock(mu_);
-  s_ = nullptr;
-}
-
-}  // namespace tutti
