@@ -117,10 +117,6 @@ class TuttiConfig:
     engine: str = setting("auto",
         "I/O engine: auto (io_uring, else POSIX threads, reason logged once), uring, posix.",
         choices=("auto", "uring", "posix"))
-    io_mode: str = setting("vectored",
-        "io_uring coalescing: vectored (one READV per file-contiguous run) or fixed (one "
-        "READ_FIXED per memory-contiguous run on registered buffers).",
-        choices=("vectored", "fixed"))
     queue_depth: int = setting(0,
         "io_uring operations in flight per batch. 0: bytes in flight derived from the devices' "
         "queues (nr_requests x request size) and the cores (see docs/design.md); >= 8: this many "

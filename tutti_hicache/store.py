@@ -138,8 +138,8 @@ class ObjectStore:
         reclaim(self._ns.dirs, 0, self.capacity_slots * self.layout.slot_nbytes)
         self.ns_dirs, self.n_rows = self._ns.dirs, self._ns.n_rows
         depth, read_bytes, write_bytes = inflight_for(cfg)
-        self.engine = engine or open_engine(cfg.engine, depth, cfg.io_mode == "vectored",
-                                            cfg.threads, read_bytes, write_bytes)
+        self.engine = engine or open_engine(cfg.engine, depth, cfg.threads, read_bytes,
+                                            write_bytes)
         self.gate = Gate(Policy(default_window=cfg.write_window_ms / 1e3,
                                 min_chunk=self.layout.payload_nbytes,
                                 idle_chunk=write_bytes or iodepth.derive(cfg.dirs).write_bytes,

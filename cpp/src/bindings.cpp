@@ -105,12 +105,11 @@ py::dict counters(const Engine& e) {
   return d;
 }
 
-std::unique_ptr<Engine> make_engine(const std::string& kind, unsigned queue_depth, bool vectored,
-                                    unsigned threads, int64_t max_op_bytes,
-                                    int64_t read_inflight_bytes, int64_t write_inflight_bytes) {
+std::unique_ptr<Engine> make_engine(const std::string& kind, unsigned queue_depth, unsigned threads,
+                                    int64_t max_op_bytes, int64_t read_inflight_bytes,
+                                    int64_t write_inflight_bytes) {
   tutti::EngineOptions opt;
   opt.queue_depth = queue_depth;
-  opt.vectored = vectored;
   opt.threads = threads;
   opt.max_op_bytes = max_op_bytes;
   opt.read_inflight_bytes = read_inflight_bytes;
@@ -187,7 +186,7 @@ PYBIND11_MODULE(_engine, m) {
       .def("done_ns", &tutti::ReadStream::done_ns);
 
   m.def("make_engine", &make_engine, py::arg("kind"), py::arg("queue_depth") = 1024,
-        py::arg("vectored") = true, py::arg("threads") = 8, py::arg("max_op_bytes") = 1 << 30,
+        py::arg("threads") = 8, py::arg("max_op_bytes") = 1 << 30,
         py::arg("read_inflight_bytes") = 0, py::arg("write_inflight_bytes") = 0);
   m.def("uring_compiled", &tutti::uring_compiled);
   // The vendored liburing release compiled in ("2.3"), None in a POSIX-only build.

@@ -406,7 +406,6 @@ class UringEngine final : public EngineBase {
       buffers = buffers_;
     }
     PlanPolicy pol;
-    pol.vectored = opt_.vectored;
     pol.max_op_bytes = opt_.max_op_bytes;
     pol.buffers = buffers.regions.empty() ? nullptr : &buffers;
     return pol;

@@ -11,7 +11,7 @@ import pytest
 from tutti_hicache.engine import extension, open_engine, probe_o_direct
 
 E = extension()
-KINDS = [("uring", True), ("uring", False), ("posix", True)] if E.uring_compiled() else [("posix", True)]
+KINDS = ["uring", "posix"] if E.uring_compiled() else ["posix"]
 
 
 def engine_or_skip(kind: str, **options):
@@ -25,16 +25,9 @@ def engine_or_skip(kind: str, **options):
     e.close()
 
 
-@pytest.fixture(params=KINDS, ids=lambda k: f"{k[0]}-{'vectored' if k[1] else 'fixed'}")
+@pytest.fixture(params=KINDS)
 def engine(request):
-    kind, vectored = request.param
-    yield from engine_or_skip(kind, queue_depth=64, vectored=vectored, threads=4)
-
-
-@pytest.fixture
-def vectored(request, engine):
-    """Whether the engine under test is in vectored mode (from its parameter)."""
-    return request.node.callspec.params["engine"][1]
+    yield from engine_or_skip(request.param, queue_depth=64, threads=4)
 
 
 def make_file(d, nbytes, name="f.bin"):
@@ -70,7 +63,7 @@ def test_roundtrip_scatter_gather(engine, store_dirs):
     assert c["errors"] == 0 and c["bytes"] == 2 * n * sz and c["requests"] == 2 * n
 
 
-def test_file_contiguous_requests_coalesce(engine, vectored, tmp_path):
+def test_file_contiguous_requests_coalesce(engine, tmp_path):
     n, sz = 64, 4096
     f = engine.open_file(make_file(tmp_path, n * sz), True, True)
     b, _ = buf_of(n * sz, seed=3)
@@ -81,9 +74,9 @@ def test_file_contiguous_requests_coalesce(engine, vectored, tmp_path):
     subs = after["submissions"] - before["submissions"]
     if engine.name == "uring":
         assert after["enter_calls"] - before["enter_calls"] == 1
-    # vectored: one READV for the whole run; fixed: one per memory-contiguous piece (the
-    # destinations are reversed, so every request is a piece of its own)
-    assert subs == (1 if vectored else n)
+    # one READV for the whole run, though the destinations are reversed (every request is a
+    # memory piece of its own)
+    assert subs == 1
 
 
 def test_bad_requests_are_per_request_errors(engine, tmp_path):
@@ -560,7 +553,7 @@ def test_inflight_byte_cap_bounds_what_a_ring_submits(tmp_path):
     src, a = buf_of(n * sz, seed=5)
     for cap, enters in ((sz, n), (0, 1)):
         try:
-            e = open_engine("uring", 64, True, 2, read_inflight_bytes=cap, write_inflight_bytes=cap)
+            e = open_engine("uring", 64, 2, read_inflight_bytes=cap, write_inflight_bytes=cap)
         except OSError as exc:
             pytest.skip(f"uring engine unavailable here: {exc}")
         f = e.open_file(make_file(tmp_path, 2 * n * sz, f"cap{cap}.bin"), True, True)

@@ -94,7 +94,6 @@ class ReadStream {
 
 struct EngineOptions {
   unsigned queue_depth = 1024;     ///< SQ entries per ring: operations in flight per batch
-  bool vectored = true;            ///< coalesce into READV/WRITEV (else *_FIXED per run)
   unsigned threads = 8;            ///< POSIX workers per direction; checksum threads
   int64_t max_op_bytes = 1 << 30;  ///< largest coalesced operation, 4 KiB to 1 GiB
   /// io_uring: bytes in flight per ring, by direction (0: no cap, queue_depth ops only). A ring
