@@ -24,7 +24,7 @@ ENGINES = ["uring", "posix"] if extension().uring_compiled() else ["posix"]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # cuda: the GPU machine
 
 
-def make_lw(tmp_path, engine="posix", device="cpu", **extra):
+def make_lw(tmp_path, engine="posix", device="cpu", observer=None, **extra):
     from tutti_hicache.layerwise import LayerwiseKV
     g = torch.Generator().manual_seed(7)
     rows = (N + 1) * PAGE
@@ -33,7 +33,7 @@ def make_lw(tmp_path, engine="posix", device="cpu", **extra):
     cfg = TuttiConfig.from_sources({"tutti_dirs": [str(tmp_path / "a"), str(tmp_path / "b")],
                                     "tutti_capacity_gb": 0.05, "tutti_stage_mb": 1,
                                     "tutti_engine": engine, **extra}, env={})
-    return LayerwiseKV(cfg, GEOM, {"t": "layerwise"}, k, v, PAGE), k, v
+    return LayerwiseKV(cfg, GEOM, {"t": "layerwise"}, k, v, PAGE, observer=observer), k, v
 
 
 def offload_all(lw, keys, rows):
@@ -460,8 +460,8 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
             os.truncate(seg, 4096)
     # forwards without a load: a decode-sized one is not written, a prefill-sized one is, with the
     # last load's number, and read() hands it to that load as its compute-only twin
-    from tutti_hicache.layerwise import counter as counter_mod
-    step = counter_mod.BARE_MIN_MS / 1e3 / (GEOM.num_layers - 1)
+    from tutti_hicache.layerwise.timeline import BARE_MIN_MS
+    step = BARE_MIN_MS / 1e3 / (GEOM.num_layers - 1)
     for pause in (0.0, 4 * step, step):  # short (not written), the twin, a shorter one after it
         lw.counter.set_consumer(-1)
         for layer in range(GEOM.num_layers):
@@ -473,7 +473,7 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     lines = [json.loads(x) for x in files[0].read_text().splitlines()]
     bare = [r for r in lines if "bare_after" in r]
     assert len(bare) == 2 and {b["bare_after"] for b in bare} == {1}
-    assert sum(bare[0]["span_ms"]) > sum(bare[1]["span_ms"]) >= counter_mod.BARE_MIN_MS
+    assert sum(bare[0]["span_ms"]) > sum(bare[1]["span_ms"]) >= BARE_MIN_MS
     assert len(bare[0]["span_ms"]) == GEOM.num_layers - 1
     merged = timeline.read([files[0]])
     assert "next_bare" not in merged[0] and merged[1]["next_bare"] == bare[0]
@@ -483,7 +483,8 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     assert not restore(lw, keys, rows, rid="r3")
     last = [r for r in map(json.loads, files[0].read_text().splitlines()) if "start_ns" in r][-1]
     assert last["index"] == 0 and last["seq"] == 2 and "LoadFailed" in last["error"]
-    lw.close()  # every forward's record is written by now
+    lw.close()  # every forward's record is written by now, and the thread has ended
+    assert not lw.observer._reporter.is_alive()
     lines = [json.loads(x) for x in files[0].read_text().splitlines()]
     fwds = [r for r in lines if "forward_of" in r]
     assert [f["forward_of"] for f in fwds] == [0, 1, 2]
@@ -491,12 +492,92 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     assert [m["forward"]["forward_of"] for m in merged] == [0, 1, 2]
 
 
-def test_no_timeline_file_by_default(tmp_path):
+def test_the_default_observer_does_nothing_observable(tmp_path):
+    """No tutti_timeline_file and no observer given: the plain Observer, shared by the counter and
+    the loader; a restore leaves no file, starts no timeline thread and keeps no forward marks
+    for reporting."""
+    from tutti_hicache.layerwise.observe import Observer
+    before = set(threading.enumerate())
     lw, _, _ = make_lw(tmp_path)
-    assert lw.counter.timeline is None
+    assert type(lw.observer) is Observer and lw.counter.observer is lw.observer
     keys = [f"p{i:063d}" for i in range(8)]
     rows = torch.arange(PAGE, PAGE * 9)
     offload_all(lw, keys, rows)
     assert restore(lw, keys, rows)
-    assert not list(tmp_path.glob("*.jsonl"))
     lw.close()
+    assert not list(tmp_path.rglob("*.jsonl"))
+    assert not [t for t in set(threading.enumerate()) - before if t.name == "tutti-timeline"]
+    assert lw.times._unreported is None  # report() never asked: no marks are kept for it
+
+
+class Recorder:
+    """An observer that records every hook call with its thread: (thread name, hook, args)."""
+
+    def __init__(self):
+        from tutti_hicache.layerwise.observe import Observer
+        self.calls = []
+        for name in [n for n in vars(Observer) if not n.startswith("_")]:
+            setattr(self, name, lambda *args, _n=name: self.calls.append(
+                (threading.current_thread().name, _n, args)))
+
+    def on(self, thread: str) -> list:
+        return [(hook, args) for t, hook, args in self.calls if t == thread]
+
+
+def test_the_observer_hears_each_named_point_on_its_thread(tmp_path):
+    """A given observer replaces the setting's; the scheduler's calls, the loader's and the
+    forward's each come in pipeline order (4 layers of 3 chunks: the chunks' reads are final
+    before the last layer is handed over); an offload and the close are heard too."""
+    rec = Recorder()
+    lw, k, v = make_lw(tmp_path, tutti_timeline_file=str(tmp_path / "unused.jsonl"), observer=rec)
+    assert lw.observer is rec
+    keys = [f"p{i:063d}" for i in range(N)]
+    rows = torch.arange(PAGE, PAGE * (N + 1))
+    offload_all(lw, keys, rows)
+    rec.calls.clear()
+    assert lw.lookup(keys) == N
+    assert restore(lw, keys, rows)
+    main, layers = threading.current_thread().name, GEOM.num_layers
+    on_main = rec.on(main)
+    assert [h for h, _ in on_main[:3]] == ["looked_up", "load_called", "started"]
+    assert on_main[2][1] == (0, 0, layers) and on_main[3] == ("forward_begun", (0, 0))
+    waits = [h for h, args in on_main if h in ("waiting", "waited")]
+    assert waits == ["waiting", "waited"] * layers
+    assert [(h, args) for h, args in on_main[-2:]] == [("finishing", (0,)), ("finished", (0, 0))]
+    loader = rec.on("tutti-load")
+    assert [h for h, _ in loader[:2]] == ["load_begun", "stream_opened"]
+    assert [args for h, args in loader if h == "layer_handed"] == [(0, layer) for layer in range(layers)]
+    final = [i for i, (h, _) in enumerate(loader) if h == "reads_final"]
+    assert final == [len(loader) - 2]  # before the last layer is handed over
+    index, pages, chunk_layers, done = loader[final[0]][1]
+    assert (index, pages) == (0, N) and chunk_layers == [l for l in range(layers) for _ in range(3)]
+    assert len(done) == 3 * layers and all(done)
+    assert not [c for c in rec.calls if c[0] not in (main, "tutti-load")]
+    rec.calls.clear()
+    offload_all(lw, keys[:2], rows[:2 * PAGE])
+    assert [(h, args[1]) for h, args in rec.on(main)] == [("offloaded", 2)]
+    lw.close()
+    assert [h for _, h, _ in rec.calls[-2:]] == ["close", "reset"]
+
+
+def test_a_trace_keeps_each_load_record_in_memory(tmp_path):
+    """timeline.Trace (the benchmark's observer): each load's record, as the timeline file holds
+    it, in trace.loads once its finish returned; no forwards' records, no file, no thread."""
+    from tutti_hicache.benchmarks import timeline
+    from tutti_hicache.layerwise.timeline import Trace
+    trace = Trace()
+    before = set(threading.enumerate())
+    lw, k, v = make_lw(tmp_path, observer=trace)
+    keys = [f"p{i:063d}" for i in range(N)]
+    rows = torch.arange(PAGE, PAGE * (N + 1))
+    offload_all(lw, keys, rows)
+    assert restore(lw, keys, rows)
+    assert restore(lw, keys[:10], rows[:10 * PAGE], rid="r2")
+    assert [(r["seq"], r["pages"]) for r in trace.loads] == [(0, N), (1, 10)]
+    s = timeline.summarize(trace.loads[0])
+    assert 0 <= s["begin_ms"] <= s["opened_ms"] < s["first_read_ms"] <= s["reads_ms"] <= s["handed_ms"] \
+        <= s["finish_ms"] and s["react_ms_p50"] >= 0 and s["error"] is None
+    lw.close()
+    assert all("forward_of" not in r and "bare_after" not in r for r in trace.loads)
+    assert not list(tmp_path.glob("*.jsonl"))
+    assert not [t for t in set(threading.enumerate()) - before if t.name == "tutti-timeline"]

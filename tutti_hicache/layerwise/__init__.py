@@ -2,7 +2,7 @@
 (the GPU benchmark runs it under SGLang 0.5.17, which has no UnifiedCacheLinker).
 
 At a glance:
-    lw = LayerwiseKV(cfg, geometry, identity, k_bufs, v_bufs, page_size, writer)
+    lw = LayerwiseKV(cfg, geometry, identity, k_bufs, v_bufs, page_size, writer, observer=None)
     lw.lookup(keys) -> n                    leading pages present (memory only)
     lw.load(rid, keys, device_indices)      pin and queue; no I/O
     lw.start() -> index                     every queued page, layer by layer, on the [loader]:
@@ -16,15 +16,16 @@ At a glance:
     lw.cancel(rid), lw.drain_loads(), lw.reset(), lw.close()
     lw.stats() -> dict                      the store's counters plus the linker's (stats.py);
                                             tutti_stats_file writes them
-    lw.trace, lw.read_ahead                 the benchmark's per-chunk timings, settable between
-                                            loads
-    tutti_timeline_file                     one JSON line per load (timeline.py): when each
-                                            chunk landed, each layer was handed over and the
-                                            forward waited for it
+    lw.observer                             what watches the pipeline (observe.py): `observer`
+                                            if given (e.g. timeline.Trace, a benchmark's), else
+                                            tutti_timeline_file's Timeline (one JSON line per
+                                            load: when each chunk landed, each layer was handed
+                                            over and the forward waited for it), else nothing
 
 The parts: counter.py (LayerCounter), staging.py (pinned rings), loader.py (the load pipeline
 and its thread), offloader.py (the offload queue, its backlog and its thread), stats.py (the
-linker's counters and stats file), timeline.py (the timeline file), worker.py.
+linker's counters and stats file), observe.py (the observer's hook points), timeline.py (the
+timeline file and the benchmark's trace), windows.py (write windows), worker.py.
 k_bufs / v_bufs: per-layer device tensors [rows, heads, dim] (SGLang's NHD pools; MLA passes
 v_bufs=None and its [rows, 1, kv_cache_dim] buffers as k_bufs; see devicemap.py). Page p covers
 rows [p*page_size, (p+1)*page_size); device_indices are token rows, page-aligned.
@@ -46,10 +47,11 @@ from ..profiler import SlackTable
 from ..store import ObjectStore
 from .counter import LayerCounter
 from .loader import Loader, LoadFailed
+from .observe import Observer, observer_for
 from .offloader import Offloader
 from .staging import Staging
 from .stats import LinkerStats
-from .timeline import TimelineFile, now_ns
+from .timeline import now_ns
 from .windows import LayerTimes, Windows
 
 __all__ = ["LayerwiseKV", "LayerCounter", "LoadFailed"]
@@ -58,7 +60,8 @@ logger = logging.getLogger("tutti_hicache.linker")
 
 class LayerwiseKV:
     def __init__(self, cfg: TuttiConfig, geometry: PageGeometry, identity: dict, k_bufs: list,
-                 v_bufs: Optional[list], page_size: int, writer: bool = True):
+                 v_bufs: Optional[list], page_size: int, writer: bool = True,
+                 observer: Optional[Observer] = None):
         self.cfg = cfg
         self.k_bufs, self.v_bufs = list(k_bufs), (list(v_bufs) if v_bufs is not None else None)
         self.mla = v_bufs is None
@@ -68,10 +71,9 @@ class LayerwiseKV:
         self.device = self.k_bufs[0].device
         self.cuda = self.device.type == "cuda"
         self.times = LayerTimes(self.cuda)
-        self.counter = LayerCounter(self.num_layers, self.times if cfg.write_windows == "online"
-                                    else None,
-                                    TimelineFile(cfg.timeline_file) if cfg.timeline_file else None)
-        self._before = [0, 0, 0]  # timeline: the next load's first lookup, last lookup return, load
+        online = self.times if cfg.write_windows == "online" else None  # the forwards' progress
+        self.observer = observer if observer is not None else observer_for(cfg, online)
+        self.counter = LayerCounter(self.num_layers, online, self.observer)
         self.store = ObjectStore(cfg, geometry, identity, writer=writer)
         self.io = self._io_stream()
         self.obj_stride = self.store.layer_object_stride()
@@ -90,7 +92,8 @@ class LayerwiseKV:
                                sum(geometry.object_nbytes[:geometry.objects_per_layer]) // page_size)
         self._stats = LinkerStats(self.store, cfg.stats_file, self.windows)
         self._loader = Loader(self.store, self.counter, self.stage, self.stage_pages, self.k_bufs,
-                              self.v_bufs, page_size, self.io, cfg, self.windows, self._stats)
+                              self.v_bufs, page_size, self.io, cfg, self.windows, self._stats,
+                              self.observer)
         self._offloader = Offloader(self.store, self.out, self.out_pages, self.k_bufs, self.v_bufs,
                                     page_size, self.io, writer, cfg.offload_backlog_pages,
                                     self._stats)
@@ -127,21 +130,9 @@ class LayerwiseKV:
 
     @property
     def read_ahead(self) -> int:
-        """Staging chunks admitted to a load's read stream at once (settable between loads)."""
+        """Staging chunks admitted to a load's read stream at once (tutti_read_ahead, capped by
+        the staging ring)."""
         return self._loader.read_ahead
-
-    @read_ahead.setter
-    def read_ahead(self, n: int) -> None:
-        self._loader.read_ahead = n
-
-    @property
-    def trace(self):
-        """None, or a list each load appends its per-chunk timings to (see Loader.trace)."""
-        return self._loader.trace
-
-    @trace.setter
-    def trace(self, value) -> None:
-        self._loader.trace = value
 
     @property
     def windows_opened(self) -> int:
@@ -162,15 +153,11 @@ class LayerwiseKV:
     def lookup(self, keys: list) -> int:
         t0 = now_ns()
         n = self.store.prefix_len(list(keys))
-        if self.counter.timeline is not None:
-            # the timeline's record of the next load: the last lookup before it (a request that
-            # loads nothing leaves no trace), and the first load call
-            self._before = [t0, now_ns(), self._before[2]]
+        self.observer.looked_up(t0, now_ns())
         return n
 
     def load(self, rid: str, keys: list, device_indices) -> bool:
-        if self.counter.timeline is not None and not self._before[2]:
-            self._before[2] = now_ns()
+        self.observer.load_called()
         return self._loader.load(rid, keys, device_indices)
 
     def cancel(self, rid: str) -> bool:
@@ -179,11 +166,7 @@ class LayerwiseKV:
     def start(self, input_tokens: int = 0) -> int:
         """Start every queued load; input_tokens (new tokens of the batch, 0 = unknown) picks the
         slack-table row for write windows (unknown: the smallest, most conservative one)."""
-        index = self._loader.start(input_tokens)
-        if index >= 0 and self.counter.timeline is not None:
-            self.counter.annotate(index, lookup_ns=self._before[:2], load_ns=self._before[2])
-            self._before = [0, 0, 0]
-        return index
+        return self._loader.start(input_tokens)
 
     def finish(self, index: int) -> bool:
         return True if index < 0 else self.counter.finish(index)
@@ -197,7 +180,7 @@ class LayerwiseKV:
         """Queue pages for writing once `ready_events` fired; False when the backlog is full."""
         t0 = now_ns()
         ok = self._offloader.offload(keys, device_indices, ready_events)
-        self.counter.offloaded(t0, len(keys))
+        self.observer.offloaded(t0, len(keys))
         return ok
 
     def num_completed(self) -> int:
@@ -216,7 +199,7 @@ class LayerwiseKV:
         self.counter.reset()
 
     def close(self) -> None:
-        self.counter.report_forwards(final=True)  # the last loading forward's timeline record
+        self.observer.close()  # e.g. the timeline's last forwards' records
         self.reset()
         self._stats.dump(force=True)
         self._loader.worker.stop()

@@ -2,7 +2,7 @@
 
 At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's thread):
     loader = Loader(store, counter, stage, stage_pages, k_bufs, v_bufs, page_size, io, cfg,
-                    windows, stats)
+                    windows, stats, observer)
     loader.load(rid, keys, device_indices) -> bool     [scheduler] pin and queue; no I/O
     loader.cancel(rid) -> bool, loader.cancel_all()    [scheduler] unpin queued pages
     loader.start(input_tokens) -> index                [scheduler] hand every queued page over:
@@ -12,8 +12,8 @@ At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's t
         as pages land, one H2D copy and one scatter kernel on the I/O stream, one CUDA event
         -> counter.complete(index, layer); any failure -> counter.fail(index) (never a hang)
     loader.read_ahead, loader.windows_opened, loader.read_Bps, loader.worker (drain, stop, thread)
-    loader.trace                                       None, or a list each load appends its
-        chunks' read-completion times and scatter-start events to (the benchmark)
+The observer (observe.py) hears when the loader took a batch, when its read stream was open and
+when every chunk's reads were final; the counter tells it of each layer handed over.
 
 The stream holds the batch's directories for reads (the scheduler's lease) from its first read
 to its last layer, except for write windows (windows.py: learned online from the forward, or a
@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Optional
 
 import numpy as np
 import torch
@@ -35,8 +34,8 @@ import torch
 from ..config import TuttiConfig
 from ..layout import runs
 from .counter import LayerCounter
+from .observe import Observer
 from .staging import Staging
-from .timeline import now_ns
 from .stats import LinkerStats
 from .worker import Worker
 
@@ -50,7 +49,7 @@ class LoadFailed(RuntimeError):
 class Loader:
     def __init__(self, store, counter: LayerCounter, stage: Staging, stage_pages: int,
                  k_bufs: list, v_bufs, page_size: int, io, cfg: TuttiConfig, windows,
-                 stats: LinkerStats):
+                 stats: LinkerStats, observer: Observer):
         self._store, self._counter, self._stage = store, counter, stage
         self.stage_pages = stage_pages  # pages of one layer per ring slot
         self._k_bufs, self._v_bufs, self._page_size = k_bufs, v_bufs, page_size
@@ -65,7 +64,7 @@ class Loader:
         self._page_nbytes = self._num_layers * self._k_objs * self._obj_stride  # staged, per page
         self.read_ahead = max(1, min(cfg.read_ahead, cfg.stage_depth - 1))
         self.windows_opened = 0
-        self.trace: Optional[list] = None
+        self._observer = observer
         self._queued: dict[str, tuple] = {}
         self.worker = Worker("tutti-load", self._run)  # drain(): every started load finished
 
@@ -138,7 +137,7 @@ class Loader:
         layer's and the queue never drains between layers; each chunk lands, is verified,
         copied and scattered in layer order; while the reads run two layers ahead of the
         forward, a write window may follow a layer."""
-        begin_ns = now_ns()  # the loader thread has the batch (the timeline's begin_ns)
+        self._observer.load_begun(index)
         plan = self._store.plan_pages(entries)
         self._windows.learn()  # the forwards that ran since the last load
         if ready is not None:
@@ -147,27 +146,23 @@ class Loader:
         chunks = [(layer, slice(c0, min(n, c0 + step))) for layer in range(self._num_layers)
                   for c0 in range(0, n, step)]
         slots = [(self._stage.next + i) % len(self._stage.bufs) for i in range(len(chunks))]
-        scatter_start: list = []
         # the stream holds the batch's directories for reads until it is closed (and then
         # nothing lands in the staging slots any more)
         with self._store.stream_layers(plan, chunks, self._destinations(chunks, slots)) as stream:
-            marks = {"begin_ns": begin_ns, "opened_ns": now_ns()}  # planned, directories held
+            self._observer.stream_opened(index)  # pages planned, directories held
             for i, (layer, rows) in enumerate(chunks):
                 self._admit(stream, slots, min(len(chunks), i + self.read_ahead))
                 ok, whole = stream.wait_whole(i)
                 if not whole:
                     raise LoadFailed(f"layer {layer}: {int((~ok).sum())} of {len(ok)} pages "
                                      "unreadable or corrupt")
-                self._copy_chunk(slots[i], layer, len(ok), page_ids[rows], scatter_start)
+                self._copy_chunk(slots[i], layer, len(ok), page_ids[rows])
                 if rows.stop < n:
                     continue
-                if layer + 1 == self._num_layers:  # before finish() can write the record
-                    self._annotate(index, len(entries), chunks, stream, marks)
+                if layer + 1 == self._num_layers:  # before finish() can return
+                    self._observer.reads_final(index, n, [c[0] for c in chunks], stream.done_ns())
                 self._counter.complete(index, layer, self._mark())
                 self._lend_window(stream, layer, input_tokens, n * self._page_size)
-            if self.trace is not None:
-                self.trace.append({"begin_ns": begin_ns, "layers": [layer for layer, _ in chunks],
-                                   "done_ns": stream.done_ns(), "starts": scatter_start})
 
     def _admit(self, stream, slots: list, upto: int) -> None:
         """Admit chunks [0, upto) to the stream, each once its ring slot's last copy is done."""
@@ -198,14 +193,6 @@ class Loader:
         bounds = starts.tolist()
         return [addrs[bounds[i]:bounds[i + 1]] for i in range(len(chunks))]
 
-    def _annotate(self, index: int, pages: int, chunks: list, stream, marks) -> None:
-        """The loader's part of the batch's timeline record (tutti_timeline_file), if kept."""
-        if self._counter.timeline is not None:
-            self._counter.annotate(index, pages=pages,
-                                   chunk_layers=[layer for layer, _ in chunks],
-                                   chunk_done_ns=[int(t) for t in stream.done_ns()],
-                                   loader_end_ns=now_ns(), **marks)
-
     @property
     def read_Bps(self) -> float:
         """The best of the recent loads' rates (a load held back by the forward reads slower than
@@ -214,21 +201,18 @@ class Loader:
             return max(self._rates)
         return self._windows.seed_read_Bps
 
-    def _copy_chunk(self, k: int, layer: int, n: int, page_ids, trace: list) -> None:
+    def _copy_chunk(self, k: int, layer: int, n: int, page_ids) -> None:
         """Ring slot k holds layer `layer` of n pages: to the device pool (H2D + scatter)."""
         host = self._stage.host[k][: n * self._k_objs * self._obj_stride]
         if not self._cuda:
             self._scatter(host, layer, page_ids)
             return
         with torch.cuda.stream(self._io.stream):
-            copy_start = _record(self._io.stream) if self.trace is not None else None
             dev = self._stage.device[: host.numel()]
             dev.copy_(host, non_blocking=True)
             ev = torch.cuda.Event()
             ev.record()
             self._stage.events[k] = ev  # the ring slot is free once this copy is done
-            if copy_start is not None:
-                trace.append((copy_start, _record(self._io.stream)))
             self._scatter(dev, layer, page_ids)
 
     def warm(self, dev) -> None:
@@ -255,9 +239,3 @@ class Loader:
         ev.record(self._io.stream)
         return ev
 
-
-def _record(stream) -> "torch.cuda.Event":
-    """A timing event recorded on stream now."""
-    ev = torch.cuda.Event(enable_timing=True)
-    ev.record(stream)
-    return ev
