@@ -166,10 +166,13 @@ class Loader:
 
     def _admit(self, stream, slots: list, upto: int) -> None:
         """Admit chunks [0, upto) to the stream, each once its ring slot's last copy is done."""
-        while stream.admitted < upto:
-            if self._stage.take() != slots[stream.admitted]:  # waits for the slot's last copy
+        n = stream.admitted
+        if n >= upto:
+            return
+        for k in slots[n:upto]:
+            if self._stage.take() != k:  # waits for the slot's last copy
                 raise RuntimeError("tutti linker: staging ring out of order")
-            stream.allow(stream.admitted + 1)
+        stream.allow(upto)
 
     def _lend_window(self, stream, layer: int, input_tokens: int, prefix: int) -> None:
         """After `layer` was handed over, while the reads run two layers ahead of the forward:
