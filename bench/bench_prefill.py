@@ -10,13 +10,13 @@ wait_until(l) before layer l's attention exactly as SGLang's KV pool does. Confi
   tutti:<medium> LayerwiseKV (the TuttiLinker pipeline) restoring from the store on <medium>
 Reported per (medium, C, h): TTFT, bubble (time the forward waits in wait_until, from CUDA
 events), I/O-only restore time and bandwidth, engine syscalls and CPU seconds per request, and
-the medium's raw O_DIRECT read (same run). --completion cpu,gpu alternates the two completion
-paths at every point (CPU-event launches vs GPU waits on the read stream's counter) and reports
-per run the time from a layer's last read completing to its copy and scatter starting on the
-GPU (tutti_hicache/benchmarks/reaction.py states the method). --edge-chunks 1,4 alternates
-tutti_edge_chunks the same way, --repeats N runs every arm N times (interleaved; "arms" in the JSON
-holds the medians). --dry-run: tiny shapes on CPU
-(pipeline check only).
+the medium's raw O_DIRECT read (same run), and per run the load's own times from its trace
+(layerwise.timeline.Trace, summarized as tutti_hicache/benchmarks/timeline.py does a timeline
+file): its reads' end, each layer's hand-over after its reads, the last layer's, and what the
+request took beyond its reads. --read-ahead 1,3 measures every point with each value (one
+pipeline per value, tutti_read_ahead, on the store the first one wrote), --repeats N runs every
+point N times ("arms" in the JSON holds the medians). --dry-run: tiny shapes on CPU (pipeline
+check only).
 
   python bench/bench_prefill.py --medium array-4=/mnt/a0,/mnt/a1,/mnt/a2,/mnt/a3 \
       --contexts 16384,32768,65536 --hits 0.5,0.75,0.9,0.95,0.99 --json out.json
@@ -34,13 +34,13 @@ import torch
 import torch.nn.functional as F
 
 from tutti_hicache.benchmarks.offload import OffloadStream
-from tutti_hicache.benchmarks.reaction import Calibration, reaction
+from tutti_hicache.benchmarks.timeline import summarize
 from tutti_hicache.config import TuttiConfig
 from tutti_hicache.layerwise import LayerCounter, LayerwiseKV
+from tutti_hicache.layerwise.timeline import Trace
 from tutti_hicache.layout import PageGeometry
 
 ENGINE, VERIFY, STAGE_DEPTH, THREADS = "auto", True, TuttiConfig().stage_depth, 16
-GPU_WAIT = TuttiConfig().gpu_wait  # "on" when --completion asks for the GPU-wait path
 LLAMA = dict(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, mlp=14336, page=64)
 TINY = dict(layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, mlp=512, page=16)
 
@@ -177,16 +177,16 @@ def fill_prefix(model, rows: int) -> None:
         b[page:page + rows] = torch.randn(b[page:page + rows].shape, generator=g, device=model.device).to(b.dtype)
 
 
-def make_tutti(model, dirs, cap_gb: float) -> LayerwiseKV:
+def make_tutti(model, dirs, cap_gb: float, read_ahead: int, observer=None) -> LayerwiseKV:
     s = model.s
     kb = s["kv_heads"] * s["head_dim"] * 2
     g = PageGeometry("mha", s["layers"], s["page"], kb, kb)
     cfg = TuttiConfig.from_sources({"tutti_dirs": list(dirs), "tutti_capacity_gb": cap_gb,
                                     "tutti_threads": THREADS, "tutti_queue_depth": 1024,
                                     "tutti_engine": ENGINE, "tutti_verify": VERIFY,
-                                    "tutti_stage_depth": STAGE_DEPTH, "tutti_gpu_wait": GPU_WAIT})
+                                    "tutti_stage_depth": STAGE_DEPTH, "tutti_read_ahead": read_ahead})
     ident = {"bench": "llama-shaped", "layers": s["layers"], "page": s["page"]}
-    return LayerwiseKV(cfg, g, ident, model.k, model.v, s["page"])
+    return LayerwiseKV(cfg, g, ident, model.k, model.v, s["page"], observer=observer)
 
 
 def write_prefix(lw: LayerwiseKV, model, keys: list, pages: int) -> float:
@@ -267,105 +267,102 @@ def run(args) -> dict:
     return out
 
 
-def set_completion(lw: LayerwiseKV, mode) -> str:
-    """Switch the loads' completion path ("cpu" | "gpu" | "copies": CPU launches, chunks admitted
-    by the copies; None: keep); returns the one in use."""
-    if mode is not None:
-        lw.gpu_wait_on = mode == "gpu"
-        lw.copy_admission_on = mode == "copies"
-    return "gpu" if lw.gpu_wait_on else "copies" if lw.copy_admission_on else "cpu"
+def load_trace(rec: dict, ttft: float) -> dict:
+    """The load's own times from its trace record (ms from its start): the first and the last
+    chunk's reads final, each layer handed over after its last read (median, max), the last
+    layer handed over, and what the request took beyond its reads."""
+    s = summarize(rec)
+    out = {k: s[k] for k in ("first_read_ms", "reads_ms", "react_ms_p50", "react_ms_max",
+                             "handed_ms") if k in s}
+    if "reads_ms" in out:
+        out["beyond_reads_ms"] = ttft * 1e3 - out["reads_ms"]
+    return out
 
 
-def traced_prefill(lw: LayerwiseKV, model, c: int, pages: int, keys: list, cal) -> tuple:
-    """prefill() with the loader tracing its chunks: (TTFT, bubble, CPU s, reaction stats)."""
+def run_point(lw: LayerwiseKV, trace: Trace, model, keys: list, c: int, h: float, prefix_kv) -> dict:
+    """One run at (C, h): the I/O-only restore, then the prefill behind it, traced."""
     page = model.s["page"]
-    lw.trace = [] if cal is not None else None
+    pages = int(c * h) // page
+    page_bytes = lw.store.layout.geometry.page_nbytes
+    t_io, cnt = io_only(lw, model, keys, pages)
+    if prefix_kv is not None:  # dry run: the restored prefix must equal what was written
+        for l, (k, v) in enumerate(prefix_kv):
+            rows = slice(page, page * (pages + 1))
+            assert torch.equal(model.k[l][rows], k[rows]) and torch.equal(model.v[l][rows], v[rows])
     cpu0 = time.process_time()
     ttft, bub = prefill(model, c, pages * page, restore_fn(lw, model, keys, pages), lw.counter)
     cpu_s = time.process_time() - cpu0
     lw.drain_loads()
-    stats = reaction(lw.trace[-1], cal) if cal is not None and lw.trace else {}
-    if "reads_ms" in stats:  # what the request took beyond its own reads: the completion path's part
-        stats["beyond_reads_ms"] = ttft * 1e3 - stats["reads_ms"]
-    lw.trace = None
-    return ttft, bub, cpu_s, stats
+    return dict(C=c, h=h, ttft_s=ttft, bubble_s=bub, io_only_s=t_io,
+                restore_GBps=pages * page_bytes / t_io / 1e9, read_ahead=lw.read_ahead,
+                prefill_cpu_s=cpu_s, trace=load_trace(trace.loads[-1], ttft), **cnt)
 
 
 def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) -> dict:
+    """Every point with each read-ahead value: one pipeline per value, each on the store the
+    first one wrote (a restart's view of it)."""
     page = model.s["page"]
     page_bytes = model.s["layers"] * 2 * page * model.s["kv_heads"] * model.s["head_dim"] * 2
     slack = 64 + args.offload_stream * 2
-    lw = make_tutti(model, dirs, cap_gb=(max_pages + slack) * (page_bytes + 4096 * 65) / 2**30)
+    cap_gb = (max_pages + slack) * (page_bytes + 4096 * 65) / 2**30
     keys = [f"{i:064x}" for i in range(max_pages)]
-    write_s = write_prefix(lw, model, keys, max_pages)
-    raw = raw_read(dirs, min(max_pages * page_bytes, 4 << 30))
-    info = {"dirs": dirs, **raw, "write_GBps": max_pages * page_bytes / write_s / 1e9, "runs": []}
-    print(f"[{name}] wrote {max_pages} pages at {info['write_GBps']:.2f} GB/s; raw read {raw}", flush=True)
-    warm = max(1, min(max_pages // 2, 64))  # first use: kernel compiles, cuBLAS/SDPA setup
-    modes = [None] if args.completion == ["auto"] else args.completion
-    for mode in modes:
-        set_completion(lw, mode)
-        io_only(lw, model, keys, warm)
-        prefill(model, warm * page * 2, warm * page, restore_fn(lw, model, keys, warm), lw.counter)
-    cal = Calibration.now(model.device) if model.device.type == "cuda" else None
     grid = [(c, h) for c in contexts for h in hits if int(c * h) // page > 0]
     for c in (args.crossover_context,) if args.crossover_context else ():
         grid += [(c, h) for h in (0.96, 0.97, 0.975, 0.98, 0.985, 0.99, 0.995) if (c, h) not in grid]
-    for c, h in grid:
-        pages = int(c * h) // page
-        arms = [(rep, ra, e, m) for rep in range(args.repeats) for ra in args.read_ahead
-                for e in args.edge_chunks for m in modes]  # alternating per point
-        for rep, ra, edge, mode in arms:
-            lw.read_ahead = min(ra, lw.cfg.stage_depth - 1)
-            lw.edge_chunks = edge
-            completion = set_completion(lw, mode)
-            t_io, cnt = io_only(lw, model, keys, pages)
-            if prefix_kv is not None:  # dry run: the restored prefix must equal what was written
-                for l, (k, v) in enumerate(prefix_kv):
-                    rows = slice(page, page * (pages + 1))
-                    assert torch.equal(model.k[l][rows], k[rows]) and torch.equal(model.v[l][rows], v[rows])
-            ttft, bub, cpu_s, react = traced_prefill(lw, model, c, pages, keys, cal)
-            r = dict(config=f"tutti:{name}", C=c, h=h, ttft_s=ttft, bubble_s=bub, io_only_s=t_io,
-                     restore_GBps=pages * page_bytes / t_io / 1e9, read_ahead=lw.read_ahead,
-                     completion=completion, edge_chunks=edge, repeat=rep,
-                     prefill_cpu_s=cpu_s, reaction=react, **cnt)
-            info["runs"].append(r)
-            print(f"[{name}] C={c} h={h} read-ahead {lw.read_ahead} {completion} edge {edge}: TTFT {ttft:.3f}s "
-                  f"bubble {bub:.3f}s io-only {t_io:.3f}s ({r['restore_GBps']:.2f} GB/s, "
-                  f"{cnt['enter_calls']} enters, {cnt['cpu_s']:.3f} CPU s/restore) read->scatter "
-                  f"p50 {react.get('scatter_start_us_p50', float('nan')):.0f} us, layer 0 at "
-                  f"{react.get('first_scatter_ms', float('nan')):.1f} ms, last layer "
-                  f"{react.get('last_scatter_start_us', float('nan')):.0f} us, reads "
-                  f"{react.get('reads_ms', float('nan')):.1f} ms, beyond them "
-                  f"{react.get('beyond_reads_ms', float('nan')):.1f} ms", flush=True)
-    lw.read_ahead = min(args.read_ahead[-1], lw.cfg.stage_depth - 1)
-    lw.edge_chunks = args.edge_chunks[0]
+    info = {"dirs": dirs, "runs": []}
+    for arm, read_ahead in enumerate(args.read_ahead):
+        trace = Trace()
+        lw = make_tutti(model, dirs, cap_gb, read_ahead, trace)
+        if arm == 0:
+            write_s = write_prefix(lw, model, keys, max_pages)
+            raw = raw_read(dirs, min(max_pages * page_bytes, 4 << 30))
+            info.update(raw, write_GBps=max_pages * page_bytes / write_s / 1e9)
+            print(f"[{name}] wrote {max_pages} pages at {info['write_GBps']:.2f} GB/s; raw read {raw}",
+                  flush=True)
+        warm = max(1, min(max_pages // 2, 64))  # first use: kernel compiles, cuBLAS/SDPA setup
+        io_only(lw, model, keys, warm)
+        prefill(model, warm * page * 2, warm * page, restore_fn(lw, model, keys, warm), lw.counter)
+        for c, h in grid:
+            for rep in range(args.repeats):
+                r = dict(config=f"tutti:{name}", repeat=rep,
+                         **run_point(lw, trace, model, keys, c, h, prefix_kv))
+                info["runs"].append(r)
+                print_run(name, r)
+        if arm + 1 == len(args.read_ahead):
+            if args.offload_stream:
+                c = max(contexts)
+                info["offload_stream"] = offload_stream(lw, model, keys, c, int(c * 0.9) // page,
+                                                        args.offload_stream, dirs)
+            info["write_windows"] = lw.windows.snapshot()
+        lw.close()
     info["arms"] = arm_medians(info["runs"])
-    if args.offload_stream:
-        c = max(contexts)
-        info["offload_stream"] = offload_stream(lw, model, keys, c, int(c * 0.9) // page, args.offload_stream,
-                                                dirs)
-    info["write_windows"] = lw.windows.snapshot()
-    lw.close()
     return info
 
 
+def print_run(name: str, r: dict) -> None:
+    t, nan = r["trace"], float("nan")
+    print(f"[{name}] C={r['C']} h={r['h']} read-ahead {r['read_ahead']}: TTFT {r['ttft_s']:.3f}s "
+          f"bubble {r['bubble_s']:.3f}s io-only {r['io_only_s']:.3f}s ({r['restore_GBps']:.2f} GB/s, "
+          f"{r['enter_calls']} enters, {r['cpu_s']:.3f} CPU s/restore); reads done at "
+          f"{t.get('reads_ms', nan):.1f} ms, each layer handed over {t.get('react_ms_p50', nan):.2f} ms "
+          f"after its reads (p50), the last at {t.get('handed_ms', nan):.1f} ms, "
+          f"{t.get('beyond_reads_ms', nan):.1f} ms beyond the reads", flush=True)
+
+
 def arm_medians(runs: list) -> list:
-    """Per (C, h, read-ahead, completion, edge chunks): the medians over the repeats of TTFT,
-    bubble, I/O-only time, the read -> scatter reaction (p50 of each run's layers) and the load's
-    edges (layer 0's scatter start after the load began; the last layer's reaction)."""
+    """Per (C, h, read-ahead): the medians over the repeats of TTFT, bubble, I/O-only time and
+    the load's own times (load_trace)."""
     import statistics
     arms: dict = {}
     for r in runs:
-        arms.setdefault((r["C"], r["h"], r["read_ahead"], r["completion"], r["edge_chunks"]), []).append(r)
+        arms.setdefault((r["C"], r["h"], r["read_ahead"]), []).append(r)
     out = []
-    for (c, h, ra, comp, edge), rs in arms.items():
-        row = dict(C=c, h=h, read_ahead=ra, completion=comp, edge_chunks=edge, n=len(rs))
+    for (c, h, ra), rs in arms.items():
+        row = dict(C=c, h=h, read_ahead=ra, n=len(rs))
         for key in ("ttft_s", "bubble_s", "io_only_s", "restore_GBps"):
             row[key] = statistics.median(r[key] for r in rs)
-        for key in ("scatter_start_us_p50", "first_scatter_ms", "last_scatter_start_us", "reads_ms",
-                    "beyond_reads_ms"):
-            vals = [r["reaction"][key] for r in rs if key in r["reaction"]]
+        for key in ("reads_ms", "react_ms_p50", "handed_ms", "beyond_reads_ms"):
+            vals = [r["trace"][key] for r in rs if key in r["trace"]]
             row[key] = statistics.median(vals) if vals else None
         out.append(row)
     return out
@@ -434,24 +431,16 @@ def main():
     ap.add_argument("--threads", type=int, default=16, help="tutti_threads (checksum workers)")
     ap.add_argument("--read-ahead", type=lambda v: [int(x) for x in v.split(",")],
                     default=[TuttiConfig().read_ahead],
-                    help="layer chunks read at once; a list (e.g. 1,2) measures each at every point")
-    ap.add_argument("--edge-chunks", type=lambda v: [int(x) for x in v.split(",")],
-                    default=[TuttiConfig().edge_chunks],
-                    help="tutti_edge_chunks values measured at every point (e.g. 1,4)")
+                    help="tutti_read_ahead; a list (e.g. 1,3) measures every point with each")
     ap.add_argument("--repeats", type=int, default=1,
-                    help="runs of every arm at every point, interleaved; the JSON's arms hold the medians")
-    ap.add_argument("--completion", type=lambda v: v.split(","), default=["auto"],
-                    help="cpu,gpu,copies: completion paths measured at every point (copies: CPU "
-                         "launches, chunks admitted by the copies; auto: the default one)")
+                    help="runs of every arm at every point; the JSON's arms hold the medians")
     ap.add_argument("--offload-stream", type=int, default=0, metavar="PAGES",
                     help="also TTFT at the largest C, h=0.9 with a continuous offload stream (at most PAGES "
                          "pages per request): scheduler off, on, on with online write windows")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
-    global ENGINE, VERIFY, STAGE_DEPTH, THREADS, GPU_WAIT
+    global ENGINE, VERIFY, STAGE_DEPTH, THREADS
     ENGINE, VERIFY, THREADS = args.engine, not args.no_verify, args.threads
-    if "gpu" in args.completion:
-        GPU_WAIT = "on"
     STAGE_DEPTH = max(TuttiConfig().stage_depth, max(args.read_ahead) + 1)
     if args.dry_run and not args.medium:
         args.medium = [f"tmp={tempfile.mkdtemp(prefix='tutti-prefill-')}"]

@@ -226,7 +226,7 @@ def raw_engine(dirs, nbytes: int, depth: str, req: int = 8 << 20, batch: int = 1
     from tutti_hicache.engine import inflight_for, open_engine
     cfg = TuttiConfig.from_sources({"tutti_dirs": list(dirs), **depth_settings(depth)}, env={})
     q, rd, wr = inflight_for(cfg)
-    eng = open_engine(cfg.engine, q, True, cfg.threads, rd, wr)
+    eng = open_engine(cfg.engine, q, cfg.threads, rd, wr)
     per = max(req, nbytes // len(dirs) // req * req)
     paths = [os.path.join(d, "raw-engine.bin") for d in dirs]
     src = _source(per * len(dirs))

@@ -8,8 +8,6 @@ Configurations (one or two server starts each, one after another):
   tutti-host            HiCache + TuttiStorage (plugin name `tutti`), striped over the array's directories
   tutti-linker          TuttiLinker (--unified-cache-external-linker-backend tutti): layer-wise SSD -> GPU
   tutti-linker-dynamic  the same through `dynamic` and the module path (no plugin)
-  tutti-linker-gpuwait  tutti-linker with tutti_gpu_wait=on (every layer's copy and scatter wait on the GPU)
-  tutti-linker-copies   tutti-linker with tutti_admission=copies (each copy admits the next read)
   tutti-mooncake        two servers on one GPU and a mooncake_master on loopback: A warms (tutti-mooncake,
                         publishing into its Mooncake segment), B (empty SSD tier) answers the sweep from
                         A's segment: remote hits over loopback TCP (run_cluster)

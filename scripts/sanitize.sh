@@ -18,7 +18,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV="$REPO/.venv"
 VARIANTS=()
 PYTEST_ARGS=()
-TESTS=(tests/engine/test_sanitizers.py tests/engine/test_engine.py tests/engine/test_gate.py
+TESTS=(tests/engine/test_sanitizers.py tests/engine/test_engine.py
   tests/store/test_scheduler_io.py tests/store/test_layerwise.py)
 
 while [[ $# -gt 0 ]]; do

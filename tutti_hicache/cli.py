@@ -25,7 +25,7 @@ from . import __version__
 def _bench_spec(a):
     from .benchmarks.store import BenchSpec
     return BenchSpec(medium=a.medium, geometry=a.geometry, pages=a.pages, layout=a.layout,
-                     engine=a.engine, io_mode=a.io_mode, queue_depth=a.queue_depth,
+                     engine=a.engine, queue_depth=a.queue_depth,
                      threads=a.threads, with_file=not a.no_file, keep=False, seed=a.seed,
                      pin_memory=a.pin)
 
@@ -215,9 +215,8 @@ def _add_bench_args(p, pages: int, geometry: str) -> None:
     p.add_argument("--pages", type=int, default=pages)
     p.add_argument("--layout", default="layer_first",
                    choices=["layer_first", "page_first", "page_first_direct"])
-    for name in ("engine", "io_mode"):  # the tutti_* settings' own defaults and choices
-        p.add_argument("--" + name.replace("_", "-"), default=default[name].default,
-                       choices=list(default[name].choices))
+    p.add_argument("--engine", default=default["engine"].default,  # tutti_engine's own
+                   choices=list(default["engine"].choices))
     p.add_argument("--queue-depth", type=int, default=default["queue_depth"].default)
     p.add_argument("--threads", type=int, default=default["threads"].default)
     p.add_argument("--no-file", action="store_true", help="skip SGLang's file backend")

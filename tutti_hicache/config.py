@@ -117,10 +117,6 @@ class TuttiConfig:
     engine: str = setting("auto",
         "I/O engine: auto (io_uring, else POSIX threads, reason logged once), uring, posix.",
         choices=("auto", "uring", "posix"))
-    io_mode: str = setting("vectored",
-        "io_uring coalescing: vectored (one READV per file-contiguous run) or fixed (one "
-        "READ_FIXED per memory-contiguous run on registered buffers).",
-        choices=("vectored", "fixed"))
     queue_depth: int = setting(0,
         "io_uring operations in flight per batch. 0: bytes in flight derived from the devices' "
         "queues (nr_requests x request size) and the cores (see docs/design.md); >= 8: this many "
@@ -194,41 +190,9 @@ class TuttiConfig:
         "Linker: staging chunks (layers) admitted to the read stream at once: the next layers' "
         "requests wait at the devices behind this layer's, so the queue never drains between "
         "layers; 1 reads layer after layer. At most stage_depth - 1 are used.", minimum=1)
-    edge_chunks: int = setting(1,
-        "Linker: the first and the last layer of a load are read in this many staging chunks "
-        "(each at most stage_mb), so each one's copy to the device overlaps the rest of its own "
-        "reads: the first layer is the read no compute hides (the forward starts once it has "
-        "landed), the last one the copy after which finish returns. 1: every layer in chunks "
-        "of stage_mb. On the H200 both edges moved 1.5-10 ms sooner with 4, but TTFT in a "
-        "server did not: each extra chunk is one more hand-over that needs the GIL.", minimum=1)
-    first_alone: bool = setting(False,
-        "Linker, loads whose chunks the loader admits (tutti_admission=loader, GPU waits off): "
-        "the first staging chunk goes to the devices alone and the next read_ahead chunks once "
-        "its reads are final, so layer 0, before which no layer computes, does not share the "
-        "device queues with the next layers' reads (docs/benchmarks.md §7.1: layer 0 begins "
-        "3-4 ms sooner in a 32-layer server, TTFT unchanged within the spread); off: the first "
-        "read_ahead chunks at once.")
-    admission: str = setting("loader",
-        "Linker, loads launched from the CPU (tutti_gpu_wait off): what admits a load's next "
-        "staging chunk to the devices. loader = the loader thread, as it reaches the chunk; it "
-        "can lend write windows between layers. copies = the H2D copy of the chunk that last "
-        "used the ring slot, through a CUDA host function, with the read stream's C++ window "
-        "holding read_ahead chunks at the devices, so the disk never waits for the loader's "
-        "Python thread (which in a server competes for the GIL with SGLang's scheduler, "
-        "docs/benchmarks.md §7.1); no write windows are lent (writes run while the devices are "
-        "idle). copies needs the CUDA part; without it loader is used and the reason logged.",
-        choices=("loader", "copies"))
     io_sms: int = setting(8,
         "Linker: SMs reserved for the I/O kernels through a CUDA green context (Hopper); 0 = an "
         "ordinary high-priority stream.", minimum=0)
-    gpu_wait: str = setting("off",
-        "Linker: on = a load enqueues every layer's copy and scatter up front, each behind a GPU "
-        "wait on a device-mapped counter the read stream writes once the layer is verified (no "
-        "CPU reaction per layer); off = each layer launched from the CPU as its reads land; auto "
-        "= on where the CUDA part of the extension loads (on fails the attach where it does not)."
-        " Off by default: on the H200 it restores as fast as off, not faster (docs/benchmarks.md"
-        " §3a); GPU-wait loads lend no write windows.",
-        choices=("auto", "on", "off"))
     offload_backlog_pages: int = setting(8192,
         "Linker: pages queued for offload before new offloads are refused (the device pages stay "
         "locked until written).", minimum=1)

@@ -3,13 +3,6 @@
 At a glance:
     available() -> (ok, reason)              the driver loads and cuInit succeeds (cached)
     green_streams(device, num_sms, n) -> ([CUstream handles], SMs)   n streams of one green context
-    HostWords(device, n)                     n zeroed int32 words of pinned, device-mapped host
-                                             memory: .address (CPU), .device_address (GPU)
-    wait_value32(device, stream, device_address, value)   the stream waits until the word,
-                                             compared cyclically, is >= value (GPU side)
-    copy_word32(device, stream, device_address, host_address)   the stream copies a host word to
-                                             device memory when it gets there (one PCIe read)
-    TERMINAL                                 the value a failed or cancelled load releases with
 
 The C++ side (cpp/src/cuda_shim.cpp) dlopen()s libcuda.so.1 on the first call and resolves
 every entry point through cuGetProcAddress, so the package builds and imports without CUDA;
@@ -23,7 +16,7 @@ import functools
 
 from .engine import extension
 
-__all__ = ["available", "green_streams", "HostWords", "wait_value32", "copy_word32", "TERMINAL"]
+__all__ = ["available", "green_streams"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -43,21 +36,3 @@ def green_streams(device: int, num_sms: int, n: int = 1) -> tuple[list, int]:
     (CUstream handles for torch.cuda.ExternalStream, SMs it holds). Raises RuntimeError."""
     handles, sms = extension().green_streams(device, num_sms, n)
     return list(handles), int(sms)
-
-
-def HostWords(device: int, n: int):  # noqa: N802 (the C++ class)
-    return extension().HostWords(device, n)
-
-
-def wait_value32(device: int, stream: int, device_address: int, value: int) -> None:
-    extension().stream_wait_value32(device, stream, device_address, value)
-
-
-def copy_word32(device: int, stream: int, device_address: int, host_address: int) -> None:
-    extension().stream_copy_word32(device, stream, device_address, host_address)
-
-
-def __getattr__(name: str):
-    if name == "TERMINAL":
-        return extension().GATE_TERMINAL
-    raise AttributeError(name)

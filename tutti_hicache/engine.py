@@ -2,9 +2,9 @@
 
 At a glance:
     extension() -> module          the compiled ``tutti_hicache._engine`` (clear ImportError if absent)
-    open_engine(kind, queue_depth, vectored, threads, read_inflight_bytes, write_inflight_bytes)
+    open_engine(kind, queue_depth, threads, read_inflight_bytes, write_inflight_bytes)
                                     io_uring, or the POSIX thread pool; `auto` logs why it fell back
-    engine_for(cfg) -> Engine       the same from a TuttiConfig (tutti_engine, _io_mode, ...)
+    engine_for(cfg) -> Engine       the same from a TuttiConfig (tutti_engine, _queue_depth, ...)
     inflight_for(cfg)               (ring depth, read bytes, write bytes): tutti_queue_depth, or
                                     derived from the devices (iodepth.py)
     probe_o_direct(dir) -> bool     whether files in `dir` accept O_DIRECT
@@ -72,15 +72,15 @@ AUTO_RING_DEPTH = 1024  # ring entries when the bytes in flight are derived (iod
 
 
 def open_engine(kind: str = _DEFAULTS.engine, queue_depth: int = AUTO_RING_DEPTH,
-                vectored: bool = _DEFAULTS.io_mode == "vectored", threads: int = _DEFAULTS.threads,
-                read_inflight_bytes: int = 0, write_inflight_bytes: int = 0):
+                threads: int = _DEFAULTS.threads, read_inflight_bytes: int = 0,
+                write_inflight_bytes: int = 0):
     """Create an engine. kind: auto | uring | posix. `uring` raises OSError if unavailable.
     queue_depth: ring entries (operations in flight); *_inflight_bytes: io_uring's cap on bytes
     in flight per ring (0: none). Defaults are TuttiConfig's otherwise."""
     ext = extension()
     if kind not in ("auto", "uring", "posix"):
         raise ValueError(f"tutti_engine: expected auto, uring or posix, got {kind!r}")
-    args = (queue_depth, vectored, threads, 1 << 30, read_inflight_bytes, write_inflight_bytes)
+    args = (queue_depth, threads, 1 << 30, read_inflight_bytes, write_inflight_bytes)
     if kind in ("auto", "uring"):
         try:
             return ext.make_engine("uring", *args)
@@ -104,7 +104,7 @@ def inflight_for(cfg: TuttiConfig) -> tuple[int, int, int]:
 def engine_for(cfg: TuttiConfig):
     """The engine a store with this configuration uses."""
     depth, rd, wr = inflight_for(cfg)
-    return open_engine(cfg.engine, depth, cfg.io_mode == "vectored", cfg.threads, rd, wr)
+    return open_engine(cfg.engine, depth, cfg.threads, rd, wr)
 
 
 def _fallback_reason(err: OSError, compiled: bool) -> str:

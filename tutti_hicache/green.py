@@ -5,9 +5,7 @@ Primitives at a glance:
 * ``io_stream(num_sms=8, device=None) -> IOStream``: the I/O stream of a device, created once and cached per
   (device, num_sms); thread-safe. ``num_sms=0`` asks for no partition: an ordinary high-priority stream.
 * ``IOStream``: ``.stream`` (a ``torch.cuda.Stream`` for ``with torch.cuda.stream(...)``, or None),
-  ``.kind`` ("green", "priority" or "none"), ``.num_sms``, ``.reason``, ``.device``, ``.load_stream`` (a second
-  stream of the same kind, for loads that enqueue GPU waits ahead: offloads on ``.stream`` never queue behind
-  them).
+  ``.kind`` ("green", "priority" or "none"), ``.num_sms``, ``.reason``, ``.device``.
 
 "green": kernels on ``.stream`` are confined to ``.num_sms`` SMs of a green context, made by the extension's CUDA
 part (driver API, ``driver.green_stream``; ``torch.cuda.green_contexts`` when that fails), so restore/offload
@@ -45,7 +43,6 @@ class IOStream:
     num_sms: int
     reason: str
     device: Optional[int] = None
-    load_stream: Optional[Any] = None
     _owner: Any = field(default=None, repr=False, compare=False)  # keeps the green context alive
 
 
@@ -105,8 +102,8 @@ def _device_facts(index: int) -> tuple:
 
 
 def _priority(index: int, total_sms: int, reason: str) -> IOStream:
-    stream, second = (torch.cuda.Stream(device=index, priority=-1) for _ in range(2))
-    return IOStream(stream, "priority", total_sms, reason + "; using a high-priority stream", index, second)
+    stream = torch.cuda.Stream(device=index, priority=-1)
+    return IOStream(stream, "priority", total_sms, reason + "; using a high-priority stream", index)
 
 
 def _init_primary_context(index: int) -> None:
@@ -125,7 +122,7 @@ def _torch_green(index: int, num_sms: int) -> IOStream:
     _init_primary_context(index)
     ctx = green_contexts.GreenContext.create(num_sms=num_sms, device_id=index)
     _keep_for_process_lifetime(ctx)
-    return IOStream(ctx.Stream(), "green", num_sms, "torch.cuda.green_contexts", index, ctx.Stream(), ctx)
+    return IOStream(ctx.Stream(), "green", num_sms, "torch.cuda.green_contexts", index, _owner=ctx)
 
 
 def _keep_for_process_lifetime(obj) -> None:
@@ -144,6 +141,6 @@ def _driver_green(index: int, num_sms: int) -> IOStream:
     if not ok:
         raise RuntimeError(why)
     _init_primary_context(index)
-    handles, sms = driver.green_streams(index, num_sms, 2)
-    stream, second = (torch.cuda.ExternalStream(h, device=torch.device("cuda", index)) for h in handles)
-    return IOStream(stream, "green", sms, "driver API (tutti_hicache._engine)", index, second)
+    handles, sms = driver.green_streams(index, num_sms)
+    stream = torch.cuda.ExternalStream(handles[0], device=torch.device("cuda", index))
+    return IOStream(stream, "green", sms, "driver API (tutti_hicache._engine)", index)

@@ -4,20 +4,12 @@ At a glance (ObjectStore.plan_pages / ObjectStore.stream_layers call these):
     plan = reads.plan(entries) -> PagePlan      per-page arrays, built once per batch (numpy)
     with reads.stream(plan, chunks, dsts, drop) as s:   the batch's directories are held for reads
         s.allow(n)                              admit chunks [0, n) to the devices
-        s.allow_after(device, cuda_stream, n)   the same, once a CUDA stream got there
+        s.admitted                              the chunks admitted so far
         s.wait(i) -> ok [pages of chunk i]      whole and verified (corrupt pages are dropped)
         s.settle(n)                             wait until chunks [0, n) landed (not consumed)
         s.lend(seconds)                         settle every admitted chunk, then lend the
                                                 directories to writes for one window
     (leaving the with cancels and joins the stream, then releases the read hold)
-    reads.stream(..., gate=(release, verified))  a completion gate (two int32 words): chunk i
-        passed (whole and verified) -> both words reach i + 1, in chunk order; a chunk failing
-        or the stream ending early -> release = GATE_TERMINAL (every GPU wait returns) and
-        verified stays below it. Written by the C++ stream as chunks land; by wait() here only
-        where the checksum is computed in Python (padded objects).
-    reads.stream(..., ahead=k)                  a read-ahead window: of the admitted chunks, at
-        most k past the leading run of final ones are at the devices (0: no window; the first
-        chunk not yet final always goes)
 
 chunks are [(layer, rows)] with rows a slice of the plan's pages; chunk i's page j lands that
 layer's objects (K then V; MLA one) at dsts[i][j] + o * object_stride() (uint64, 4 KiB aligned).
@@ -36,7 +28,6 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
-from .engine import extension
 from .layout import Placement, SlotLayout, align_up, runs, strided
 from .namespace import FileTable
 from .scheduler import Gate, Lease
@@ -105,11 +96,10 @@ class LayerStream:
     """A running stream_layers read (see the module docstring)."""
 
     def __init__(self, reads: "LayerReads", plan: PagePlan, chunks: list, dsts: list, stream,
-                 verify: bool, lease: Lease, drop: Callable[[list], None], py_gate=None,
+                 verify: bool, lease: Lease, drop: Callable[[list], None],
                  expected: Optional[_Expected] = None):
         self._reads, self._plan, self._chunks, self._dsts = reads, plan, chunks, dsts
         self._stream, self._verify, self._lease, self._drop = stream, verify, lease, drop
-        self._py_gate = py_gate  # (release, verified) this thread advances, or None
         self._expected = expected
         self._admitted = 0
 
@@ -117,11 +107,9 @@ class LayerStream:
         self._stream.allow(n)
         self._admitted = max(self._admitted, n)
 
-    def allow_after(self, device: int, cuda_stream: int, n: int) -> None:
-        """Admit chunks [0, n) once the CUDA stream reaches this point (a host function on it:
-        no thread of ours, and no GIL, takes part in admitting them)."""
-        extension().stream_allow_after(self._stream, device, cuda_stream, n)
-        self._admitted = max(self._admitted, n)
+    @property
+    def admitted(self) -> int:
+        return self._admitted
 
     def settle(self, n: int) -> None:
         for i in range(n):
@@ -143,8 +131,6 @@ class LayerStream:
             if bad:
                 self._drop(bad)
             whole = bool(ok.all())
-        if self._py_gate is not None:
-            gate_release(self._py_gate, i + 1 if whole else None)
         return ok, whole
 
     def done_ns(self) -> np.ndarray:
@@ -162,23 +148,6 @@ class LayerStream:
             self._stream.join()
         except Exception as e:  # OSError or a closed engine: already raised by wait()
             logger.debug("tutti: read stream ended with %s", e)
-        if self._py_gate is not None and gate_value(self._py_gate[0]) != len(self._chunks):
-            gate_release(self._py_gate, None)
-
-
-def gate_value(address: int) -> int:
-    return int(extension().gate_load(address))
-
-
-def gate_release(gate: tuple, n: Optional[int]) -> None:
-    """Advance a gate (release, verified) to n passed chunks, or (None) release every wait with
-    the terminal value, verified unchanged."""
-    ext = extension()
-    if n is None:
-        ext.gate_store(gate[0], ext.GATE_TERMINAL)
-        return
-    ext.gate_store(gate[1], n)  # the kernels' check first, then what the GPU waits on
-    ext.gate_store(gate[0], n)
 
 
 class LayerReads:
@@ -200,41 +169,22 @@ class LayerReads:
         return PagePlan(list(entries), slots, files, offsets, must, units.reshape(len(entries), u))
 
     @contextlib.contextmanager
-    def stream(self, plan: PagePlan, chunks: list, dsts: list, drop: Callable[[list], None],
-               gate: Optional[tuple] = None, ahead: int = 0) -> Iterator[LayerStream]:
-        """drop(entries): forget pages found corrupt (the store's index). gate: (release,
-        verified) host addresses of a completion gate; ahead: the read-ahead window (both: the
-        module docstring)."""
+    def stream(self, plan: PagePlan, chunks: list, dsts: list,
+               drop: Callable[[list], None]) -> Iterator[LayerStream]:
+        """drop(entries): forget pages found corrupt (the store's index)."""
         with self._gate.reading(self._placement.devices(plan.slots)) as lease:
             req = self._requests(plan, chunks, dsts)
             verify = req.unpadded and bool(plan.must.any())  # checksums in C++ as pages land
             groups = np.arange(req.starts[-1] + 1, dtype=np.int64) if verify else None  # per page
-            expect = req.expect(plan) if verify else None  # per request, for C++ and for wait()
-            native, py_gate = self._gate_spec(plan, req, gate, expect)
+            expect = req.expect(plan) if verify else None  # per request, for wait()
             stream = LayerStream(self, plan, chunks, list(dsts),
                                  self._io.engine.read_stream(req.files, req.offsets, req.nbytes,
-                                                             req.addrs, req.starts, groups, native,
-                                                             ahead),
-                                 verify, lease, drop, py_gate, _Expected(plan, req, expect))
+                                                             req.addrs, req.starts, groups),
+                                 verify, lease, drop, _Expected(plan, req, expect))
             try:
                 yield stream
             finally:
                 stream.close()  # nothing lands in the destinations after this
-
-    @staticmethod
-    def _gate_spec(plan: PagePlan, req: "_Requests", gate: Optional[tuple],
-                   expect: Optional[np.ndarray]) -> tuple:
-        """(the C++ stream's gate, or None; the gate this thread advances, or None). The stream
-        checks what it can: results always, checksums where it computes them (verify: one
-        group per page, in chunk order; `expect` their expected sums, None: not verified there);
-        pages that need a checksum computed in Python leave the gate to wait() here."""
-        if gate is None:
-            return None, None
-        if expect is not None:
-            return (gate[0], gate[1], expect, plan.must[req.pages].astype(np.uint8)), None
-        if not plan.must.any():
-            return (gate[0], gate[1], np.zeros(0, np.uint64), np.zeros(0, np.uint8)), None
-        return None, gate
 
     def _requests(self, plan: PagePlan, chunks: list, dsts: list) -> "_Requests":
         """One request per page and chunk (a layer's objects of a page are contiguous on disk),

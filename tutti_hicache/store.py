@@ -138,8 +138,8 @@ class ObjectStore:
         reclaim(self._ns.dirs, 0, self.capacity_slots * self.layout.slot_nbytes)
         self.ns_dirs, self.n_rows = self._ns.dirs, self._ns.n_rows
         depth, read_bytes, write_bytes = inflight_for(cfg)
-        self.engine = engine or open_engine(cfg.engine, depth, cfg.io_mode == "vectored",
-                                            cfg.threads, read_bytes, write_bytes)
+        self.engine = engine or open_engine(cfg.engine, depth, cfg.threads, read_bytes,
+                                            write_bytes)
         self.gate = Gate(Policy(default_window=cfg.write_window_ms / 1e3,
                                 min_chunk=self.layout.payload_nbytes,
                                 idle_chunk=write_bytes or iodepth.derive(cfg.dirs).write_bytes,
@@ -292,14 +292,12 @@ class ObjectStore:
         """Everything per page a layer-wise restore needs, built once per batch (vectorized)."""
         return self._layers.plan(entries)
 
-    def stream_layers(self, plan: PagePlan, chunks: list, dsts: list, gate=None, ahead: int = 0):
+    def stream_layers(self, plan: PagePlan, chunks: list, dsts: list):
         """`with store.stream_layers(plan, chunks, dsts) as stream:` reads chunks [(layer, rows)]
         of the plan's pages back to back, holding their directories for reads (the scheduler)
-        until the with ends; stream.lend(s) lends them to writes for one window. gate: the host
-        addresses (release, verified) of a completion gate the stream advances as chunks pass.
-        ahead: at most this many admitted chunks past the last final one at the devices (0: no
-        limit). See layer_reads.py for the stream's verbs and the destination layout."""
-        return self._layers.stream(plan, chunks, dsts, self._drop_corrupt, gate, ahead)
+        until the with ends; stream.lend(s) lends them to writes for one window. See
+        layer_reads.py for the stream's verbs and the destination layout."""
+        return self._layers.stream(plan, chunks, dsts, self._drop_corrupt)
 
     # ------------------------------------------------------------------- writes
     def write_pages(self, keys: list[str], addrs: np.ndarray, aligned: bool) -> np.ndarray:

@@ -57,48 +57,19 @@ py::object submit(Engine& e, const std::string& op, const I64& file, const I64& 
 
 std::vector<int64_t> vec(const I64& a) { return {a.data(), a.data() + a.size()}; }
 
-// gate = (release address, verified address, expect_sums uint64 per group, must bool per group).
-tutti::StreamGate gate_of(const py::tuple& t) {
-  TUTTI_EXPECT(t.size() == 4, "gate must be (release, verified, expect_sums, must)");
-  tutti::StreamGate g;
-  g.release = t[0].cast<uint64_t>();
-  g.verified = t[1].cast<uint64_t>();
-  TUTTI_EXPECT(g.release != 0, "gate release address must not be 0");
-  const auto sums = t[2].cast<U64>();
-  const auto must = t[3].cast<py::array_t<uint8_t, py::array::c_style | py::array::forcecast>>();
-  g.expect_sum.assign(sums.data(), sums.data() + sums.size());
-  g.must_sum.assign(must.data(), must.data() + must.size());
-  return g;
-}
-
-// One release store of a 32-bit word (a gate's, from Python: a failure or a Python-side check).
-void gate_store(uint64_t addr, uint32_t value) {
-  TUTTI_EXPECT(addr != 0 && addr % 4 == 0, "gate word address must be 4-byte aligned");
-  __atomic_store_n(reinterpret_cast<uint32_t*>(addr), value, __ATOMIC_RELEASE);
-}
-
-uint32_t gate_load(uint64_t addr) {
-  TUTTI_EXPECT(addr != 0 && addr % 4 == 0, "gate word address must be 4-byte aligned");
-  return __atomic_load_n(reinterpret_cast<const uint32_t*>(addr), __ATOMIC_ACQUIRE);
-}
-
-// A many-chunk read kept back to back at the device (see ReadStream in engine.hpp); ahead: the
-// read-ahead window (StreamSpec::ahead, 0: none).
+// A many-chunk read kept back to back at the device (see ReadStream in engine.hpp).
 std::unique_ptr<tutti::ReadStream> read_stream(Engine& e, const I64& file, const I64& offset,
                                                const I64& nbytes, const U64& addr,
                                                const I64& chunk_start,
-                                               const py::object& group_starts,
-                                               const py::object& gate, size_t ahead) {
+                                               const py::object& group_starts) {
   same_length({file.size(), offset.size(), nbytes.size(), addr.size()});
   tutti::StreamSpec spec;
   if (!group_starts.is_none()) spec.group_start = vec(group_starts.cast<I64>());
-  if (!gate.is_none()) spec.gate = gate_of(gate.cast<py::tuple>());
   spec.addr.assign(addr.data(), addr.data() + addr.size());
   spec.file = vec(file);
   spec.offset = vec(offset);
   spec.nbytes = vec(nbytes);
   spec.chunk_start = vec(chunk_start);
-  spec.ahead = ahead;
   py::gil_scoped_release release;
   return e.read_stream(std::move(spec));
 }
@@ -134,12 +105,11 @@ py::dict counters(const Engine& e) {
   return d;
 }
 
-std::unique_ptr<Engine> make_engine(const std::string& kind, unsigned queue_depth, bool vectored,
-                                    unsigned threads, int64_t max_op_bytes,
-                                    int64_t read_inflight_bytes, int64_t write_inflight_bytes) {
+std::unique_ptr<Engine> make_engine(const std::string& kind, unsigned queue_depth, unsigned threads,
+                                    int64_t max_op_bytes, int64_t read_inflight_bytes,
+                                    int64_t write_inflight_bytes) {
   tutti::EngineOptions opt;
   opt.queue_depth = queue_depth;
-  opt.vectored = vectored;
   opt.threads = threads;
   opt.max_op_bytes = max_op_bytes;
   opt.read_inflight_bytes = read_inflight_bytes;
@@ -200,7 +170,7 @@ PYBIND11_MODULE(_engine, m) {
            py::arg("nbytes"), py::arg("addrs"), py::arg("group_starts") = py::none())
       .def("read_stream", &read_stream, py::arg("files"), py::arg("offsets"), py::arg("nbytes"),
            py::arg("addrs"), py::arg("chunk_starts"), py::arg("group_starts") = py::none(),
-           py::arg("gate") = py::none(), py::arg("ahead") = 0, py::keep_alive<0, 1>())
+           py::keep_alive<0, 1>())
       .def("counters", &counters)
       .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>());
 
@@ -213,17 +183,10 @@ PYBIND11_MODULE(_engine, m) {
       .def("wait", &stream_wait, py::arg("chunk"))
       .def("cancel", &tutti::ReadStream::cancel, py::call_guard<py::gil_scoped_release>())
       .def("join", &tutti::ReadStream::join, py::call_guard<py::gil_scoped_release>())
-      .def("done_ns", &tutti::ReadStream::done_ns)
-      .def("link", &tutti::ReadStream::link);
-
-  // What a CUDA host function admits chunks through (cuda.hpp allow_after); bound for tests and
-  // for callers on other threads: allow() does nothing once its stream is gone.
-  py::class_<tutti::StreamLink, std::shared_ptr<tutti::StreamLink>>(m, "StreamLink")
-      .def("allow", &tutti::StreamLink::allow, py::arg("chunks"),
-           py::call_guard<py::gil_scoped_release>());
+      .def("done_ns", &tutti::ReadStream::done_ns);
 
   m.def("make_engine", &make_engine, py::arg("kind"), py::arg("queue_depth") = 1024,
-        py::arg("vectored") = true, py::arg("threads") = 8, py::arg("max_op_bytes") = 1 << 30,
+        py::arg("threads") = 8, py::arg("max_op_bytes") = 1 << 30,
         py::arg("read_inflight_bytes") = 0, py::arg("write_inflight_bytes") = 0);
   m.def("uring_compiled", &tutti::uring_compiled);
   // The vendored liburing release compiled in ("2.3"), None in a POSIX-only build.
@@ -237,9 +200,6 @@ PYBIND11_MODULE(_engine, m) {
 #else
   m.attr("SANITIZER") = py::none();
 #endif
-  m.def("gate_store", &gate_store, py::arg("address"), py::arg("value"));
-  m.def("gate_load", &gate_load, py::arg("address"));
-  m.attr("GATE_TERMINAL") = tutti::kGateTerminal;
   tutti::bind_cuda(m);
   m.def("checksum_groups", &checksum_groups, py::arg("addr"), py::arg("nbytes"),
         py::arg("group_start"), py::arg("threads") = 1);

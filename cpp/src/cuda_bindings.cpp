@@ -3,7 +3,6 @@
 #include <pybind11/stl.h>
 
 #include "tutti/cuda.hpp"
-#include "tutti/engine.hpp"
 
 namespace py = pybind11;
 
@@ -12,7 +11,6 @@ namespace tutti {
 void bind_cuda(py::module_& m) {
   m.def("cuda_available", &cuda::available, py::call_guard<py::gil_scoped_release>());
   m.def("cuda_reason", &cuda::reason, py::call_guard<py::gil_scoped_release>());
-  m.def("cuda_driver_version", &cuda::driver_version);
   m.def(
       "green_streams",
       [](int device, unsigned min_sms, unsigned n_streams) {
@@ -24,25 +22,6 @@ void bind_cuda(py::module_& m) {
         return py::make_tuple(g.streams, g.sm_count);
       },
       py::arg("device"), py::arg("min_sms"), py::arg("n_streams") = 1);
-  py::class_<cuda::HostWords>(m, "HostWords")
-      .def(py::init<int, size_t>(), py::arg("device"), py::arg("n"))
-      .def_property_readonly("address", &cuda::HostWords::host)
-      .def_property_readonly("device_address", &cuda::HostWords::device_ptr)
-      .def("__len__", &cuda::HostWords::size);
-  m.def("stream_wait_value32", &cuda::wait_value32, py::arg("device"), py::arg("stream"),
-        py::arg("device_address"), py::arg("value"), py::call_guard<py::gil_scoped_release>());
-  m.def(
-      "stream_allow_after",
-      [](ReadStream& s, int device, uint64_t stream, size_t chunks) {
-        cuda::allow_after(device, stream, s.link(), chunks);
-      },
-      py::arg("read_stream"), py::arg("device"), py::arg("stream"), py::arg("chunks"),
-      py::call_guard<py::gil_scoped_release>());
-  m.def("stream_copy_word32", &cuda::copy_word32, py::arg("device"), py::arg("stream"),
-        py::arg("device_address"), py::arg("host_address"),
-        py::call_guard<py::gil_scoped_release>());
-  m.def("stream_write_value32", &cuda::write_value32, py::arg("device"), py::arg("stream"),
-        py::arg("device_address"), py::arg("value"), py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace tutti

@@ -1,23 +1,20 @@
 // The CUDA driver API behind tutti/cuda.hpp, loaded lazily: dlopen("libcuda.so.1") on the first
 // call, cuDriverGetVersion and cuGetProcAddress_v2 by dlsym, every other entry point through
 // cuGetProcAddress for the CUDA 12.5 ABI (or the driver's own version when older), so a CUDA 13
-// driver hands back the variants these declarations describe (cuStreamWaitValue32_v2, ...).
+// driver hands back the variants these declarations describe.
 // The declarations are ours, written from the driver API reference, not copied from cuda.h.
 #include <dlfcn.h>
 
-#include <memory>
 #include <mutex>
 #include <string>
 
 #include "tutti/cuda.hpp"
-#include "tutti/engine.hpp"
 
 namespace tutti::cuda {
 namespace {
 
 using CUresult = int;
 using CUdevice = int;
-using CUdeviceptr = unsigned long long;
 using CUcontext = void*;
 using CUstream = void*;
 using CUgreenCtx = void*;
@@ -27,8 +24,6 @@ constexpr int kAbiVersion = 12050;  // green-context streams appeared in 12.5
 constexpr int kDevResourceTypeSm = 1;
 constexpr unsigned kGreenCtxDefaultStream = 0x1;  // required by cuGreenCtxCreate
 constexpr unsigned kStreamNonBlocking = 0x1;      // required by cuGreenCtxStreamCreate
-constexpr unsigned kHostAllocPortable = 0x1, kHostAllocDeviceMap = 0x2;
-constexpr unsigned kWaitValueGeq = 0x0, kWriteValueDefault = 0x0;
 
 // CUdevResource: the type, 92 bytes the driver keeps, then a 48-byte union whose SM member
 // starts with smCount (CUDA 12.4 to 13: 144 bytes, 8-aligned).
@@ -52,13 +47,6 @@ struct Api {
   CUresult (*DevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
   CUresult (*CtxGetCurrent)(CUcontext*) = nullptr;
   CUresult (*CtxSetCurrent)(CUcontext) = nullptr;
-  CUresult (*MemHostAlloc)(void**, size_t, unsigned) = nullptr;
-  CUresult (*MemHostGetDevicePointer)(CUdeviceptr*, void*, unsigned) = nullptr;
-  CUresult (*MemFreeHost)(void*) = nullptr;
-  CUresult (*StreamWaitValue32)(CUstream, CUdeviceptr, unsigned, unsigned) = nullptr;
-  CUresult (*StreamWriteValue32)(CUstream, CUdeviceptr, unsigned, unsigned) = nullptr;
-  CUresult (*LaunchHostFunc)(CUstream, void (*)(void*), void*) = nullptr;
-  CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream) = nullptr;
   // green contexts (12.4+, their streams 12.5+): null where the driver has none
   CUresult (*DeviceGetDevResource)(CUdevice, DevResource*, int) = nullptr;
   CUresult (*DevSmResourceSplitByCount)(DevResource*, unsigned*, const DevResource*, DevResource*,
@@ -100,15 +88,8 @@ std::string load(Api& a) {
                         resolve(get, v, "cuDeviceGet", a.DeviceGet) &&
                         resolve(get, v, "cuDevicePrimaryCtxRetain", a.DevicePrimaryCtxRetain) &&
                         resolve(get, v, "cuCtxGetCurrent", a.CtxGetCurrent) &&
-                        resolve(get, v, "cuCtxSetCurrent", a.CtxSetCurrent) &&
-                        resolve(get, v, "cuMemHostAlloc", a.MemHostAlloc) &&
-                        resolve(get, v, "cuMemHostGetDevicePointer", a.MemHostGetDevicePointer) &&
-                        resolve(get, v, "cuMemFreeHost", a.MemFreeHost) &&
-                        resolve(get, v, "cuStreamWaitValue32", a.StreamWaitValue32) &&
-                        resolve(get, v, "cuStreamWriteValue32", a.StreamWriteValue32) &&
-                        resolve(get, v, "cuLaunchHostFunc", a.LaunchHostFunc) &&
-                        resolve(get, v, "cuMemcpyHtoDAsync", a.MemcpyHtoDAsync);
-  if (!required) return "the CUDA driver lacks a stream memory operation or host-memory call";
+                        resolve(get, v, "cuCtxSetCurrent", a.CtxSetCurrent);
+  if (!required) return "the CUDA driver lacks a context call";
   resolve(get, v, "cuDeviceGetDevResource", a.DeviceGetDevResource);
   resolve(get, v, "cuDevSmResourceSplitByCount", a.DevSmResourceSplitByCount);
   resolve(get, v, "cuDevResourceGenerateDesc", a.DevResourceGenerateDesc);
@@ -158,8 +139,6 @@ bool available() { return loaded().reason.empty(); }
 
 std::string reason() { return loaded().reason; }
 
-int driver_version() { return api().version; }
-
 GreenStreams green_streams(int device, unsigned min_sms, unsigned n_streams) {
   const Api& a = api();
   if (a.GreenCtxStreamCreate == nullptr || a.DevSmResourceSplitByCount == nullptr)
@@ -185,73 +164,6 @@ GreenStreams green_streams(int device, unsigned min_sms, unsigned n_streams) {
     out.streams.push_back(reinterpret_cast<uint64_t>(stream));
   }
   return out;
-}
-
-HostWords::HostWords(int device, size_t n) : n_(n) {
-  const Api& a = api();
-  if (n == 0) throw CudaError("HostWords needs at least one word");
-  ensure_context(device);
-  check(a.MemHostAlloc(&host_, n * sizeof(uint32_t), kHostAllocPortable | kHostAllocDeviceMap),
-        "cuMemHostAlloc");
-  auto* w = static_cast<uint32_t*>(host_);
-  for (size_t i = 0; i < n; ++i) __atomic_store_n(w + i, 0u, __ATOMIC_RELEASE);
-  CUdeviceptr d = 0;
-  const CUresult r = a.MemHostGetDevicePointer(&d, host_, 0);
-  if (r != 0) {
-    a.MemFreeHost(host_);
-    check(r, "cuMemHostGetDevicePointer");
-  }
-  device_ptr_ = d;
-}
-
-HostWords::~HostWords() {
-  if (host_ != nullptr) api().MemFreeHost(host_);
-}
-
-void wait_value32(int device, uint64_t stream, uint64_t device_addr, uint32_t value) {
-  ensure_context(device);
-  check(api().StreamWaitValue32(reinterpret_cast<CUstream>(stream), device_addr, value,
-                                kWaitValueGeq),
-        "cuStreamWaitValue32");
-}
-
-void write_value32(int device, uint64_t stream, uint64_t device_addr, uint32_t value) {
-  ensure_context(device);
-  check(api().StreamWriteValue32(reinterpret_cast<CUstream>(stream), device_addr, value,
-                                 kWriteValueDefault),
-        "cuStreamWriteValue32");
-}
-
-void copy_word32(int device, uint64_t stream, uint64_t device_addr, uint64_t host_addr) {
-  ensure_context(device);
-  check(api().MemcpyHtoDAsync(device_addr, reinterpret_cast<const void*>(host_addr), 4,
-                              reinterpret_cast<CUstream>(stream)),
-        "cuMemcpyHtoDAsync");
-}
-
-namespace {
-struct AllowCall {
-  std::shared_ptr<StreamLink> link;
-  size_t chunks;
-};
-
-// Runs on the driver's callback thread once the stream reached it: no CUDA call, no exception
-// out, nothing that blocks beyond the read stream's own lock.
-void run_allow(void* p) {
-  std::unique_ptr<AllowCall> call(static_cast<AllowCall*>(p));
-  try {
-    call->link->allow(call->chunks);
-  } catch (...) {  // a lock that failed: the chunk stays unadmitted, the loader's close ends it
-  }
-}
-}  // namespace
-
-void allow_after(int device, uint64_t stream, std::shared_ptr<StreamLink> link, size_t chunks) {
-  ensure_context(device);
-  auto call = std::make_unique<AllowCall>(AllowCall{std::move(link), chunks});
-  check(api().LaunchHostFunc(reinterpret_cast<CUstream>(stream), &run_allow, call.get()),
-        "cuLaunchHostFunc");
-  call.release();  // run_allow owns it now
 }
 
 }  // namespace tutti::cuda

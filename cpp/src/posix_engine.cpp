@@ -114,7 +114,6 @@ class PosixEngine final : public EngineBase {
  private:
   void run_batch(Op op, const Batch& b, Completion* on_done, int32_t* results) override {
     PlanPolicy pol;
-    pol.vectored = opt_.vectored;
     pol.max_op_bytes = opt_.max_op_bytes;
     Plan plan = build_plan(b, pol, files_.size(), on_done, results);
     Dir& d = dirs_[static_cast<int>(op)];

@@ -287,7 +287,7 @@ void Ring::run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicC
         cancelled || allowed == 0 ? f.next : std::max(f.next, chunk_end[allowed - 1]);
     if (!f.inflight && f.requeue.empty()) {
       if (f.next >= nops || cancelled) break;
-      if (f.next >= limit) {  // nothing allowed: sleep until allow(), the window moving or cancel()
+      if (f.next >= limit) {  // nothing allowed: sleep until allow() or cancel()
         s.wait_allowed(allowed);
         continue;
       }
@@ -296,8 +296,8 @@ void Ring::run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicC
     if (!f.inflight) continue;
     const bool more = f.next < limit || !f.requeue.empty();
     if (!more && !cancelled && f.next < nops && !f.wake_armed) {
-      // the next chunk may be allowed any moment (allow(), or a chunk ending on a checksum
-      // thread moves the window): a read on the eventfd ends the wait then
+      // the next chunk may be allowed any moment (allow() from the stream's owner): a read on
+      // the eventfd ends the wait then
       if (io_uring_sqe* sqe = io_uring_get_sqe(&ring_)) {
         wake_target_ = s.wake_buf();
         kernel_access(wake_target_, sizeof(uint64_t), true);
@@ -406,7 +406,6 @@ class UringEngine final : public EngineBase {
       buffers = buffers_;
     }
     PlanPolicy pol;
-    pol.vectored = opt_.vectored;
     pol.max_op_bytes = opt_.max_op_bytes;
     pol.buffers = buffers.regions.empty() ? nullptr : &buffers;
     return pol;

@@ -11,7 +11,7 @@ import pytest
 from tutti_hicache.engine import extension, open_engine, probe_o_direct
 
 E = extension()
-KINDS = [("uring", True), ("uring", False), ("posix", True)] if E.uring_compiled() else [("posix", True)]
+KINDS = ["uring", "posix"] if E.uring_compiled() else ["posix"]
 
 
 def engine_or_skip(kind: str, **options):
@@ -25,16 +25,9 @@ def engine_or_skip(kind: str, **options):
     e.close()
 
 
-@pytest.fixture(params=KINDS, ids=lambda k: f"{k[0]}-{'vectored' if k[1] else 'fixed'}")
+@pytest.fixture(params=KINDS)
 def engine(request):
-    kind, vectored = request.param
-    yield from engine_or_skip(kind, queue_depth=64, vectored=vectored, threads=4)
-
-
-@pytest.fixture
-def vectored(request, engine):
-    """Whether the engine under test is in vectored mode (from its parameter)."""
-    return request.node.callspec.params["engine"][1]
+    yield from engine_or_skip(request.param, queue_depth=64, threads=4)
 
 
 def make_file(d, nbytes, name="f.bin"):
@@ -70,7 +63,7 @@ def test_roundtrip_scatter_gather(engine, store_dirs):
     assert c["errors"] == 0 and c["bytes"] == 2 * n * sz and c["requests"] == 2 * n
 
 
-def test_file_contiguous_requests_coalesce(engine, vectored, tmp_path):
+def test_file_contiguous_requests_coalesce(engine, tmp_path):
     n, sz = 64, 4096
     f = engine.open_file(make_file(tmp_path, n * sz), True, True)
     b, _ = buf_of(n * sz, seed=3)
@@ -81,9 +74,9 @@ def test_file_contiguous_requests_coalesce(engine, vectored, tmp_path):
     subs = after["submissions"] - before["submissions"]
     if engine.name == "uring":
         assert after["enter_calls"] - before["enter_calls"] == 1
-    # vectored: one READV for the whole run; fixed: one per memory-contiguous piece (the
-    # destinations are reversed, so every request is a piece of its own)
-    assert subs == (1 if vectored else n)
+    # one READV for the whole run, though the destinations are reversed (every request is a
+    # memory piece of its own)
+    assert subs == 1
 
 
 def test_bad_requests_are_per_request_errors(engine, tmp_path):
@@ -379,7 +372,7 @@ def test_read_stream_refuses_groups_across_chunks(engine, tmp_path):
                            np.array([0, 3, 4]))
 
 
-def _scattered_stream(engine, tmp_path, n_chunks, per, sz, seed, ahead):
+def _scattered_stream(engine, tmp_path, n_chunks, per, sz, seed):
     """A read stream of n_chunks chunks of `per` requests at scattered file offsets, one checksum
     group per request: (stream, source bytes, destination bytes, file order, chunk starts,
     destination buffer)."""
@@ -390,17 +383,15 @@ def _scattered_stream(engine, tmp_path, n_chunks, per, sz, seed, ahead):
     chunks = np.arange(0, n + 1, per)
     st = engine.read_stream(np.full(n, f), order * sz, np.full(n, sz),
                             dst.address + np.arange(n, dtype=np.uint64) * sz, chunks,
-                            np.arange(n + 1), ahead=ahead)
+                            np.arange(n + 1))
     return st, a, b, order, chunks, dst
 
 
-@pytest.mark.parametrize("ahead", [1, 2, 1 << 40], ids=["ahead1", "ahead2", "ahead-huge"])
-def test_read_stream_window_lands_every_chunk_when_all_are_allowed_up_front(engine, tmp_path, ahead):
-    """ahead: at most that many chunks past the last final one go to the devices, whatever
-    allow() admitted. Every chunk still lands with the bytes and checksums of a plain read, and
-    with ahead=1 each chunk goes out only once the one before it is final, so they end in order."""
+def test_read_stream_lands_every_chunk_when_all_are_allowed_up_front(engine, tmp_path):
+    """Every chunk allowed at once: each lands with the bytes and checksums of a plain read, and
+    each has its completion time."""
     n_chunks, per, sz = 40, 3, 8192
-    st, a, b, order, chunks, _dst = _scattered_stream(engine, tmp_path, n_chunks, per, sz, 12, ahead)
+    st, a, b, order, chunks, _dst = _scattered_stream(engine, tmp_path, n_chunks, per, sz, 12)
     st.allow(n_chunks)
     got_sums = []
     for c in range(n_chunks):
@@ -414,24 +405,22 @@ def test_read_stream_window_lands_every_chunk_when_all_are_allowed_up_front(engi
     want = E.checksum_groups(a.ctypes.data + (order * sz).astype(np.uint64), np.full(n, sz),
                              np.arange(n + 1), 1)
     assert (np.concatenate(got_sums) == want).all()
-    done = np.asarray(st.done_ns())
-    assert (done > 0).all()
-    if ahead == 1:
-        assert (np.diff(done) >= 0).all()
+    assert (np.asarray(st.done_ns()) > 0).all()
 
 
-def test_read_stream_cancel_with_a_window_ends_and_keeps_cancel_semantics(engine, tmp_path):
-    """cancel() while the window holds admitted chunks back: the stream ends (no hang), every
-    chunk's wait returns, requests that ran hold their bytes, the rest -ECANCELED and no bytes."""
+def test_read_stream_cancel_with_every_chunk_allowed_ends_and_keeps_cancel_semantics(engine, tmp_path):
+    """cancel() while admitted chunks are still at the devices or queued: the stream ends (no
+    hang), every chunk's wait returns, requests that ran hold their bytes, the rest -ECANCELED
+    and no bytes."""
     n_chunks, per, sz = 64, 2, 4096
-    st, a, b, order, chunks, _dst = _scattered_stream(engine, tmp_path, n_chunks, per, sz, 13, 1)
+    st, a, b, order, chunks, _dst = _scattered_stream(engine, tmp_path, n_chunks, per, sz, 13)
     st.allow(n_chunks)
     st.wait(2)
     st.cancel()
     joiner = threading.Thread(target=st.join)
     joiner.start()
     joiner.join(60)
-    assert not joiner.is_alive(), "a cancelled stream with a window did not end"
+    assert not joiner.is_alive(), "a cancelled stream did not end"
     src = a.reshape(-1, sz)[order]
     for c in range(n_chunks):
         res, _ = st.wait(c)
@@ -451,7 +440,7 @@ def _feed(fifo, nbytes, value):
         os.close(fd)
 
 
-def _fifo_stream(engine, tmp_path, n, sz, ahead, groups, at=0):
+def _fifo_stream(engine, tmp_path, n, sz, groups, at=0):
     """n + 1 one-request chunks: chunk `at` reads a FIFO (in flight until the test feeds it), the
     others the n requests of a file in order. (stream, file bytes, destination bytes, FIFO path,
     destination buffer)."""
@@ -464,7 +453,7 @@ def _fifo_stream(engine, tmp_path, n, sz, ahead, groups, at=0):
     dst, b = buf_of((n + 1) * sz)
     st = engine.read_stream(files, offsets, np.full(n + 1, sz),
                             dst.address + np.arange(n + 1, dtype=np.uint64) * sz, np.arange(n + 2),
-                            np.arange(n + 2) if groups else None, ahead=ahead)
+                            np.arange(n + 2) if groups else None)
     return st, a, b, fifo, dst
 
 
@@ -479,58 +468,29 @@ def _wait_within(st, c, seconds=30.0):
 
 
 @pytest.mark.parametrize("groups", [False, True], ids=["no-checksums", "checksums"])
-@pytest.mark.parametrize("ahead,at", [(0, 0), (1, 0), (3, 0), (1, 1), (2, 1), (3, 1)])
-def test_read_stream_window_holds_back_chunks_past_an_unfinished_one(engine, tmp_path, ahead, at,
-                                                                    groups):
+@pytest.mark.parametrize("at", [0, 1])
+def test_read_stream_chunks_past_an_unfinished_one_still_land(engine, tmp_path, at, groups):
     """Chunk `at` reads a FIFO, so it stays in flight until the test writes into it, and every
-    chunk is allowed up front: the chunks before at + ahead land, nothing past them is read, and
-    once chunk `at` lands the window moves and the rest follows. Without a window (0) every other
-    chunk lands first. at=1 with checksums: chunk 0 becomes final on a checksum thread while the
-    FIFO read is in flight, and that must wake the ring (the stream's eventfd) to submit the
-    chunks the window now admits. io_uring only: preadv refuses a FIFO (ESPIPE)."""
+    chunk is allowed up front: every other chunk lands first (a chunk in flight holds nothing
+    back), then chunk `at` once fed. io_uring only: preadv refuses a FIFO (ESPIPE)."""
     if engine.name != "uring":
         pytest.skip("the POSIX engine's preadv cannot read a FIFO")
     n, sz = 8, 4096
-    st, a, b, fifo, _dst = _fifo_stream(engine, tmp_path, n, sz, ahead, groups, at)
-    first = [c for c in range(n + 1) if c != at and (ahead == 0 or c < at + ahead)]
+    st, a, b, fifo, _dst = _fifo_stream(engine, tmp_path, n, sz, groups, at)
     try:
         st.allow(n + 1)
-        for c in first:
-            res, _ = _wait_within(st, c)
-            assert (res == sz).all()
-        time.sleep(0.1)  # time for anything wrongly submitted past the window to land
-        done = np.asarray(st.done_ns())
-        assert done[at] == 0 and (done[first] > 0).all()
-        rest = [c for c in range(n + 1) if c != at and c not in first]
-        assert (done[rest] == 0).all() and all((b[c * sz:(c + 1) * sz] == 0).all() for c in rest)
+        for c in range(n + 1):
+            if c != at:
+                res, _ = _wait_within(st, c)
+                assert (res == sz).all()
+        assert st.done_ns()[at] == 0
     finally:
         _feed(fifo, sz, 7)  # chunk `at` lands (also when an assertion failed: nothing hangs)
-    for c in range(n + 1):
-        res, _ = _wait_within(st, c)
-        assert (res == sz).all()
+    res, _ = _wait_within(st, at)
+    assert (res == sz).all()
     st.join()
     got = b.reshape(n + 1, sz)
     assert (got[at] == 7).all() and (np.delete(got, at, axis=0) == a.reshape(n, sz)).all()
-
-
-def test_read_stream_cancel_while_the_window_holds_chunks_back(engine, tmp_path):
-    """cancel() while chunk 0 is in flight and the window (2) holds chunks 2.. back: chunk 0 still
-    lands once fed and joins, chunk 1 ran, chunks 2.. were never submitted (-ECANCELED)."""
-    if engine.name != "uring":
-        pytest.skip("the POSIX engine's preadv cannot read a FIFO")
-    n, sz = 6, 4096
-    st, a, b, fifo, _dst = _fifo_stream(engine, tmp_path, n, sz, 2, True)
-    try:
-        st.allow(n + 1)
-        st.wait(1)
-        st.cancel()
-    finally:
-        _feed(fifo, sz, 9)
-    st.join()
-    assert (st.wait(0)[0] == sz).all() and (st.wait(1)[0] == sz).all()
-    for c in range(2, n + 1):
-        assert (st.wait(c)[0] == -errno.ECANCELED).all()
-    assert (b[:sz] == 9).all() and (b[sz:2 * sz] == a[:sz]).all() and b[2 * sz:].max() == 0
 
 
 def test_a_second_write_batch_runs_while_the_first_is_still_in_flight(engine, tmp_path):
@@ -593,7 +553,7 @@ def test_inflight_byte_cap_bounds_what_a_ring_submits(tmp_path):
     src, a = buf_of(n * sz, seed=5)
     for cap, enters in ((sz, n), (0, 1)):
         try:
-            e = open_engine("uring", 64, True, 2, read_inflight_bytes=cap, write_inflight_bytes=cap)
+            e = open_engine("uring", 64, 2, read_inflight_bytes=cap, write_inflight_bytes=cap)
         except OSError as exc:
             pytest.skip(f"uring engine unavailable here: {exc}")
         f = e.open_file(make_file(tmp_path, 2 * n * sz, f"cap{cap}.bin"), True, True)

@@ -107,12 +107,18 @@ def test_hopper_prefers_the_driver_then_torch(monkeypatch):
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the machine without CUDA")
 def test_driver_way_without_cuda_fails_with_its_reason():
-    """The C++ way loads libcuda lazily: without a driver it raises with the loader's reason."""
+    """The C++ way loads libcuda lazily: the extension builds and imports without CUDA, its CUDA
+    part says why it cannot run, and a call raises RuntimeError with the loader's reason."""
     from tutti_hicache import driver
+    from tutti_hicache.engine import extension
     ok, why = driver.available()
     assert not ok and why
+    assert not extension().cuda_available() and extension().cuda_reason() == why
     with pytest.raises(RuntimeError, match="."):
         green._driver_green(0, 8)
+    if not os.path.exists("/dev/nvidiactl"):  # no driver at all (not merely no GPU for torch)
+        with pytest.raises(RuntimeError, match="CUDA driver unavailable"):
+            driver.green_streams(0, 8)
 
 
 def test_asking_for_every_sm_gives_a_priority_stream(monkeypatch):

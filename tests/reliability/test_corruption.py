@@ -229,10 +229,10 @@ def test_payload_flips_seen_by_the_layer_reads(tmp_path):
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["checked-in-cpp", "checked-in-python"])
-def test_a_corrupt_layer_stops_the_read_streams_gate(tmp_path, padded):
-    """The two words a GPU-wait load's GPU work waits on: layers pass in order until the corrupt
-    one, which stores the terminal value; `verified` never counts it. Unpadded objects are checked
-    by the C++ stream as they land, padded ones (checksums computed in Python) by wait()."""
+def test_a_corrupt_layer_fails_its_chunk_and_only_it(tmp_path, padded):
+    """Layers pass whole and verified in order until the corrupt one, which does not; without the
+    corrupt page every layer passes. Unpadded objects are checked by the C++ stream as they
+    land, padded ones (checksums computed in Python) by wait_whole()."""
     g = PageGeometry("mha", 4, 16, 200, 200) if padded else GEOM  # 3200-byte objects: padded
     s = ObjectStore(cfg_for([tmp_path]), g, ident_for(g))
     try:
@@ -242,22 +242,21 @@ def test_a_corrupt_layer_stops_the_read_streams_gate(tmp_path, padded):
             assert s.write_pages([k], src.addrs, not padded).all()
         path, off = where(s, ks[3])
         flip(path, off + int(s.layout.object_offsets[4]) + 5, 2)  # layer 2's K object
-        for keys, want in ((ks, (E.GATE_TERMINAL, 2)), (ks[:3] + ks[4:], (4, 4))):
-            words = E.AlignedBuffer(4096)
-            w = np.frombuffer(words, dtype=np.uint32)
+        for keys, want in ((ks, [True, True, False]), (ks[:3] + ks[4:], [True] * g.num_layers)):
             entries = s.pin(keys)
             stride = s.layer_object_stride()
             dst = E.AlignedBuffer(len(keys) * 2 * stride)
             addr = dst.address + np.arange(len(keys), dtype=np.uint64) * np.uint64(2 * stride)
             chunks = [(layer, slice(None)) for layer in range(g.num_layers)]
-            with s.stream_layers(s.plan_pages(entries), chunks, [addr] * g.num_layers,
-                                 gate=(words.address, words.address + 4)) as layers:
+            wholes = []
+            with s.stream_layers(s.plan_pages(entries), chunks, [addr] * g.num_layers) as layers:
                 for layer in range(g.num_layers):
                     layers.allow(layer + 1)
-                    if not layers.wait(layer).all():
+                    wholes.append(layers.wait_whole(layer)[1])
+                    if not wholes[-1]:
                         break
             s.unpin(entries)
-            assert (int(w[0]), int(w[1])) == want
+            assert wholes == want
     finally:
         s.close()
 

@@ -22,11 +22,9 @@ ENGINES = ["uring", "posix"] if extension().uring_compiled() else ["posix"]
 
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # cuda: the GPU machine
-# (device, tutti_admission): the copies admitting the reads needs CUDA host functions
-PATHS = [("cpu", "loader")] + ([("cuda", "loader"), ("cuda", "copies")] if torch.cuda.is_available() else [])
 
 
-def make_lw(tmp_path, engine="posix", device="cpu", **extra):
+def make_lw(tmp_path, engine="posix", device="cpu", observer=None, **extra):
     from tutti_hicache.layerwise import LayerwiseKV
     g = torch.Generator().manual_seed(7)
     rows = (N + 1) * PAGE
@@ -35,7 +33,7 @@ def make_lw(tmp_path, engine="posix", device="cpu", **extra):
     cfg = TuttiConfig.from_sources({"tutti_dirs": [str(tmp_path / "a"), str(tmp_path / "b")],
                                     "tutti_capacity_gb": 0.05, "tutti_stage_mb": 1,
                                     "tutti_engine": engine, **extra}, env={})
-    return LayerwiseKV(cfg, GEOM, {"t": "layerwise"}, k, v, PAGE), k, v
+    return LayerwiseKV(cfg, GEOM, {"t": "layerwise"}, k, v, PAGE, observer=observer), k, v
 
 
 def offload_all(lw, keys, rows):
@@ -70,48 +68,22 @@ def roundtrip(lw, k, v, device="cpu", reverse=True):
         assert all(torch.equal(t[PAGE:], w) for t, w in zip(k + v, want))
 
 
-@pytest.mark.parametrize("device,admission", PATHS)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("read_ahead,depth", [(1, 2), (2, 3), (3, 4)])
-def test_multi_chunk_layers_restore_byte_exact(tmp_path, engine, read_ahead, depth, device, admission):
-    lw, k, v = make_lw(tmp_path, engine, device, tutti_read_ahead=read_ahead, tutti_stage_depth=depth,
-                       tutti_admission=admission)
-    assert lw.stage_pages == 128 and lw.read_ahead == read_ahead and lw.admission[0] == admission
+def test_multi_chunk_layers_restore_byte_exact(tmp_path, engine, read_ahead, depth, device):
+    lw, k, v = make_lw(tmp_path, engine, device, tutti_read_ahead=read_ahead, tutti_stage_depth=depth)
+    assert lw.stage_pages == 128 and lw.read_ahead == read_ahead
     roundtrip(lw, k, v, device)
     lw.close()
 
 
-@pytest.mark.parametrize("device,admission", PATHS)
-@pytest.mark.parametrize("read_ahead,depth", [(1, 2), (3, 4)])
-def test_edge_chunks_split_the_first_and_last_layer_and_restore_byte_exact(tmp_path, device, admission,
-                                                                            read_ahead, depth):
-    """tutti_edge_chunks=4: layer 0 and the last layer of a 300-page load go in chunks of 32
-    pages (a quarter of a 128-page slot: 10 chunks each), the others in 3; every layer is handed
-    over once its last chunk landed, byte-exact in pool order and reversed."""
-    import json
-    path = tmp_path / "tl.jsonl"
-    lw, k, v = make_lw(tmp_path, device=device, tutti_admission=admission, tutti_edge_chunks=4,
-                       tutti_read_ahead=read_ahead, tutti_stage_depth=depth, tutti_timeline_file=str(path))
-    roundtrip(lw, k, v, device)
-    lw.close()
-    recs = [r for r in map(json.loads, path.read_text().splitlines()) if "start_ns" in r]
-    last = GEOM.num_layers - 1
-    want = [0] * 10 + [l for l in range(1, last) for _ in range(3)] + [last] * 10
-    assert len(recs) == 2 and all(r["chunk_layers"] == want for r in recs)
-    for r in recs:
-        done = {}  # each layer's last chunk to land
-        for layer, t in zip(r["chunk_layers"], r["chunk_done_ns"]):
-            done[layer] = max(done.get(layer, 0), t)
-        assert all(r["complete_ns"][layer] >= t for layer, t in done.items())
-
-
-@pytest.mark.parametrize("device,admission", PATHS)
-def test_a_prefill_graph_replay_waiting_for_the_last_layer_only_finds_every_layer(tmp_path, device,
-                                                                                   admission):
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_prefill_graph_replay_waiting_for_the_last_layer_only_finds_every_layer(tmp_path, device):
     """SGLang's prefill CUDA graph replay calls wait_until(num_layers - 1) alone, before the
     replay: once that returns (and, on CUDA, the forward's stream has passed the wait), every
     layer of the batch is in the pool, not only the last one."""
-    lw, k, v = make_lw(tmp_path, device=device, tutti_admission=admission)
+    lw, k, v = make_lw(tmp_path, device=device)
     keys = [f"p{i:063d}" for i in range(N)]
     rows = torch.arange(PAGE, PAGE * (N + 1), device=device)
     offload_all(lw, keys, rows)
@@ -127,32 +99,6 @@ def test_a_prefill_graph_replay_waiting_for_the_last_layer_only_finds_every_laye
     assert all(torch.equal(t[PAGE:], w) for t, w in zip(k + v, want))
     assert lw.finish(idx)
     lw.close()
-
-
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("first_alone", [False, True])
-def test_first_alone_sends_the_first_chunk_to_the_devices_by_itself(tmp_path, monkeypatch, engine,
-                                                                     first_alone):
-    """tutti_first_alone: the loader admits chunk 0 alone and chunks 1 .. read_ahead only once
-    chunk 0's reads are final; off, the first read_ahead chunks go at once. Byte-exact either way
-    (a layer of 300 pages is 3 chunks here)."""
-    from tutti_hicache.layer_reads import LayerStream
-    seen = []  # (chunks admitted, chunk 0's reads final then)
-    allow = LayerStream.allow
-
-    def spy(self, n):
-        seen.append((n, bool(self.done_ns()[0])))
-        allow(self, n)
-    monkeypatch.setattr(LayerStream, "allow", spy)
-    lw, k, v = make_lw(tmp_path, engine, tutti_first_alone=first_alone)
-    assert lw._loader.first_alone is first_alone and lw.read_ahead == 3
-    roundtrip(lw, k, v, reverse=False)
-    lw.close()
-    if first_alone:
-        assert seen[0] == (1, False) and seen[1] == (4, True)  # the others once chunk 0 is in
-    else:
-        assert seen[0] == (3, False)
-    assert max(n for n, _ in seen) == 3 * GEOM.num_layers
 
 
 @pytest.mark.parametrize("writers", [1, 3])
@@ -221,12 +167,10 @@ def test_read_ahead_is_capped_by_the_staging_ring(tmp_path):
     lw.close()
 
 
-@pytest.mark.parametrize("device,admission", PATHS)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("engine", ENGINES)
-def test_bad_page_mid_pipeline_fails_the_batch_and_the_next_load_is_clean(tmp_path, engine, device,
-                                                                          admission):
-    lw, k, v = make_lw(tmp_path, engine, device, tutti_read_ahead=2, tutti_admission=admission)
-    assert lw.admission[0] == admission
+def test_bad_page_mid_pipeline_fails_the_batch_and_the_next_load_is_clean(tmp_path, engine, device):
+    lw, k, v = make_lw(tmp_path, engine, device, tutti_read_ahead=2)
     keys = [f"p{i:063d}" for i in range(N)]
     rows = torch.arange(PAGE, PAGE * (N + 1), device=device)
     offload_all(lw, keys, rows)
@@ -251,6 +195,41 @@ def test_bad_page_mid_pipeline_fails_the_batch_and_the_next_load_is_clean(tmp_pa
     lw.close()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fault", ["cancel", "raise"])
+def test_a_load_ended_mid_stream_fails_and_the_next_load_is_exact(tmp_path, monkeypatch, device, fault):
+    """At chunk 5 of 12 the stream is cancelled (nothing new is submitted: the chunks not yet
+    admitted end -ECANCELED) or the loader raises (the stream is closed under it): the load fails
+    and the forward's waits all return (no hang), layer 3 (chunks 9-11) keeps its poison, and the
+    next load is byte-exact."""
+    from tutti_hicache.layer_reads import LayerStream
+    lw, k, v = make_lw(tmp_path, device=device, tutti_read_ahead=2)
+    keys = [f"p{i:063d}" for i in range(N)]
+    rows = torch.arange(PAGE, PAGE * (N + 1), device=device)
+    offload_all(lw, keys, rows)
+    want = [t[PAGE:].clone() for t in k + v]
+    real = LayerStream.wait_whole
+
+    def ending(self, i):
+        if i == 5 and fault == "cancel":
+            self._stream.cancel()
+        if i == 5 and fault == "raise":
+            raise RuntimeError("the load is abandoned")
+        return real(self, i)
+
+    monkeypatch.setattr(LayerStream, "wait_whole", ending)
+    for t in k + v:
+        t[PAGE:] = -7
+    assert not restore(lw, keys, rows, rid="ended")
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert all(bool((t[PAGE:] == -7).all()) for t in (k[3], v[3])), "a chunk never read landed"
+    monkeypatch.setattr(LayerStream, "wait_whole", real)
+    assert restore(lw, keys, rows, rid="again")
+    assert all(torch.equal(t[PAGE:], w) for t, w in zip(k + v, want))
+    lw.close()
+
+
 def test_a_starving_write_never_deadlocks_a_long_load(tmp_path, monkeypatch):
     """A load holds its directories for every layer; a write that arrives meanwhile starves
     (floor 1 ms). The floor makes *new* reads wait for that write, so the load's own per-chunk
@@ -260,13 +239,13 @@ def test_a_starving_write_never_deadlocks_a_long_load(tmp_path, monkeypatch):
     rows = torch.arange(PAGE, PAGE * (N + 1))
     offload_all(lw, keys, rows)
     from tutti_hicache.store import LayerStream
-    real = LayerStream.wait
+    real = LayerStream.wait_whole
 
     def slow(self, i):  # a long restore: 12 chunks, 20 ms each
         time.sleep(0.02)
         return real(self, i)
 
-    monkeypatch.setattr(LayerStream, "wait", slow)
+    monkeypatch.setattr(LayerStream, "wait_whole", slow)
     assert lw.load("r", keys, rows)
     idx = lw.start()
     time.sleep(0.03)  # the load now holds the directories
@@ -399,37 +378,6 @@ def test_offload_backlog_stays_exact_under_contention(tmp_path, monkeypatch, cap
     lw.close()
 
 
-def test_gpu_wait_is_off_on_a_cpu_pool_and_on_refuses_it(tmp_path):
-    """tutti_gpu_wait: off by default; auto keeps the CPU path on a CPU pool and says why; on fails
-    the attach."""
-    lw, _, _ = make_lw(tmp_path / "default")
-    assert lw.gpu_wait == (False, "tutti_gpu_wait=off") and not lw.gpu_wait_on
-    lw.close()
-    lw, _, _ = make_lw(tmp_path, tutti_gpu_wait="auto")
-    assert lw.gpu_wait == (False, "the pool is not on a CUDA device") and not lw.gpu_wait_on
-    with pytest.raises(RuntimeError, match="off here"):
-        lw.gpu_wait_on = True
-    lw.close()
-    with pytest.raises(RuntimeError, match="tutti_gpu_wait=on"):
-        make_lw(tmp_path / "on", tutti_gpu_wait="on")
-
-
-def test_copy_admission_needs_cuda_and_falls_back_to_the_loader(tmp_path, caplog):
-    """tutti_admission: loader by default; copies on a CPU pool keeps the loader's admission, says
-    why once, restores byte-exact; switching to it where it cannot run raises."""
-    lw, _, _ = make_lw(tmp_path / "default")
-    assert lw.admission == ("loader", "tutti_admission=loader") and not lw.copy_admission_on
-    lw.close()
-    with caplog.at_level(logging.WARNING, logger="tutti_hicache"):
-        lw, k, v = make_lw(tmp_path, tutti_admission="copies")
-    assert lw.admission == ("loader", "the pool is not on a CUDA device") and not lw.copy_admission_on
-    assert sum("tutti_admission=copies cannot run here" in r.getMessage() for r in caplog.records) == 1
-    with pytest.raises(RuntimeError, match="copy admission cannot run here"):
-        lw.copy_admission_on = True
-    roundtrip(lw, k, v, reverse=False)
-    lw.close()
-
-
 def test_timeline_file_records_each_load_in_order(tmp_path):
     """tutti_timeline_file: one JSON line per load, its times ordered as the pipeline runs them
     (start < first read <= last read <= last layer handed over <= finish), a failed load's error,
@@ -473,7 +421,7 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     assert len(fwds[0]["stall_ms"]) == GEOM.num_layers and len(fwds[0]["span_ms"]) == GEOM.num_layers - 1
     assert min(fwds[0]["stall_ms"] + fwds[0]["span_ms"]) >= 0
     r = recs[0]
-    assert r["mode"] == "cpu" and r["chunk_layers"] == [l for l in range(GEOM.num_layers) for _ in range(3)]
+    assert r["chunk_layers"] == [l for l in range(GEOM.num_layers) for _ in range(3)]
     done = r["chunk_done_ns"]
     assert len(done) == 3 * GEOM.num_layers and all(done)
     assert r["start_ns"] <= r["begin_ns"] <= r["opened_ns"] < min(done) <= max(done) \
@@ -493,7 +441,7 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     # each stall (arrive -> passed) lies inside the forward's wait_until(l) (entry -> return)
     assert 0 <= s["stream_stall_first_ms"] <= s["stream_stall_ms"] <= s["forward_wait_ms"] + 0.01
     assert s["layers_compute_ms"] >= 0 and s["forward_clock"] == "host"
-    assert "| 0 | cpu | 300 | " + str(s["begin_ms"]) + " |" in timeline.table(recs)
+    assert "| 0 | 300 | " + str(s["begin_ms"]) + " |" in timeline.table(recs)
     # SGLang's first offload after a load's finish is marked, once per load, and joined to it
     offload_all(lw, keys[:2], rows[:2 * PAGE])
     offload_all(lw, keys[2:4], rows[2 * PAGE:4 * PAGE])
@@ -512,8 +460,8 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
             os.truncate(seg, 4096)
     # forwards without a load: a decode-sized one is not written, a prefill-sized one is, with the
     # last load's number, and read() hands it to that load as its compute-only twin
-    from tutti_hicache.layerwise import counter as counter_mod
-    step = counter_mod.BARE_MIN_MS / 1e3 / (GEOM.num_layers - 1)
+    from tutti_hicache.layerwise.timeline import BARE_MIN_MS
+    step = BARE_MIN_MS / 1e3 / (GEOM.num_layers - 1)
     for pause in (0.0, 4 * step, step):  # short (not written), the twin, a shorter one after it
         lw.counter.set_consumer(-1)
         for layer in range(GEOM.num_layers):
@@ -525,7 +473,7 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     lines = [json.loads(x) for x in files[0].read_text().splitlines()]
     bare = [r for r in lines if "bare_after" in r]
     assert len(bare) == 2 and {b["bare_after"] for b in bare} == {1}
-    assert sum(bare[0]["span_ms"]) > sum(bare[1]["span_ms"]) >= counter_mod.BARE_MIN_MS
+    assert sum(bare[0]["span_ms"]) > sum(bare[1]["span_ms"]) >= BARE_MIN_MS
     assert len(bare[0]["span_ms"]) == GEOM.num_layers - 1
     merged = timeline.read([files[0]])
     assert "next_bare" not in merged[0] and merged[1]["next_bare"] == bare[0]
@@ -535,7 +483,8 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     assert not restore(lw, keys, rows, rid="r3")
     last = [r for r in map(json.loads, files[0].read_text().splitlines()) if "start_ns" in r][-1]
     assert last["index"] == 0 and last["seq"] == 2 and "LoadFailed" in last["error"]
-    lw.close()  # every forward's record is written by now
+    lw.close()  # every forward's record is written by now, and the thread has ended
+    assert not lw.observer._reporter.is_alive()
     lines = [json.loads(x) for x in files[0].read_text().splitlines()]
     fwds = [r for r in lines if "forward_of" in r]
     assert [f["forward_of"] for f in fwds] == [0, 1, 2]
@@ -543,12 +492,92 @@ def test_timeline_file_records_each_load_in_order(tmp_path):
     assert [m["forward"]["forward_of"] for m in merged] == [0, 1, 2]
 
 
-def test_no_timeline_file_by_default(tmp_path):
+def test_the_default_observer_does_nothing_observable(tmp_path):
+    """No tutti_timeline_file and no observer given: the plain Observer, shared by the counter and
+    the loader; a restore leaves no file, starts no timeline thread and keeps no forward marks
+    for reporting."""
+    from tutti_hicache.layerwise.observe import Observer
+    before = set(threading.enumerate())
     lw, _, _ = make_lw(tmp_path)
-    assert lw.counter.timeline is None
+    assert type(lw.observer) is Observer and lw.counter.observer is lw.observer
     keys = [f"p{i:063d}" for i in range(8)]
     rows = torch.arange(PAGE, PAGE * 9)
     offload_all(lw, keys, rows)
     assert restore(lw, keys, rows)
-    assert not list(tmp_path.glob("*.jsonl"))
     lw.close()
+    assert not list(tmp_path.rglob("*.jsonl"))
+    assert not [t for t in set(threading.enumerate()) - before if t.name == "tutti-timeline"]
+    assert lw.times._unreported is None  # report() never asked: no marks are kept for it
+
+
+class Recorder:
+    """An observer that records every hook call with its thread: (thread name, hook, args)."""
+
+    def __init__(self):
+        from tutti_hicache.layerwise.observe import Observer
+        self.calls = []
+        for name in [n for n in vars(Observer) if not n.startswith("_")]:
+            setattr(self, name, lambda *args, _n=name: self.calls.append(
+                (threading.current_thread().name, _n, args)))
+
+    def on(self, thread: str) -> list:
+        return [(hook, args) for t, hook, args in self.calls if t == thread]
+
+
+def test_the_observer_hears_each_named_point_on_its_thread(tmp_path):
+    """A given observer replaces the setting's; the scheduler's calls, the loader's and the
+    forward's each come in pipeline order (4 layers of 3 chunks: the chunks' reads are final
+    before the last layer is handed over); an offload and the close are heard too."""
+    rec = Recorder()
+    lw, k, v = make_lw(tmp_path, tutti_timeline_file=str(tmp_path / "unused.jsonl"), observer=rec)
+    assert lw.observer is rec
+    keys = [f"p{i:063d}" for i in range(N)]
+    rows = torch.arange(PAGE, PAGE * (N + 1))
+    offload_all(lw, keys, rows)
+    rec.calls.clear()
+    assert lw.lookup(keys) == N
+    assert restore(lw, keys, rows)
+    main, layers = threading.current_thread().name, GEOM.num_layers
+    on_main = rec.on(main)
+    assert [h for h, _ in on_main[:3]] == ["looked_up", "load_called", "started"]
+    assert on_main[2][1] == (0, 0, layers) and on_main[3] == ("forward_begun", (0, 0))
+    waits = [h for h, args in on_main if h in ("waiting", "waited")]
+    assert waits == ["waiting", "waited"] * layers
+    assert [(h, args) for h, args in on_main[-2:]] == [("finishing", (0,)), ("finished", (0, 0))]
+    loader = rec.on("tutti-load")
+    assert [h for h, _ in loader[:2]] == ["load_begun", "stream_opened"]
+    assert [args for h, args in loader if h == "layer_handed"] == [(0, layer) for layer in range(layers)]
+    final = [i for i, (h, _) in enumerate(loader) if h == "reads_final"]
+    assert final == [len(loader) - 2]  # before the last layer is handed over
+    index, pages, chunk_layers, done = loader[final[0]][1]
+    assert (index, pages) == (0, N) and chunk_layers == [l for l in range(layers) for _ in range(3)]
+    assert len(done) == 3 * layers and all(done)
+    assert not [c for c in rec.calls if c[0] not in (main, "tutti-load")]
+    rec.calls.clear()
+    offload_all(lw, keys[:2], rows[:2 * PAGE])
+    assert [(h, args[1]) for h, args in rec.on(main)] == [("offloaded", 2)]
+    lw.close()
+    assert [h for _, h, _ in rec.calls[-2:]] == ["close", "reset"]
+
+
+def test_a_trace_keeps_each_load_record_in_memory(tmp_path):
+    """timeline.Trace (the benchmark's observer): each load's record, as the timeline file holds
+    it, in trace.loads once its finish returned; no forwards' records, no file, no thread."""
+    from tutti_hicache.benchmarks import timeline
+    from tutti_hicache.layerwise.timeline import Trace
+    trace = Trace()
+    before = set(threading.enumerate())
+    lw, k, v = make_lw(tmp_path, observer=trace)
+    keys = [f"p{i:063d}" for i in range(N)]
+    rows = torch.arange(PAGE, PAGE * (N + 1))
+    offload_all(lw, keys, rows)
+    assert restore(lw, keys, rows)
+    assert restore(lw, keys[:10], rows[:10 * PAGE], rid="r2")
+    assert [(r["seq"], r["pages"]) for r in trace.loads] == [(0, N), (1, 10)]
+    s = timeline.summarize(trace.loads[0])
+    assert 0 <= s["begin_ms"] <= s["opened_ms"] < s["first_read_ms"] <= s["reads_ms"] <= s["handed_ms"] \
+        <= s["finish_ms"] and s["react_ms_p50"] >= 0 and s["error"] is None
+    lw.close()
+    assert all("forward_of" not in r and "bare_after" not in r for r in trace.loads)
+    assert not list(tmp_path.glob("*.jsonl"))
+    assert not [t for t in set(threading.enumerate()) - before if t.name == "tutti-timeline"]

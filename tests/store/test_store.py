@@ -140,41 +140,6 @@ def layer_destination(s, n: int):
     return stride, layers, dst, np.frombuffer(dst, np.uint8).reshape(layers, n, 2, stride)
 
 
-@pytest.mark.parametrize("corrupt", [False, True], ids=["clean", "corrupt-layer-2"])
-def test_stream_layers_window_with_every_layer_allowed_up_front(store_dirs, corrupt):
-    """stream_layers(..., ahead=1), every layer admitted at once (as the GPU-wait loader's copies
-    admit them early): verified per page in C++, each layer lands whole, the gate counts them in
-    order; a corrupt page in layer 2 stops the gate there (terminal value) and fails that layer."""
-    s = ObjectStore(cfg_for(store_dirs, tutti_verify=True), GEOM, IDENT)
-    n, m = 12, len(GEOM.object_nbytes)
-    src, ks = Pages(n, seed=21), keys(n, "w")
-    assert s.write_pages(ks, src.addrs, True).all()
-    if corrupt:
-        flip_layer_byte(s, ks[5], 2, 9, 0x10)
-    entries = s.pin(ks)
-    try:
-        stride, layers, dst, got = layer_destination(s, n)
-        dsts = [dst.address + np.uint64(layer * n * 2 * stride)
-                + np.arange(n, dtype=np.uint64) * np.uint64(2 * stride) for layer in range(layers)]
-        words = E.AlignedBuffer(4096)
-        w = np.frombuffer(words, np.uint32)
-        chunks = [(layer, slice(None)) for layer in range(layers)]
-        oks = []
-        with s.stream_layers(s.plan_pages(entries), chunks, dsts,
-                             gate=(words.address, words.address + 4), ahead=1) as stream:
-            stream.allow(layers)
-            oks = [stream.wait(layer) for layer in range(layers)]
-        want = src.a[:n * m * src.obj].reshape(n, m, src.obj)
-        for layer, ok in enumerate(oks):
-            assert ok.all() != (corrupt and layer == 2)
-            k, v = GEOM.layer_objects(layer)
-            assert (got[layer, ok, 0] == want[ok, k]).all() and (got[layer, ok, 1] == want[ok, v]).all()
-        assert (int(w[0]), int(w[1])) == ((E.GATE_TERMINAL, 2) if corrupt else (layers, layers))
-    finally:
-        s.unpin(entries)
-        s.close()
-
-
 def test_stream_layers_verdicts_per_chunk_with_uneven_chunks(store_dirs):
     """Every layer in two chunks of 5 and 7 pages (requests built for all chunks at once), a
     corrupt page 8 in layer 1: wait_whole gives each chunk's verdict, whole and all pages ok

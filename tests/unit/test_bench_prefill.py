@@ -1,7 +1,8 @@
 """bench/bench_prefill.py --dry-run: tiny shapes on the CPU through the whole pipeline. The dry run
 compares every restored prefix with what was written (an AssertionError otherwise); checked here:
-each (completion, edge chunks) arm runs at every point as often as --repeats asks, and the arms'
-medians come out per arm."""
+each read-ahead arm (a pipeline of its own, on the store the first wrote) runs at every point as
+often as --repeats asks, each run carries its load's trace, and the arms' medians come out per
+arm."""
 
 import json
 import sys
@@ -11,15 +12,18 @@ def test_the_dry_run_restores_byte_exact_for_every_arm_and_reports_their_medians
     mod = load_bench("bench_prefill")
     out = tmp_path / "out.json"
     monkeypatch.setattr(sys, "argv", ["bench_prefill.py", "--dry-run", "--medium", f"m={tmp_path}",
-                                      "--contexts", "256", "--hits", "0.99", "--edge-chunks", "1,4",
+                                      "--contexts", "256", "--hits", "0.99", "--read-ahead", "1,3",
                                       "--repeats", "2", "--json", str(out)])
     mod.main()
     med = json.loads(out.read_text())["media"]["m"]
     runs = med["runs"]
-    assert [(r["edge_chunks"], r["repeat"]) for r in runs] == [(1, 0), (4, 0), (1, 1), (4, 1)]
-    assert {r["completion"] for r in runs} == {"cpu"}
-    arms = {a["edge_chunks"]: a for a in med["arms"]}
-    assert set(arms) == {1, 4} and all(a["n"] == 2 and a["ttft_s"] > 0 for a in arms.values())
-    for e, a in arms.items():
-        ttfts = sorted(r["ttft_s"] for r in runs if r["edge_chunks"] == e)
+    assert [(r["read_ahead"], r["repeat"]) for r in runs] == [(1, 0), (1, 1), (3, 0), (3, 1)]
+    for r in runs:  # the load's own times, from its trace
+        t = r["trace"]
+        assert 0 < t["reads_ms"] <= t["handed_ms"] and t["react_ms_p50"] >= 0
+        assert t["beyond_reads_ms"] == r["ttft_s"] * 1e3 - t["reads_ms"]
+    arms = {a["read_ahead"]: a for a in med["arms"]}
+    assert set(arms) == {1, 3} and all(a["n"] == 2 and a["ttft_s"] > 0 for a in arms.values())
+    for ra, a in arms.items():
+        ttfts = sorted(r["ttft_s"] for r in runs if r["read_ahead"] == ra)
         assert a["ttft_s"] == sum(ttfts) / 2  # the median of two

@@ -167,8 +167,6 @@ def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
         assert ns.enable_unified_cache_external_linker == config.startswith("tutti-linker")
         if config.startswith("tutti-linker") and config != "tutti-linker-dynamic":
             assert ns.unified_cache_external_linker_config["tutti_timeline_file"].endswith(".jsonl")
-        if config == "tutti-linker-gpuwait":
-            assert ns.unified_cache_external_linker_config["tutti_gpu_wait"] == "on"
         if config == "file":
             assert env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] == str(tmp_path / "one" / "file")
         if config == e2e.CLUSTER:  # node A by default; B gets its own directories and keys
@@ -214,10 +212,10 @@ def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
 
 
 def test_config_files_match_one_configuration_exactly(tmp_path):
-    """Stats and timeline files per configuration: tutti-linker's are not tutti-linker-copies' nor
+    """Stats and timeline files per configuration: tutti-linker's are not tutti-linker-dynamic's nor
     a variant's; the cluster run's node files (-a-, -b-) belong to tutti-mooncake."""
     from tutti_hicache.benchmarks.server import config_files, tutti_stats
-    names = ["stats-tutti-linker-11.json", "stats-tutti-linker-copies-12.json",
+    names = ["stats-tutti-linker-11.json", "stats-tutti-linker-dynamic-12.json",
              "stats-tutti-linker+tutti_threads=4-13.json", "timeline-tutti-linker-11.jsonl",
              "stats-tutti-mooncake-a-14.json", "stats-tutti-mooncake-b-15.json", "stats-tutti-linker-x.json"]
     for i, n in enumerate(names):
@@ -304,8 +302,8 @@ def test_a_salted_workload_keeps_the_documents_and_changes_what_follows():
     assert b.capacity_warm(1, 4096)[0].ids[:4096] == a.capacity_warm(1, 4096)[0].ids[:4096]
     rec = {"id": "sweep~s1/4096/0.9", "output_ids": [1], "ttft_s": 0.1}
     runs = [{"config": "recompute", "medium": "m", "phases": {"sweep": [{"id": "sweep/4096/0.9", "output_ids": [2]}]}},
-            {"config": "tutti-linker-copies", "medium": "m", "phases": {"sweep": [rec]}}]
-    assert e2e.outputs_vs(runs)["tutti-linker-copies@m"]["sweep"] == (0, 0, [])
+            {"config": "tutti-linker-dynamic", "medium": "m", "phases": {"sweep": [rec]}}]
+    assert e2e.outputs_vs(runs)["tutti-linker-dynamic@m"]["sweep"] == (0, 0, [])
     assert e2e.sweep_rows([runs[1]], 1000)[0]["h"] == 0.9
 
 
@@ -349,12 +347,12 @@ def test_share_linker_store_order(tmp_path, monkeypatch, load_bench):
     monkeypatch.setattr(mod, "run_config", fake_run)
     monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": 1.0})
     argv = ["x", "--medium", "m", "--tutti-dirs", str(tmp_path / "a"), "--one-dir", str(tmp_path / "o"),
-            "--configs", "dram,tutti-linker,tutti-linker-copies,tutti-linker-gpuwait", "--contexts", "4096",
+            "--configs", "dram,tutti-linker,tutti-linker+tutti_threads=4,tutti-linker-dynamic", "--contexts", "4096",
             "--json", str(tmp_path / "out.json"), "--out-dir", str(tmp_path / "logs"), "--share-linker-store"]
     monkeypatch.setattr(sys, "argv", argv)
     mod.main()
-    assert calls == [("dram", "", 0), ("tutti-linker", "", 0), ("tutti-linker-copies", "tutti-linker", 1),
-                     ("tutti-linker-gpuwait", "tutti-linker", 2)]
+    assert calls == [("dram", "", 0), ("tutti-linker", "", 0), ("tutti-linker+tutti_threads=4", "tutti-linker", 1),
+                     ("tutti-linker-dynamic", "tutti-linker", 2)]
     calls.clear()
     (tmp_path / "out.json").unlink()
     monkeypatch.setattr(sys, "argv", [a for a in argv if a != "--share-linker-store"])

@@ -250,10 +250,9 @@ def table_pointer(entry_ptr, like_ptr, ALIGNED16: tl.constexpr):
     return ptr
 
 
-def launch_layer(kernel, plan: Plan, layer: int = 0, num_layers: int = 1, **extra) -> None:
+def launch_layer(kernel, plan: Plan, layer: int = 0, num_layers: int = 1) -> None:
     """Launch a per-layer kernel for ``plan.bufs[layer]``. With ``num_layers > 1`` the staging is the
-    all-layers order (page-major, then layer) and only layer ``layer`` is copied. ``extra``: keyword
-    arguments of the kernel beyond the shared signature (the scatter's gate)."""
+    all-layers order (page-major, then layer) and only layer ``layer`` is copied."""
     bufs = plan.bufs[layer]
     per_page = len(bufs)
     n = plan.page_ids.numel()
@@ -263,7 +262,7 @@ def launch_layer(kernel, plan: Plan, layer: int = 0, num_layers: int = 1, **extr
     kernel[(n * plan.chunks,)](
         staging, bufs[0], bufs[-1], plan.page_ids, plan.num_pages, plan.obj_words, plan.stride_words,
         num_layers * per_page * plan.stride_words, plan.chunks,
-        OBJS=per_page, BLOCK=plan.block, num_warps=plan.num_warps, **extra)
+        OBJS=per_page, BLOCK=plan.block, num_warps=plan.num_warps)
 
 
 def launch_pages(pages_kernel, layer_kernel, plan: Plan) -> None:

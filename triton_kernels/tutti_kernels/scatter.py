@@ -4,7 +4,6 @@ Primitives at a glance:
 
 * ``scatter_layer(staging, k_buf, v_buf, page_ids, page_size)``: one layer; MHA: K then V object per page;
   MLA: ``v_buf=None`` and ``k_buf`` is the ``[rows, 1, kv_cache_dim]`` buffer (one object per page).
-  ``gate=(address, need)``: copy only if the int32 at ``address`` is ``>= need`` when the kernel runs.
 * ``scatter_pages(staging, k_bufs, v_bufs, page_ids, page_size)``: every layer in one launch, staging in the
   on-disk order (page-major, then layer, then K before V); ``v_bufs=None`` for MLA.
 * ``scatter_layer_ref`` / ``scatter_pages_ref``: the same in plain torch, same arguments.
@@ -28,21 +27,15 @@ from ._common import (launch_layer, launch_pages, layer_tuples, plan_layer, plan
                       table_pointer)
 
 
-@triton.jit(do_not_specialize=["gate_addr", "gate_need"])  # one compile for every gate and count
+@triton.jit
 def _scatter_layer_kernel(staging_ptr, k_ptr, v_ptr, page_ids_ptr, num_pages, obj_words, obj_stride_words,
-                          page_stride_words, chunks, OBJS: tl.constexpr, BLOCK: tl.constexpr, gate_addr=0,
-                          gate_need=0, GATED: tl.constexpr = False):
-    """Program = (staged page i, chunk c): copy words [c*BLOCK, (c+1)*BLOCK) of page i's K (and V) object.
-    GATED: copy only when the int32 at address gate_addr (read as it is now) is >= gate_need."""
+                          page_stride_words, chunks, OBJS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program = (staged page i, chunk c): copy words [c*BLOCK, (c+1)*BLOCK) of page i's K (and V) object."""
     pid = tl.program_id(0).to(tl.int64)
     i = pid // chunks
     offs = (pid % chunks) * BLOCK + tl.arange(0, BLOCK)
     page = tl.load(page_ids_ptr + i).to(tl.int64)
-    valid = (page >= 0) & (page < num_pages)  # invalid page: copy nothing
-    if GATED:
-        verified = tl.load(gate_addr.to(tl.int64).to(tl.pointer_type(tl.int32)), volatile=True)
-        valid = valid & (verified >= gate_need)  # not verified: copy nothing
-    mask = offs < tl.where(valid, obj_words, 0)
+    mask = offs < tl.where((page >= 0) & (page < num_pages), obj_words, 0)  # invalid page: copy nothing
     src = staging_ptr + i * page_stride_words + offs
     dst = page * obj_words + offs
     tl.store(k_ptr + dst, tl.load(src, mask=mask), mask=mask)
@@ -71,27 +64,14 @@ def _scatter_pages_kernel(staging_ptr, table_ptr, page_ids_ptr, num_pages, num_l
         tl.store(v_ptr + dst, tl.load(src + obj_stride_words, mask=mask), mask=mask)
 
 
-def scatter_layer(staging, k_buf, v_buf, page_ids, page_size: int, obj_stride=None, *, check_bounds=False,
-                  gate=None):
+def scatter_layer(staging, k_buf, v_buf, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):
     """Write staged page i's K object (byte ``2i * obj_stride``) and V object (``(2i+1) * obj_stride``) into
     page ``page_ids[i]`` of ``k_buf`` / ``v_buf`` for i < N; MLA (``v_buf=None``): staged object i (byte
-    ``i * obj_stride``) into page ``page_ids[i]`` of ``k_buf``. ``obj_stride`` in bytes. Returns None.
-
-    ``gate=(address, need)``: the kernel reads the int32 at ``address`` (device-visible, e.g. pinned mapped
-    host memory; a host address under the interpreter) when it runs and writes nothing unless it is
-    ``>= need``: a restore whose reads failed verification leaves the pool untouched."""
+    ``i * obj_stride``) into page ``page_ids[i]`` of ``k_buf``. ``obj_stride`` in bytes. Returns None."""
     bufs = (k_buf,) if v_buf is None else (k_buf, v_buf)
     plan = plan_layer("scatter_layer", staging, bufs, page_ids, page_size, obj_stride, check_bounds,
                       _scatter_layer_kernel)
-    if gate is None:  # every argument given: the compiled path does not rely on defaults
-        launch_layer(_scatter_layer_kernel, plan, gate_addr=0, gate_need=0, GATED=False)
-        return
-    address, need = gate
-    if not isinstance(address, int) or address <= 0 or address % 4:
-        raise ValueError(f"scatter_layer: gate address must be a 4-byte aligned int, got {address!r}")
-    if not isinstance(need, int) or not 0 < need < 2**31:
-        raise ValueError(f"scatter_layer: gate need must be an int in [1, 2**31), got {need!r}")
-    launch_layer(_scatter_layer_kernel, plan, gate_addr=address, gate_need=need, GATED=True)
+    launch_layer(_scatter_layer_kernel, plan)
 
 
 def scatter_pages(staging, k_bufs, v_bufs, page_ids, page_size: int, obj_stride=None, *, check_bounds=False):

@@ -441,9 +441,9 @@ def _config_row(run: dict, eq: dict) -> list:
 
 # ------------------------------------------------------------------ server configurations
 CONFIGS = ("recompute", "dram", "file", "nixl", "tutti-host", "tutti-linker", "tutti-linker-dynamic",
-           "tutti-linker-gpuwait", "tutti-linker-copies", "tutti-mooncake")
+           "tutti-mooncake")
 CLUSTER = "tutti-mooncake"  # two servers: A warms (SSD + its Mooncake segment), B reads remote hits
-LINKERS = ("tutti-linker", "tutti-linker-dynamic", "tutti-linker-gpuwait", "tutti-linker-copies")
+LINKERS = ("tutti-linker", "tutti-linker-dynamic")
 PERSISTENT = {"file", "nixl", "tutti-host", *LINKERS}
 TUTTI = {"tutti-host", CLUSTER, *LINKERS}
 
@@ -553,10 +553,6 @@ def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dic
                           json.dumps({**tutti_config(args, name), **over})]
     elif config in LINKERS:
         cfg = {**tutti_config(args, name), **over}
-        if config == "tutti-linker-gpuwait":  # on, not auto: a server that cannot fails its attach
-            cfg["tutti_gpu_wait"] = "on"
-        if config == "tutti-linker-copies":
-            cfg["tutti_admission"] = "copies"
         backend = "tutti"
         if config == "tutti-linker-dynamic":
             backend, cfg = "dynamic", {"linker": "TuttiLinker", "linker_module_path": "tutti_hicache.linker",

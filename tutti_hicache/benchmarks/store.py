@@ -44,7 +44,6 @@ class BenchSpec:
     pages: int = 256
     layout: str = "layer_first"
     engine: str = _DEFAULTS.engine  # the tutti_* settings' defaults
-    io_mode: str = _DEFAULTS.io_mode
     queue_depth: int = _DEFAULTS.queue_depth
     threads: int = _DEFAULTS.threads
     with_file: bool = True
@@ -105,7 +104,7 @@ def _timed(fn, lat: list):
 def _tutti_backend(spec: BenchSpec, store_dir: str, pool, verify: bool):
     from ..storage import TuttiStorage
     extra = {"tutti_dirs": [store_dir], "tutti_capacity_gb": 1024.0, "tutti_engine": spec.engine,
-             "tutti_io_mode": spec.io_mode, "tutti_queue_depth": spec.queue_depth,
+             "tutti_queue_depth": spec.queue_depth,
              "tutti_threads": spec.threads, "tutti_verify": verify, **spec.extra}
     sc = H.make_storage_config(is_mla=GEOMETRIES[spec.geometry][0] == "mla",
                                is_page_first_layout=spec.layout == "page_first",

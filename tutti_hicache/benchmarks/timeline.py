@@ -13,8 +13,7 @@ At a glance:
                           part of first_read_ms before any read was at the devices)
         handed_ms         the last layer handed to the forward
         react_ms_p50/max  per layer: handed to the forward minus its last chunk's reads final
-                          (the CPU path's reaction; GPU-wait loads hand every layer over at once,
-                          so theirs is negative and not reported)
+                          (the loader's reaction)
         forward_start_ms  the forward's first wait_until (it reached layer 0's attention)
         forward_wait_ms   the forward's time inside wait_until, summed over the layers
         forward_end_ms    the return of its last wait_until
@@ -90,7 +89,7 @@ def summarize(rec: dict) -> dict:
     def ms(t):
         return round((t - t0) / 1e6, 3) if t else None
 
-    out = {"index": rec.get("index"), "mode": rec.get("mode"), "pages": rec.get("pages"),
+    out = {"index": rec.get("index"), "pages": rec.get("pages"),
            "error": rec.get("error"), "start_ns": t0}
     look = rec.get("lookup_ns") or [0, 0]
     if look[0] and look[1]:  # the linker's lookups before the start (negative: before it)
@@ -109,7 +108,7 @@ def summarize(rec: dict) -> dict:
         for layer, t in zip(layers, done):
             last[layer] = max(last.get(layer, 0), t)
         react = [(complete[l] - t) / 1e6 for l, t in last.items() if l < len(complete)]
-        if react and rec.get("mode") != "gpu":
+        if react:
             out["react_ms_p50"] = round(statistics.median(react), 3)
             out["react_ms_max"] = round(max(react), 3)
     waits = [w for w in rec.get("wait_ns") or [] if w[0] and w[1]]
@@ -141,7 +140,7 @@ def summarize(rec: dict) -> dict:
     return out
 
 
-COLUMNS = ("index", "mode", "pages", "begin_ms", "opened_ms", "first_read_ms", "reads_ms", "handed_ms",
+COLUMNS = ("index", "pages", "begin_ms", "opened_ms", "first_read_ms", "reads_ms", "handed_ms",
            "react_ms_p50", "react_ms_max", "forward_start_ms", "forward_wait_ms", "forward_end_ms", "finish_ms",
            "finish_wait_ms", "stream_stall_first_ms", "stream_stall_ms", "layers_compute_ms", "error")
 

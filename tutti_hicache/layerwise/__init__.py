@@ -2,33 +2,30 @@
 (the GPU benchmark runs it under SGLang 0.5.17, which has no UnifiedCacheLinker).
 
 At a glance:
-    lw = LayerwiseKV(cfg, geometry, identity, k_bufs, v_bufs, page_size, writer)
+    lw = LayerwiseKV(cfg, geometry, identity, k_bufs, v_bufs, page_size, writer, observer=None)
     lw.lookup(keys) -> n                    leading pages present (memory only)
     lw.load(rid, keys, device_indices)      pin and queue; no I/O
     lw.start() -> index                     every queued page, layer by layer, on the [loader]:
         one engine stream over every layer (and staging chunk), each chunk into a pinned ring
         slot, the next layer's requests queued behind this one's (read_ahead), per-layer
         checksums verified as pages land, one H2D copy, one scatter kernel on the I/O stream,
-        one CUDA event -> counter.complete(index, layer); with tutti_gpu_wait (gpu_wait.py)
-        every layer's copy and scatter are enqueued at the start behind GPU waits on a counter
-        the read stream advances as layers pass, so no layer waits on a CPU reaction
+        one CUDA event -> counter.complete(index, layer)
     lw.counter.wait_until(l)                waits until layer l is enqueued, then a GPU-side wait
     lw.finish(index) -> bool                every layer landed
     lw.offload(keys, device_indices, ready_events) -> bool,  num_completed() / pop_completed()
     lw.cancel(rid), lw.drain_loads(), lw.reset(), lw.close()
     lw.stats() -> dict                      the store's counters plus the linker's (stats.py);
                                             tutti_stats_file writes them
-    lw.gpu_wait -> (on, reason)             whether the GPU-wait path is available, and why
-    lw.admission -> (mode, reason)          who admits a CPU-launched load's chunks (tutti_admission)
-    lw.gpu_wait_on, lw.copy_admission_on, lw.trace   the path loads take, settable between
-                                            loads; the benchmark's per-chunk timings
-    tutti_timeline_file                     one JSON line per load (timeline.py): when each
-                                            chunk landed, each layer was handed over and the
-                                            forward waited for it
+    lw.observer                             what watches the pipeline (observe.py): `observer`
+                                            if given (e.g. timeline.Trace, a benchmark's), else
+                                            tutti_timeline_file's Timeline (one JSON line per
+                                            load: when each chunk landed, each layer was handed
+                                            over and the forward waited for it), else nothing
 
 The parts: counter.py (LayerCounter), staging.py (pinned rings), loader.py (the load pipeline
 and its thread), offloader.py (the offload queue, its backlog and its thread), stats.py (the
-linker's counters and stats file), timeline.py (the timeline file), worker.py.
+linker's counters and stats file), observe.py (the observer's hook points), timeline.py (the
+timeline file and the benchmark's trace), windows.py (write windows), worker.py.
 k_bufs / v_bufs: per-layer device tensors [rows, heads, dim] (SGLang's NHD pools; MLA passes
 v_bufs=None and its [rows, 1, kv_cache_dim] buffers as k_bufs; see devicemap.py). Page p covers
 rows [p*page_size, (p+1)*page_size); device_indices are token rows, page-aligned.
@@ -45,16 +42,16 @@ from typing import Optional
 import torch
 
 from ..config import TuttiConfig
-from ..layout import PageGeometry, align_up
+from ..layout import PageGeometry
 from ..profiler import SlackTable
 from ..store import ObjectStore
 from .counter import LayerCounter
-from .gpu_wait import GateSlots
 from .loader import Loader, LoadFailed
+from .observe import Observer, observer_for
 from .offloader import Offloader
 from .staging import Staging
 from .stats import LinkerStats
-from .timeline import TimelineFile, now_ns
+from .timeline import now_ns
 from .windows import LayerTimes, Windows
 
 __all__ = ["LayerwiseKV", "LayerCounter", "LoadFailed"]
@@ -63,7 +60,8 @@ logger = logging.getLogger("tutti_hicache.linker")
 
 class LayerwiseKV:
     def __init__(self, cfg: TuttiConfig, geometry: PageGeometry, identity: dict, k_bufs: list,
-                 v_bufs: Optional[list], page_size: int, writer: bool = True):
+                 v_bufs: Optional[list], page_size: int, writer: bool = True,
+                 observer: Optional[Observer] = None):
         self.cfg = cfg
         self.k_bufs, self.v_bufs = list(k_bufs), (list(v_bufs) if v_bufs is not None else None)
         self.mla = v_bufs is None
@@ -73,11 +71,9 @@ class LayerwiseKV:
         self.device = self.k_bufs[0].device
         self.cuda = self.device.type == "cuda"
         self.times = LayerTimes(self.cuda)
-        self.counter = LayerCounter(self.num_layers, self.times if cfg.write_windows == "online"
-                                    else None,
-                                    TimelineFile(cfg.timeline_file) if cfg.timeline_file else None)
-        self._before = [0, 0, 0]  # timeline: the next load's first lookup, last lookup return, load
-        self.gpu_wait = self._gpu_wait_mode(cfg.gpu_wait, geometry)  # before anything is opened
+        online = self.times if cfg.write_windows == "online" else None  # the forwards' progress
+        self.observer = observer if observer is not None else observer_for(cfg, online)
+        self.counter = LayerCounter(self.num_layers, online, self.observer)
         self.store = ObjectStore(cfg, geometry, identity, writer=writer)
         self.io = self._io_stream()
         self.obj_stride = self.store.layer_object_stride()
@@ -95,12 +91,9 @@ class LayerwiseKV:
         self.windows = Windows(cfg.write_windows, self.slack, self.times,
                                sum(geometry.object_nbytes[:geometry.objects_per_layer]) // page_size)
         self._stats = LinkerStats(self.store, cfg.stats_file, self.windows)
-        self._gates = GateSlots(self.io.device) if self.gpu_wait[0] else None
         self._loader = Loader(self.store, self.counter, self.stage, self.stage_pages, self.k_bufs,
                               self.v_bufs, page_size, self.io, cfg, self.windows, self._stats,
-                              self._gates)
-        self.admission = self._admission_mode(cfg.admission)
-        self._loader.copy_admission = self.admission[0] == "copies"
+                              self.observer)
         self._offloader = Offloader(self.store, self.out, self.out_pages, self.k_bufs, self.v_bufs,
                                     page_size, self.io, writer, cfg.offload_backlog_pages,
                                     self._stats)
@@ -112,43 +105,6 @@ class LayerwiseKV:
         from ..green import io_stream
         return io_stream(self.cfg.io_sms, self.device)
 
-    def _cuda_part(self) -> tuple:
-        """(ok, reason): the CUDA part of the extension runs for this pool (GPU waits, host
-        functions)."""
-        if not self.cuda:
-            return False, "the pool is not on a CUDA device"
-        from .. import driver
-        return driver.available()
-
-    def _gpu_wait_mode(self, setting: str, geometry: PageGeometry) -> tuple:
-        """(on, reason) for tutti_gpu_wait; "on" raises where the path cannot run: no CUDA part,
-        or objects padded to 4 KiB (their checksums are computed by the loader's Python thread,
-        which a GPU-wait load must never depend on: docs/design.md §8)."""
-        if setting == "off":
-            return False, "tutti_gpu_wait=off"
-        nbytes = int(geometry.object_nbytes[0])
-        ok, why = self._cuda_part()
-        if ok and nbytes != align_up(nbytes):
-            ok, why = False, (f"a KV object is {nbytes} B, not a multiple of 4 KiB: its checksums "
-                              "run in Python, which GPU-side waits must not depend on")
-        if not ok and setting == "on":
-            raise RuntimeError(f"tutti_gpu_wait=on cannot run here: {why}")
-        mode = (True, "the CUDA part loaded") if ok else (False, why)
-        logger.info("tutti linker: GPU-side completion waits %s (%s)", "on" if ok else "off", mode[1])
-        return mode
-
-    def _admission_mode(self, setting: str) -> tuple:
-        """(mode, reason) for tutti_admission: copies needs CUDA host functions (the CUDA part)."""
-        if setting == "loader":
-            return "loader", "tutti_admission=loader"
-        ok, why = self._cuda_part()
-        if not ok:
-            logger.warning("tutti linker: tutti_admission=copies cannot run here (%s); the loader "
-                           "thread admits the chunks", why)
-            return "loader", why
-        logger.info("tutti linker: each chunk's copy admits the next read into its ring slot")
-        return "copies", "the CUDA part loaded"
-
     def _warm_kernels(self) -> None:
         """Load the gather and scatter kernels at attach, so the first restore after a server
         start pays no compilation or module load: page 0's objects are gathered and scattered
@@ -159,7 +115,7 @@ class LayerwiseKV:
         with torch.cuda.stream(self.io.stream):
             dev = self.out.device
             self._offloader.gather(dev, torch.zeros(1, dtype=torch.int64, device=self.device))
-            self._loader.warm(dev, self._gates)
+            self._loader.warm(dev)
         self.io.stream.synchronize()
         self._stats.add(warmup_seconds=time.perf_counter() - t0)
 
@@ -174,60 +130,9 @@ class LayerwiseKV:
 
     @property
     def read_ahead(self) -> int:
-        """Staging chunks admitted to a load's read stream at once (settable between loads)."""
+        """Staging chunks admitted to a load's read stream at once (tutti_read_ahead, capped by
+        the staging ring)."""
         return self._loader.read_ahead
-
-    @read_ahead.setter
-    def read_ahead(self, n: int) -> None:
-        self._loader.read_ahead = n
-
-    @property
-    def edge_chunks(self) -> int:
-        """Staging chunks the first and the last layer of a load are split into (tutti_edge_chunks;
-        settable between loads)."""
-        return self._loader.edge_chunks
-
-    @edge_chunks.setter
-    def edge_chunks(self, n: int) -> None:
-        if n < 1:
-            raise ValueError(f"edge_chunks must be >= 1, got {n}")
-        self._loader.edge_chunks = n
-
-    @property
-    def gpu_wait_on(self) -> bool:
-        """Whether loads take the GPU-wait path (settable between loads where it is available)."""
-        return self._loader.gates is not None
-
-    @gpu_wait_on.setter
-    def gpu_wait_on(self, on: bool) -> None:
-        if on and self._gates is None:
-            raise RuntimeError(f"GPU-side completion waits are off here: {self.gpu_wait[1]}")
-        self._loader.worker.drain()
-        self._loader.gates = self._gates if on else None
-
-    @property
-    def copy_admission_on(self) -> bool:
-        """Whether CPU-launched loads' copies admit the chunks (tutti_admission=copies; settable
-        between loads where CUDA host functions run)."""
-        return self._loader.copy_admission
-
-    @copy_admission_on.setter
-    def copy_admission_on(self, on: bool) -> None:
-        if on and self.admission[0] != "copies":
-            ok, why = self._cuda_part()
-            if not ok:
-                raise RuntimeError(f"copy admission cannot run here: {why}")
-        self._loader.worker.drain()
-        self._loader.copy_admission = on
-
-    @property
-    def trace(self):
-        """None, or a list each load appends its per-chunk timings to (see Loader.trace)."""
-        return self._loader.trace
-
-    @trace.setter
-    def trace(self, value) -> None:
-        self._loader.trace = value
 
     @property
     def windows_opened(self) -> int:
@@ -248,15 +153,11 @@ class LayerwiseKV:
     def lookup(self, keys: list) -> int:
         t0 = now_ns()
         n = self.store.prefix_len(list(keys))
-        if self.counter.timeline is not None:
-            # the timeline's record of the next load: the last lookup before it (a request that
-            # loads nothing leaves no trace), and the first load call
-            self._before = [t0, now_ns(), self._before[2]]
+        self.observer.looked_up(t0, now_ns())
         return n
 
     def load(self, rid: str, keys: list, device_indices) -> bool:
-        if self.counter.timeline is not None and not self._before[2]:
-            self._before[2] = now_ns()
+        self.observer.load_called()
         return self._loader.load(rid, keys, device_indices)
 
     def cancel(self, rid: str) -> bool:
@@ -265,11 +166,7 @@ class LayerwiseKV:
     def start(self, input_tokens: int = 0) -> int:
         """Start every queued load; input_tokens (new tokens of the batch, 0 = unknown) picks the
         slack-table row for write windows (unknown: the smallest, most conservative one)."""
-        index = self._loader.start(input_tokens)
-        if index >= 0 and self.counter.timeline is not None:
-            self.counter.annotate(index, lookup_ns=self._before[:2], load_ns=self._before[2])
-            self._before = [0, 0, 0]
-        return index
+        return self._loader.start(input_tokens)
 
     def finish(self, index: int) -> bool:
         return True if index < 0 else self.counter.finish(index)
@@ -283,7 +180,7 @@ class LayerwiseKV:
         """Queue pages for writing once `ready_events` fired; False when the backlog is full."""
         t0 = now_ns()
         ok = self._offloader.offload(keys, device_indices, ready_events)
-        self.counter.offloaded(t0, len(keys))
+        self.observer.offloaded(t0, len(keys))
         return ok
 
     def num_completed(self) -> int:
@@ -302,13 +199,11 @@ class LayerwiseKV:
         self.counter.reset()
 
     def close(self) -> None:
-        self.counter.report_forwards(final=True)  # the last loading forward's timeline record
+        self.observer.close()  # e.g. the timeline's last forwards' records
         self.reset()
         self._stats.dump(force=True)
         self._loader.worker.stop()
         self._offloader.close()
-        if self._gates is not None:
-            self._gates.drain()  # no GPU work reads the gate words any more
         self.store.close()
         self.stage.close()
         self.out.close()

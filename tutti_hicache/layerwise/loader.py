@@ -2,7 +2,7 @@
 
 At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's thread):
     loader = Loader(store, counter, stage, stage_pages, k_bufs, v_bufs, page_size, io, cfg,
-                    windows, stats)
+                    windows, stats, observer)
     loader.load(rid, keys, device_indices) -> bool     [scheduler] pin and queue; no I/O
     loader.cancel(rid) -> bool, loader.cancel_all()    [scheduler] unpin queued pages
     loader.start(input_tokens) -> index                [scheduler] hand every queued page over:
@@ -11,19 +11,9 @@ At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's t
         next layer's requests wait there behind this one's), per-layer checksums verified
         as pages land, one H2D copy and one scatter kernel on the I/O stream, one CUDA event
         -> counter.complete(index, layer); any failure -> counter.fail(index) (never a hang)
-        GPU-wait mode (gates given: tutti_gpu_wait): every chunk's copy and gated scatter are
-        enqueued up front behind GPU waits on a gate the read stream advances (gpu_wait.py),
-        every layer's event handed to the counter at once, each copy admitting the chunk that
-        reuses its ring slot through a CUDA host function, the stream's read-ahead window
-        keeping at most `read_ahead` chunks past the last final one at the devices; the loop
-        only checks the verdicts (no write windows)
-        copy admission (copy_admission: tutti_admission=copies, CPU-launched loads): the
-        copies and scatters are launched by the loop as chunks land, and each copy admits the
-        chunk that reuses its slot as in GPU-wait mode (no write windows)
     loader.read_ahead, loader.windows_opened, loader.read_Bps, loader.worker (drain, stop, thread)
-    loader.gates, loader.copy_admission                the admission paths (between loads only)
-    loader.trace                                       None, or a list each load appends its
-        chunks' read-completion times and scatter-start events to (the benchmark)
+The observer (observe.py) hears when the loader took a batch, when its read stream was open and
+when every chunk's reads were final; the counter tells it of each layer handed over.
 
 The stream holds the batch's directories for reads (the scheduler's lease) from its first read
 to its last layer, except for write windows (windows.py: learned online from the forward, or a
@@ -37,19 +27,15 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from functools import partial
-from typing import Optional
 
 import numpy as np
 import torch
 
 from ..config import TuttiConfig
 from ..layout import runs
-from . import gpu_wait
 from .counter import LayerCounter
-from .gpu_wait import GateSlots
+from .observe import Observer
 from .staging import Staging
-from .timeline import now_ns
 from .stats import LinkerStats
 from .worker import Worker
 
@@ -63,7 +49,7 @@ class LoadFailed(RuntimeError):
 class Loader:
     def __init__(self, store, counter: LayerCounter, stage: Staging, stage_pages: int,
                  k_bufs: list, v_bufs, page_size: int, io, cfg: TuttiConfig, windows,
-                 stats: LinkerStats, gates: Optional[GateSlots] = None):
+                 stats: LinkerStats, observer: Observer):
         self._store, self._counter, self._stage = store, counter, stage
         self.stage_pages = stage_pages  # pages of one layer per ring slot
         self._k_bufs, self._v_bufs, self._page_size = k_bufs, v_bufs, page_size
@@ -77,12 +63,8 @@ class Loader:
         self._stats = stats
         self._page_nbytes = self._num_layers * self._k_objs * self._obj_stride  # staged, per page
         self.read_ahead = max(1, min(cfg.read_ahead, cfg.stage_depth - 1))
-        self.first_alone = cfg.first_alone  # the first chunk at the devices alone (loader path)
-        self.edge_chunks = cfg.edge_chunks  # the first and the last layer in this many chunks
         self.windows_opened = 0
-        self.gates = gates  # GPU-wait mode when set (between loads only)
-        self.copy_admission = False  # tutti_admission=copies, for CPU-launched loads (CUDA only)
-        self.trace: Optional[list] = None
+        self._observer = observer
         self._queued: dict[str, tuple] = {}
         self.worker = Worker("tutti-load", self._run)  # drain(): every started load finished
 
@@ -146,109 +128,62 @@ class Loader:
             self._counter.fail(index, e)
             self._stats.add(load_failures=1)
         finally:
-            self._counter.settle(index)
             self._store.unpin(entries)
 
     def _load(self, index, entries, page_ids, ready, input_tokens) -> None:
-        """Every (layer, staging chunk) of the batch is one store stream: `read_ahead` chunks are
-        at the devices at once, so the next layer's requests wait there behind this layer's and
-        the queue never drains between layers; each chunk lands, is verified, copied and
-        scattered in layer order. CPU path: chunk i + read_ahead - 1 is admitted before chunk i
-        is waited for (with first_alone, chunk 0 alone: the others once its reads are final).
-        GPU-wait path and copy admission: the ring slots admit (chunk j once the
-        copy of chunk j - depth, the slot's last user, is done) and the stream's window
-        (ahead=read_ahead) holds the reads to `read_ahead` chunks past the last final one."""
-        begin_ns = now_ns()  # the loader thread has the batch (the timeline's begin_ns)
+        """Every (layer, staging chunk) of the batch is one store stream, `read_ahead` chunks at
+        the devices at once (chunk i + read_ahead - 1 is admitted, into its free ring slot,
+        before chunk i is waited for), so the next layer's requests wait there behind this
+        layer's and the queue never drains between layers; each chunk lands, is verified,
+        copied and scattered in layer order; while the reads run two layers ahead of the
+        forward, a write window may follow a layer."""
+        self._observer.load_begun(index)
         plan = self._store.plan_pages(entries)
-        prefix = len(entries) * self._page_size
         self._windows.learn()  # the forwards that ran since the last load
-        gates = self.gates
-        cuda_stream = self._order_streams(gates is not None, ready)
-        n, per_page = len(entries), self._k_objs * self._obj_stride
+        if ready is not None:
+            self._io.stream.wait_event(ready)
+        n, step = len(entries), self.stage_pages
         chunks = [(layer, slice(c0, min(n, c0 + step))) for layer in range(self._num_layers)
-                  for step in [self._chunk_pages(layer, n)] for c0 in range(0, n, step)]
-        depth = len(self._stage.bufs)
-        slots = [(self._stage.next + i) % depth for i in range(len(chunks))]  # take() order
-        dsts = self._destinations(chunks, slots, per_page)
-        gate = gates.take() if gates is not None else None
-        gpu = gpu_wait.Plan() if gate is not None else None
-        # who admits: the loader chunk by chunk (0: no window), or the copies (GPU-wait loads, and
-        # CPU-launched ones with tutti_admission=copies) with the stream's window
-        hosted = gpu is None and self.copy_admission
-        mode = "gpu" if gpu is not None else "copies" if hosted else "cpu"  # the timeline's, trace's
-        ahead = self.read_ahead if gpu is not None or hosted else 0
-        scatter_start: list = []
-        try:
-            # the stream holds the batch's directories for reads until it is closed (and then
-            # nothing lands in the staging slots any more)
-            with self._store.stream_layers(plan, chunks, dsts, gate and gate.host,
-                                           ahead=ahead) as stream:
-                marks = {"begin_ns": begin_ns, "opened_ns": now_ns()}  # planned, directories held
-                admitted = 0
+                  for c0 in range(0, n, step)]
+        slots = [(self._stage.next + i) % len(self._stage.bufs) for i in range(len(chunks))]
+        # the stream holds the batch's directories for reads until it is closed (and then
+        # nothing lands in the staging slots any more)
+        with self._store.stream_layers(plan, chunks, self._destinations(chunks, slots)) as stream:
+            self._observer.stream_opened(index)  # pages planned, directories held
+            for i, (layer, rows) in enumerate(chunks):
+                self._admit(stream, slots, min(len(chunks), i + self.read_ahead))
+                ok, whole = stream.wait_whole(i)
+                if not whole:
+                    raise LoadFailed(f"layer {layer}: {int((~ok).sum())} of {len(ok)} pages "
+                                     "unreadable or corrupt")
+                self._copy_chunk(slots[i], layer, len(ok), page_ids[rows])
+                if rows.stop < n:
+                    continue
+                if layer + 1 == self._num_layers:  # before finish() can return
+                    self._observer.reads_final(index, n, [c[0] for c in chunks], stream.done_ns())
+                self._counter.complete(index, layer, self._mark())
+                self._lend_window(stream, layer, input_tokens, n * self._page_size)
 
-                def admit(upto: int) -> None:
-                    nonlocal admitted
-                    while admitted < upto:
-                        if self._stage.take() != slots[admitted]:  # waits for its last copy
-                            raise RuntimeError("tutti linker: staging ring out of order")
-                        admitted += 1
-                    stream.allow(admitted)
+    def _admit(self, stream, slots: list, upto: int) -> None:
+        """Admit chunks [0, upto) to the stream, each once its ring slot's last copy is done."""
+        n = stream.admitted
+        if n >= upto:
+            return
+        for k in slots[n:upto]:
+            if self._stage.take() != k:  # waits for the slot's last copy
+                raise RuntimeError("tutti linker: staging ring out of order")
+        stream.allow(upto)
 
-                if gpu is not None or hosted:
-                    # the first reads go out (their slots free of the last load's copies, waited
-                    # for here); the rest of the ring's slots once the load stream has passed
-                    # those copies (it is ordered after them: _order_streams), by a host function
-                    # ahead of this load's GPU work; then each chunk's copy admits the chunk that
-                    # reads into its slot next (GPU-wait: every layer's GPU work enqueued now, no
-                    # CPU thread of ours; hosted: the copies launched below, as chunks land).
-                    # Slots past the waited ones are handed out unwaited; each copy leaves its
-                    # slot its event (gpu_wait.close, _copy_chunk).
-                    admit(min(len(chunks), self.read_ahead))
-                    stream.allow_after(self._io.device, cuda_stream.cuda_stream,
-                                       min(len(chunks), depth))
-                    self._stage.advance(len(chunks) - admitted)
-                if gpu is not None:
-                    self._enqueue(gpu, cuda_stream, gate, index, chunks, slots, page_ids, stream)
-                for i, (layer, rows) in enumerate(chunks):
-                    if gpu is None and not hosted:  # first_alone: chunk 0, then 1 .. read_ahead
-                        admit(min(len(chunks), 1 if i == 0 and self.first_alone
-                                  else i + self.read_ahead))
-                    ok, whole = stream.wait_whole(i)
-                    if not whole:
-                        raise LoadFailed(f"layer {layer}: {int((~ok).sum())} of {len(ok)} pages "
-                                         "unreadable or corrupt")
-                    if gpu is None:
-                        after = None  # hosted: the copy admits the slot's next reader
-                        if hosted and i + depth < len(chunks):
-                            after = partial(stream.allow_after, self._io.device,
-                                            self._io.stream.cuda_stream, i + depth + 1)
-                        self._copy_chunk(slots[i], layer, len(ok), page_ids[rows], scatter_start,
-                                         after)
-                    if rows.stop < n:
-                        continue
-                    if gpu is None:
-                        if layer + 1 == self._num_layers:  # before finish() can write the record
-                            self._annotate(index, mode, len(entries), chunks, stream, marks)
-                        self._counter.complete(index, layer, self._mark())
-                    if gpu is None and not hosted and layer + 1 < self._num_layers and \
-                            layer - self._counter.waited >= 2:
-                        window = self._windows.window(input_tokens, prefix, self.read_Bps)
-                        if window > 0:
-                            self.windows_opened += 1
-                            stream.lend(window)  # settles what was admitted, then a write window
-                if gpu is not None:  # finish() waits for settle(), after this
-                    self._annotate(index, mode, len(entries), chunks, stream, marks)
-                if self.trace is not None:
-                    self.trace.append({"mode": mode, "begin_ns": begin_ns,
-                                       "layers": [layer for layer, _ in chunks],
-                                       "done_ns": stream.done_ns(),
-                                       "starts": gpu.starts if gpu else scatter_start})
-        finally:
-            if gate is not None:
-                gpu_wait.close(gpu, cuda_stream, gate, len(chunks), self._stage, slots)
-                gates.retire(gate, gpu.end)
+    def _lend_window(self, stream, layer: int, input_tokens: int, prefix: int) -> None:
+        """After `layer` was handed over, while the reads run two layers ahead of the forward:
+        a write window (windows.py), if the model predicts room for one."""
+        if layer + 1 < self._num_layers and layer - self._counter.waited >= 2:
+            window = self._windows.window(input_tokens, prefix, self.read_Bps)
+            if window > 0:
+                self.windows_opened += 1
+                stream.lend(window)  # settles what was admitted, then a write window
 
-    def _destinations(self, chunks: list, slots: list, per_page: int) -> list:
+    def _destinations(self, chunks: list, slots: list) -> list:
         """Each chunk's page addresses in its ring slot, as views of one array built in a few
         numpy operations (the loader's setup runs while SGLang's scheduler thread launches the
         forward; every numpy operation over more than a few hundred elements lets the GIL go,
@@ -256,67 +191,10 @@ class Loader:
         sizes = np.array([rows.stop - rows.start for _, rows in chunks], dtype=np.int64)
         starts, within = runs(sizes)
         bases = np.array([self._stage.bufs[k].address for k in slots], dtype=np.uint64)
-        addrs = np.repeat(bases, sizes) + within.astype(np.uint64) * np.uint64(per_page)
+        per_page = np.uint64(self._k_objs * self._obj_stride)
+        addrs = np.repeat(bases, sizes) + within.astype(np.uint64) * per_page
         bounds = starts.tolist()
         return [addrs[bounds[i]:bounds[i + 1]] for i in range(len(chunks))]
-
-    def _chunk_pages(self, layer: int, n: int) -> int:
-        """Pages per staging chunk of `layer` in a load of n pages: stage_pages, and for the
-        first and the last layer 1/edge_chunks of what one chunk would hold (tutti_edge_chunks)."""
-        if self.edge_chunks > 1 and layer in (0, self._num_layers - 1):
-            return max(1, -(-min(n, self.stage_pages) // self.edge_chunks))
-        return self.stage_pages
-
-    def _annotate(self, index: int, mode: str, pages: int, chunks: list, stream, marks) -> None:
-        """The loader's part of the batch's timeline record (tutti_timeline_file), if kept."""
-        if self._counter.timeline is not None:
-            self._counter.annotate(index, mode=mode, pages=pages,
-                                   chunk_layers=[layer for layer, _ in chunks],
-                                   chunk_done_ns=[int(t) for t in stream.done_ns()],
-                                   loader_end_ns=now_ns(), **marks)
-
-    def _order_streams(self, gpu: bool, ready):
-        """The CUDA stream this load's GPU work goes on (GPU-wait loads: the I/O stream's second
-        stream, so offloads never queue behind their waits), ordered after the batch's `ready`
-        event and after whatever the other stream last did with the device staging slot."""
-        if not self._cuda:
-            return None
-        second = self._io.load_stream
-        stream = second if gpu and second is not None else self._io.stream
-        if ready is not None:
-            stream.wait_event(ready)
-        if second is not None:
-            stream.wait_stream(self._io.stream if stream is second else second)
-        return stream
-
-    def _enqueue(self, gpu: "gpu_wait.Plan", stream, gate, index: int, chunks: list, slots: list,
-                 page_ids, reads) -> None:
-        """Every chunk's wait, copy and gated scatter on the load stream, each layer's event to
-        the counter as soon as it is enqueued (the forward's wait_until then never waits for
-        the CPU's reaction to a read). Chunk i's copy admits chunk i + depth, the next to read
-        into its ring slot (a host function on the stream: the slot is free then); the read
-        stream's window decides when an admitted chunk goes to the disk. So the whole load runs
-        to its end even while every Python thread is held (a context synchronization inside a
-        launch that holds the GIL, e.g. a kernel loaded lazily, waits for this stream)."""
-        per_page = self._k_objs * self._obj_stride
-        nbytes = [(rows.stop - rows.start) * per_page for _, rows in chunks]
-        last = [i + 1 == len(chunks) or chunks[i + 1][0] != layer
-                for i, (layer, _) in enumerate(chunks)]
-        ids = [page_ids[rows] for _, rows in chunks]
-
-        def scatter(dev, layer, i, g):
-            self._scatter(dev, layer, ids[i], g)
-
-        depth, n = len(self._stage.bufs), len(chunks)
-
-        def copied(i):  # chunk i's ring slot is free: chunk i + depth may be read into it
-            if i + depth < n:
-                reads.allow_after(self._io.device, stream.cuda_stream, i + depth + 1)
-
-        self._counter.hold(index)  # finish() waits for the loader's verdict, not just the GPU
-        gpu_wait.enqueue(gpu, stream, self._io.device, gate, chunks, slots, self._stage, nbytes,
-                         scatter, last, lambda layer, ev: self._counter.complete(index, layer, ev),
-                         copied, trace=self.trace is not None)
 
     @property
     def read_Bps(self) -> float:
@@ -326,51 +204,36 @@ class Loader:
             return max(self._rates)
         return self._windows.seed_read_Bps
 
-    def _copy_chunk(self, k: int, layer: int, n: int, page_ids, trace: list,
-                    after_copy=None) -> None:
-        """Ring slot k holds layer `layer` of n pages: to the device pool (H2D + scatter);
-        after_copy() runs with the I/O stream current right after the copy is enqueued (before
-        the scatter), e.g. to enqueue the admission of the slot's next read."""
+    def _copy_chunk(self, k: int, layer: int, n: int, page_ids) -> None:
+        """Ring slot k holds layer `layer` of n pages: to the device pool (H2D + scatter)."""
         host = self._stage.host[k][: n * self._k_objs * self._obj_stride]
         if not self._cuda:
             self._scatter(host, layer, page_ids)
             return
         with torch.cuda.stream(self._io.stream):
-            copy_start = gpu_wait.record(self._io.stream, True) if self.trace is not None else None
             dev = self._stage.device[: host.numel()]
             dev.copy_(host, non_blocking=True)
             ev = torch.cuda.Event()
             ev.record()
             self._stage.events[k] = ev  # the ring slot is free once this copy is done
-            if after_copy is not None:
-                after_copy()
-            if copy_start is not None:
-                trace.append((copy_start, gpu_wait.record(self._io.stream, True)))
             self._scatter(dev, layer, page_ids)
 
-    def warm(self, dev, gates: Optional[GateSlots] = None) -> None:
+    def warm(self, dev) -> None:
         """Load the scatter kernel at attach: every layer of pool page 0, staged in device
-        memory `dev` (gathered from page 0 just before), scattered back onto itself; with
-        gates, its gated variant too, on a fresh gate (verified 0 < 1: it writes nothing)."""
+        memory `dev` (gathered from page 0 just before), scattered back onto itself."""
         ids = torch.zeros(1, dtype=torch.int64, device=dev.device)
         per_layer = self._k_objs * self._obj_stride
         for layer in range(self._num_layers):
             self._scatter(dev[layer * per_layer:(layer + 1) * per_layer], layer, ids)
-        if gates is not None:
-            gate = gates.take()
-            self._scatter(dev[:per_layer], 0, ids, (gate.copy, 1))  # copy holds 0 (< 1)
-            gates.retire(gate, self._mark())
 
-    def _scatter(self, staging, layer: int, page_ids, gate=None) -> None:
+    def _scatter(self, staging, layer: int, page_ids) -> None:
         import tutti_kernels as tk
         v_buf = None if self._v_bufs is None else self._v_bufs[layer]
         args = (staging, self._k_bufs[layer], v_buf, page_ids, self._page_size, self._obj_stride)
         if not self._cuda:
             tk.scatter_layer_ref(*args)
-        elif gate is None:
-            tk.scatter_layer(*args)
         else:
-            tk.scatter_layer(*args, gate=gate)
+            tk.scatter_layer(*args)
 
     def _mark(self):
         if not self._cuda:
@@ -378,3 +241,4 @@ class Loader:
         ev = torch.cuda.Event()
         ev.record(self._io.stream)
         return ev
+

@@ -5,7 +5,6 @@ At a glance:
     ring = Staging(slot_bytes, depth, device, cuda)
     ring.take() -> k          the next slot in ring order, once the copy that last used it ended
     ring.next                 the slot take() returns next (the loader plans its reads by it)
-    ring.advance(k)           k slots handed out unwaited (a GPU-wait load orders them itself)
     ring.bufs[k], ring.host[k], ring.device, ring.events[k]
     ring.regions()            [(address, nbytes)] to register with the engine
     ring.close()
@@ -50,12 +49,6 @@ class Staging:
             self.events[k].synchronize()
             self.events[k] = None
         return k
-
-    def advance(self, k: int) -> None:
-        """Hand out the next k slots without waiting: their reuse is ordered on the GPU (a
-        GPU-wait load's copies admit its later reads), and the load leaves each slot the event
-        of its copy (gpu_wait.close)."""
-        self.next = (self.next + k) % len(self.bufs)
 
     def close(self) -> None:
         if self.cuda:

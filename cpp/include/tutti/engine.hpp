@@ -14,7 +14,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,35 +54,12 @@ struct Counters {
   uint64_t errors = 0;       ///< requests that ended with -errno
 };
 
-/// A completion gate of a read stream (optional: release == 0 means none): two 32-bit words,
-/// e.g. in pinned, device-mapped host memory that a GPU stream waits on. As chunks end, in chunk
-/// order, the stream checks each (every request moved its nbytes; group g's checksum equals
-/// expect_sum[g] where must_sum[g]) and stores v = the count of leading chunks that passed,
-/// first into *verified, then (release order) into *release. The first chunk that fails, or the
-/// stream ending before every chunk passed (cancel, error, destructor), stores kGateTerminal
-/// into *release alone: every wait on release returns, and *verified never counts a chunk that
-/// did not pass. The words must outlive the stream.
-struct StreamGate {
-  uint64_t release = 0, verified = 0;  ///< addresses of the two words (4-byte aligned)
-  std::vector<uint64_t> expect_sum;    ///< per group, empty when there are no groups
-  std::vector<uint8_t> must_sum;       ///< per group: compare its checksum
-};
-
-/// The value a gate's release word takes when its stream failed or ended early; above every
-/// chunk count, and still ">=" them in the GPU's cyclic 32-bit comparison.
-inline constexpr uint32_t kGateTerminal = 0x7fffffffu;
-
 /// The arrays of a read stream, moved into it. chunk_start runs from 0 to n (n_chunks + 1
-/// entries, non-decreasing); group_start is empty or as Groups::start, each group inside a chunk;
-/// gate as StreamGate. ahead: a read-ahead window, at most this many chunks past the leading run
-/// of final ones go to the devices, whatever allow() admitted (0: no window). The first chunk
-/// not yet final is always inside it, so a window never stalls an admitted chunk.
+/// entries, non-decreasing); group_start is empty or as Groups::start, each group inside a chunk.
 struct StreamSpec {
   std::vector<int64_t> file, offset, nbytes;
   std::vector<uint64_t> addr;
   std::vector<int64_t> chunk_start, group_start;
-  StreamGate gate;
-  size_t ahead = 0;
 };
 
 /// A chunk's final results and its groups' checksums; valid as long as the stream.
@@ -94,33 +70,15 @@ struct ChunkResults {
   size_t n_groups = 0;
 };
 
-class ReadStream;
-
-/// A handle through which another thread (a CUDA host function behind a copy) admits chunks of a
-/// read stream that may be gone by then: allow() is a no-op once the stream detached it (its
-/// destructor does, first). Shared by the stream and every pending caller.
-class StreamLink {
- public:
-  explicit StreamLink(ReadStream* s) : s_(s) {}
-  void allow(size_t chunks);
-  void detach() noexcept;
-
- private:
-  std::mutex mu_;
-  ReadStream* s_;
-};
-
 /// One read of many chunks (the layers of a restore) kept back to back at the device, run on a
-/// thread of its own: chunk c's requests go out once allow(c + 1) admitted it and it is inside
-/// the window (StreamSpec::ahead: c < the count of leading final chunks + ahead), queued behind
-/// the earlier chunks'. The destructor cancels and joins (errors dropped). It must not outlive
+/// thread of its own: chunk c's requests go out once allow(c + 1) admitted it, queued behind the
+/// earlier chunks'. The destructor cancels and joins (errors dropped). It must not outlive
 /// its engine.
 class ReadStream {
  public:
   virtual ~ReadStream() = default;
   [[nodiscard]] virtual size_t nchunks() const noexcept = 0;
-  /// Chunks [0, chunks) may be submitted (within the window, if any); never shrinks (a smaller
-  /// count is ignored).
+  /// Chunks [0, chunks) may be submitted; never shrinks (a smaller count is ignored).
   virtual void allow(size_t chunks) = 0;
   /// Blocks until chunk's results and checksums are final; rethrows the stream's error.
   [[nodiscard]] virtual ChunkResults wait(size_t chunk) = 0;
@@ -132,13 +90,10 @@ class ReadStream {
   virtual void join() = 0;
   /// CLOCK_MONOTONIC nanoseconds at which each chunk became final (0: not yet), for tracing.
   [[nodiscard]] virtual std::vector<int64_t> done_ns() = 0;
-  /// The stream's StreamLink (allow() from threads that may outlive the stream).
-  [[nodiscard]] virtual std::shared_ptr<StreamLink> link() = 0;
 };
 
 struct EngineOptions {
   unsigned queue_depth = 1024;     ///< SQ entries per ring: operations in flight per batch
-  bool vectored = true;            ///< coalesce into READV/WRITEV (else *_FIXED per run)
   unsigned threads = 8;            ///< POSIX workers per direction; checksum threads
   int64_t max_op_bytes = 1 << 30;  ///< largest coalesced operation, 4 KiB to 1 GiB
   /// io_uring: bytes in flight per ring, by direction (0: no cap, queue_depth ops only). A ring

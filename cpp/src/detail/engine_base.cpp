@@ -73,7 +73,7 @@ void EngineBase::run_stream(Stream& s) {
   const Batch& all = s.batch();
   size_t allowed = 0;
   for (size_t c = 0; c < s.nchunks(); ++c) {
-    while (allowed <= c) {  // admitted by allow() and inside the window (chunks ending move it)
+    while (allowed <= c) {  // admitted by allow()
       size_t now = s.wait_allowed(allowed);
       if (now == allowed) return;  // cancelled
       allowed = now;

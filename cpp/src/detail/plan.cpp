@@ -34,19 +34,10 @@ bool mem_contiguous(const Batch& b, size_t prev, size_t i) {
 }
 
 // May request i join the op that currently ends with request prev?
-bool can_join(const Plan& p, const IoOp& op, const Batch& b, size_t prev, size_t i,
-              const PlanPolicy& pol) {
+bool can_join(const IoOp& op, const Batch& b, size_t prev, size_t i, const PlanPolicy& pol) {
   if (!file_contiguous(b, prev, i)) return false;
   if (op.nbytes + b.nbytes[i] > pol.max_op_bytes) return false;
-  if (mem_contiguous(b, prev, i)) {
-    if (pol.vectored || !pol.buffers) return true;
-    // A fixed op must stay inside one registered buffer.
-    const iovec& last = p.iovs[op.iov_begin + op.iov_count - 1];
-    uint64_t start = reinterpret_cast<uint64_t>(last.iov_base);
-    return pol.buffers->find(start, last.iov_len + static_cast<uint64_t>(b.nbytes[i])) ==
-           op.buf_index;
-  }
-  return pol.vectored && op.iov_count < pol.max_iov;
+  return mem_contiguous(b, prev, i) || op.iov_count < pol.max_iov;
 }
 
 void start_op(Plan& p, const Batch& b, size_t i) {
@@ -96,14 +87,10 @@ Plan build_plan(const Batch& b, const PlanPolicy& pol, size_t nfiles, Completion
       open = false;
       continue;
     }
-    if (open && can_join(p, p.ops.back(), b, prev, i, pol)) {
+    if (open && can_join(p.ops.back(), b, prev, i, pol)) {
       join_op(p, p.ops.back(), b, prev, i);
     } else {
       start_op(p, b, i);
-      if (!pol.vectored && pol.buffers) {
-        const iovec& v = p.iovs.back();
-        p.ops.back().buf_index = pol.buffers->find(b.addr[i], v.iov_len);
-      }
     }
     p.ops.back().req_end = static_cast<uint32_t>(i + 1);
     open = true;

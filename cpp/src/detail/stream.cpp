@@ -1,5 +1,4 @@
-// The read stream's bookkeeping: what may be submitted (allow() and the read-ahead window), when
-// a chunk is final; its thread runs the engine's stream loop (EngineBase::run_stream, or the
+// The read stream's bookkeeping: what may be submitted (allow()), when a chunk is final; its thread runs the engine's stream loop (EngineBase::run_stream, or the
 // io_uring ring's).
 #include "tutti/detail/stream.hpp"
 
@@ -36,7 +35,6 @@ Stream::Stream(EngineBase& engine, StreamSpec spec) : engine_(engine), spec_(std
   results_.assign(n, 0);
   chunk_groups_.assign(nc, {0, 0});
   validate_groups();
-  validate_gate();
   ops_left_.assign(nc, 0);
   tasks_left_.assign(nc, 0);
   planned_.assign(nc, 0);
@@ -48,7 +46,6 @@ Stream::Stream(EngineBase& engine, StreamSpec spec) : engine_(engine), spec_(std
                                                sums_.size(), n, sums_.data(), engine_.task_pool());
     groups_->on_task = [this](uint32_t g, int delta) { task(group_chunk_[g], delta); };
   }
-  link_ = std::make_shared<StreamLink>(this);
   wake_fd_ = eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) TUTTI_SYS_FAIL(errno, "eventfd", "");
   thread_ = std::thread([this] { run(); });
@@ -75,22 +72,13 @@ void Stream::validate_groups() {
 }
 
 Stream::~Stream() {
-  link_->detach();  // no caller through the link reaches this stream any more
   cancel();
   if (thread_.joinable()) thread_.join();
   if (groups_) groups_->wait();
-  {
-    std::lock_guard lock(mu_);
-    close_gate();
-  }
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
 void Stream::run() {
-  {
-    std::lock_guard lock(mu_);
-    loop_thread_ = std::this_thread::get_id();
-  }
   try {
     engine_.run_stream(*this);
   } catch (...) {
@@ -107,9 +95,6 @@ void Stream::run() {
     if (!done_[c]) done_ns_[c] = now_ns();
     done_[c] = 1;
   }
-  done_prefix_ = nchunks();
-  advance_gate();  // releases what passed, then the terminal value at the first chunk that did not
-  close_gate();
   ended_ = true;
   cv_.notify_all();
 }
@@ -171,15 +156,7 @@ std::vector<int64_t> Stream::done_ns() {
 
 size_t Stream::allowed() {
   std::lock_guard lock(mu_);
-  return admissible();
-}
-
-// min(allowed_, done_prefix_ + ahead), without overflow for any ahead. With ahead >= 1 the first
-// chunk not done is inside the window whenever allow() admitted it: a window never deadlocks.
-size_t Stream::admissible() const {
-  const size_t a = spec_.ahead;
-  if (a == 0 || done_prefix_ >= allowed_ || allowed_ - done_prefix_ <= a) return allowed_;
-  return done_prefix_ + a;
+  return allowed_;
 }
 
 bool Stream::cancelled() {
@@ -189,39 +166,27 @@ bool Stream::cancelled() {
 
 size_t Stream::wait_allowed(size_t have) {
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return admissible() > have || cancelled_; });
-  return cancelled_ ? have : admissible();
+  cv_.wait(lock, [&] { return allowed_ > have || cancelled_; });
+  return cancelled_ ? have : allowed_;
 }
 
 void Stream::planned(size_t c, size_t ops) {
-  bool wake;
-  {
-    std::lock_guard lock(mu_);
-    ops_left_[c] += static_cast<int64_t>(ops);
-    planned_[c] = 1;
-    wake = check_done(c);
-  }
-  if (wake) wake_loop();
+  std::lock_guard lock(mu_);
+  ops_left_[c] += static_cast<int64_t>(ops);
+  planned_[c] = 1;
+  check_done(c);
 }
 
 void Stream::op_finished(size_t c) {
-  bool wake;
-  {
-    std::lock_guard lock(mu_);
-    ops_left_[c]--;
-    wake = check_done(c);
-  }
-  if (wake) wake_loop();
+  std::lock_guard lock(mu_);
+  ops_left_[c]--;
+  check_done(c);
 }
 
 void Stream::task(size_t c, int delta) {  // on a checksum thread (GroupChecksums::on_task)
-  bool wake;
-  {
-    std::lock_guard lock(mu_);
-    tasks_left_[c] += delta;
-    wake = check_done(c);
-  }
-  if (wake) wake_loop();  // before the task counts as ended: wake_fd_ is still open
+  std::lock_guard lock(mu_);
+  tasks_left_[c] += delta;
+  check_done(c);
 }
 
 size_t Stream::ops_left_oldest() {
@@ -232,89 +197,11 @@ size_t Stream::ops_left_oldest() {
   return static_cast<size_t>(std::max<int64_t>(1, ops_left_[oldest_]));
 }
 
-bool Stream::check_done(size_t c) {
-  if (done_[c] || !planned_[c] || ops_left_[c] > 0 || tasks_left_[c] > 0) return false;
+void Stream::check_done(size_t c) {
+  if (done_[c] || !planned_[c] || ops_left_[c] > 0 || tasks_left_[c] > 0) return;
   done_[c] = 1;
   done_ns_[c] = now_ns();
-  const size_t before = admissible();
-  while (done_prefix_ < nchunks() && done_[done_prefix_]) done_prefix_++;
-  advance_gate();  // before anyone waiting on chunk c wakes
-  cv_.notify_all();  // the POSIX loop's wait_allowed, and wait()
-  // The ring's loop sleeps in io_uring_enter with a read armed on wake_fd_: it needs a write only
-  // when the window held it back, and not from its own thread (it re-reads allowed() first).
-  return admissible() > before && std::this_thread::get_id() != loop_thread_;
-}
-
-// ---- StreamLink (engine.hpp)
-
-}  // namespace tutti::detail
-
-namespace tutti {
-
-void StreamLink::allow(size_t chunks) {
-  std::lock_guard lock(mu_);
-  if (s_ != nullptr) s_->allow(chunks);
-}
-
-void StreamLink::detach() noexcept {
-  std::lock_guard lock(mu_);
-  s_ = nullptr;
-}
-
-}  // namespace tutti
-
-namespace tutti::detail {
-
-// ---- the completion gate (see StreamGate)
-
-namespace {
-void store_word(uint64_t addr, uint32_t v) {
-  __atomic_store_n(reinterpret_cast<uint32_t*>(addr), v, __ATOMIC_RELEASE);
-}
-}  // namespace
-
-void Stream::validate_gate() {
-  const StreamGate& g = spec_.gate;
-  if (g.release == 0) return;
-  TUTTI_EXPECT(g.verified != 0 && g.release % 4 == 0 && g.verified % 4 == 0,
-               "gate words must be 4-byte aligned addresses");
-  TUTTI_EXPECT(nchunks() < kGateTerminal, "too many chunks for a gate");
-  TUTTI_EXPECT(g.expect_sum.size() == sums_.size() && g.must_sum.size() == sums_.size(),
-               "gate expect_sum and must_sum need one entry per checksum group");
-  gate_open_ = true;
-}
-
-bool Stream::chunk_passed(size_t c) const {
-  for (int64_t i = chunk_begin(c); i < chunk_end(c); ++i) {
-    const size_t r = static_cast<size_t>(i);
-    if (results_[r] != spec_.nbytes[r]) return false;
-  }
-  const auto [g0, g1] = chunk_groups_[c];
-  for (size_t g = g0; g < g1; ++g)
-    if (spec_.gate.must_sum[g] && sums_[g] != spec_.gate.expect_sum[g]) return false;
-  return true;
-}
-
-void Stream::advance_gate() {
-  if (!gate_open_) return;
-  size_t v = released_;
-  while (v < nchunks() && done_[v] && chunk_passed(v)) v++;
-  if (v != released_) {
-    released_ = v;
-    store_word(spec_.gate.verified, static_cast<uint32_t>(v));  // the kernels' check first,
-    store_word(spec_.gate.release, static_cast<uint32_t>(v));   // then what the stream waits on
-  }
-  if (v == nchunks()) {
-    gate_open_ = false;
-  } else if (done_[v]) {
-    close_gate();  // chunk v failed: release every wait, verified stays at v
-  }
-}
-
-void Stream::close_gate() {
-  if (!gate_open_) return;
-  gate_open_ = false;
-  store_word(spec_.gate.release, kGateTerminal);
+  cv_.notify_all();  // wait()
 }
 
 }  // namespace tutti::detail

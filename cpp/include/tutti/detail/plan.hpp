@@ -33,7 +33,8 @@ class ShiftedCompletion final : public Completion {
   size_t base_;
 };
 
-// Registered memory regions (for READ_FIXED / WRITE_FIXED), sorted by address.
+// Registered memory regions (a single-iovec op inside one goes as READ_FIXED / WRITE_FIXED),
+// sorted by address.
 struct BufferMap {
   struct Region {
     uint64_t start;
@@ -64,12 +65,12 @@ struct Plan {
   std::vector<iovec> iovs;
 };
 
-// Coalescing policy for build_plan.
+// Coalescing policy for build_plan: file-contiguous requests join one op (one READV / WRITEV,
+// one iovec per memory-contiguous piece), up to max_iov iovecs and max_op_bytes.
 struct PlanPolicy {
-  bool vectored = true;        // merge file-contiguous requests into one op with several iovecs
-  size_t max_iov = 1024;       // IOV_MAX
+  size_t max_iov = 1024;  // IOV_MAX
   int64_t max_op_bytes = 1 << 30;
-  const BufferMap* buffers = nullptr;  // split fixed ops at registered-buffer boundaries
+  const BufferMap* buffers = nullptr;  // registered buffers, for single-iovec ops
 };
 
 // Validate requests (bad ones get -EINVAL/-EBADF in results) and coalesce the rest. Refused and

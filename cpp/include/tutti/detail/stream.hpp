@@ -32,7 +32,6 @@ class Stream final : public ReadStream {
   void cancel() noexcept override;
   void join() override;
   std::vector<int64_t> done_ns() override;
-  std::shared_ptr<StreamLink> link() override { return link_; }
 
   // ---- for the engines' run loops (on the stream's thread)
   const Batch& batch() const { return batch_; }
@@ -43,7 +42,7 @@ class Stream final : public ReadStream {
   Completion* on_done() { return groups_.get(); }  // the groups' checksums, or nullptr
   int wake_fd() const { return wake_fd_; }
   uint64_t* wake_buf() { return &wake_buf_; }  // target of the ring's read on wake_fd
-  size_t allowed();                   // chunks that may be submitted now (allow() and window)
+  size_t allowed();                   // chunks that may be submitted now (allow())
   bool cancelled();
   size_t wait_allowed(size_t have);   // until more than `have` may be submitted or cancelled
   void planned(size_t c, size_t ops); // chunk c will finish after `ops` operations
@@ -54,15 +53,8 @@ class Stream final : public ReadStream {
   void validate_groups();
   void run();
   void task(size_t c, int delta);
-  // holds mu_; chunk c may have become final: true when that widened the window for a run loop
-  // that does not wait on cv_ (the caller then wakes it, after unlocking)
-  bool check_done(size_t c);
-  size_t admissible() const;  // holds mu_: allowed_, capped by the window
+  void check_done(size_t c);  // holds mu_; chunk c may have become final
   void wake_loop();           // a write to wake_fd_: ends the ring's wait for completions
-  void validate_gate();
-  bool chunk_passed(size_t c) const;  // holds mu_; chunk c is done
-  void advance_gate();                // holds mu_
-  void close_gate();                  // holds mu_: the terminal value, if still open
   EngineBase& engine_;
   StreamSpec spec_;
   std::vector<int32_t> results_;
@@ -76,8 +68,6 @@ class Stream final : public ReadStream {
   std::mutex mu_;
   std::condition_variable cv_;
   size_t allowed_ = 0;
-  size_t done_prefix_ = 0;       // leading chunks that are done (the window's base)
-  std::thread::id loop_thread_;  // the stream's thread, once run() started
   bool cancelled_ = false;
   bool ended_ = false;
   std::exception_ptr error_;
@@ -86,9 +76,6 @@ class Stream final : public ReadStream {
   std::vector<char> planned_, done_;
   std::vector<int64_t> done_ns_;
   size_t oldest_ = 0;
-  bool gate_open_ = false;
-  size_t released_ = 0;  // chunks the gate has released (all passed)
-  std::shared_ptr<StreamLink> link_;
   std::thread thread_;
 };
 
