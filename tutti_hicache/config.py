@@ -17,6 +17,7 @@ where they are used: namespace.check_dirs). No I/O here.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -75,7 +76,12 @@ def _parse_dirs(key: str, v: Any) -> tuple[str, ...]:
     if isinstance(v, str):
         text = v.strip()
         if text.startswith("["):
-            v = json.loads(text)
+            try:
+                v = json.loads(text)
+            except ValueError as e:
+                raise ValueError(f"{key}: not a valid JSON list ({e.msg} at character {e.pos}) in "
+                                 f"{text!r}; write it as [\"/nvme0/kv\", \"/nvme1/kv\"], or as "
+                                 "a comma-separated string") from None
         else:
             v = [p for p in text.replace(":", ",").split(",") if p.strip()]
     if not isinstance(v, (list, tuple)) or not all(isinstance(p, str) and p for p in v):
@@ -270,7 +276,7 @@ class TuttiConfig:
         extra = dict(extra_config or {})
         unknown = [k for k in extra if k.startswith(PREFIX) and k[len(PREFIX):] not in _BY_NAME]
         if unknown:
-            raise ValueError(f"{unknown[0]}: unknown tutti setting (known: {sorted(PREFIX + s.name for s in SETTINGS)})")
+            raise ValueError(_unknown(unknown[0]))
         values: dict[str, Any] = {}
         for s in SETTINGS:
             env_key = ENV_PREFIX + s.name.upper()
@@ -280,7 +286,7 @@ class TuttiConfig:
                 values[s.name] = _parse(s, env_key, env[env_key])
         for name, v in overrides.items():
             if name not in _BY_NAME:
-                raise ValueError(f"{PREFIX}{name}: unknown tutti setting")
+                raise ValueError(_unknown(PREFIX + name))
             values[name] = _parse(_BY_NAME[name], PREFIX + name, v)
         return cls(**values)
 
@@ -304,6 +310,15 @@ def _settings() -> tuple[Setting, ...]:
 
 SETTINGS: tuple[Setting, ...] = _settings()
 _BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def _unknown(key: str) -> str:
+    """An unknown tutti_ key's message: the closest known key, if one is close, else the list."""
+    close = difflib.get_close_matches(key[len(PREFIX):], list(_BY_NAME), n=1, cutoff=0.6)
+    if close:  # compared without the prefix every key shares
+        return f"{key}: unknown tutti setting; did you mean {PREFIX}{close[0]}?"
+    return f"{key}: unknown tutti setting (known: {', '.join(sorted(PREFIX + n for n in _BY_NAME))})"
+
 
 def settings_markdown() -> str:
     """The table of docs/settings.md, generated from SETTINGS."""
