@@ -118,7 +118,9 @@ class TuttiConfig:
         "Store directories, one per SSD (JSON list, or a comma/colon separated string in the env "
         "var). Required.", kind="dirs")
     capacity_gb: float = setting(64.0,
-        "Byte cap of this identity's store, over all directories together (GB = 2^30 bytes).",
+        "Byte cap of this identity's store, over all directories together (GB = 2^30 bytes). "
+        "At attach it is lowered, with one warning, to what the directories' filesystems can "
+        "hold (their free space plus this store's own segments, less tutti_free_space_floor_gb).",
         minimum=0.0)
     engine: str = setting("auto",
         "I/O engine: auto (io_uring, else POSIX threads, reason logged once), uring, posix.",
@@ -139,9 +141,11 @@ class TuttiConfig:
     revision: str = setting("",
         "Weights revision, part of the identity: a weight update never replays stale KV.")
     model: str = setting("", "Model identity override (default: SGLang's model_name).")
-    segment_gb: float = setting(1.0, "Size of one preallocated segment file (an existing "
-                                   "namespace keeps the size it was created with).",
-                                   minimum=1.0 / 1024)
+    segment_gb: float = setting(0.0,
+        "Size of one preallocated segment file (an existing namespace keeps the size it was "
+        "created with). 0: 1 GiB, or an eighth of the directory's filesystem where that is "
+        "smaller than 8 GiB; a size larger than a directory's filesystem is refused at attach.",
+        minimum=0.0)
     durability: str = setting("none",
         "none: crash-consistent against process kills (payload before header, O_DIRECT); sync: "
         "also fdatasync before and after publishing headers (power-loss safe, slower).",
