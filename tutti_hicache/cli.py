@@ -48,7 +48,7 @@ def cmd_bench_store(a) -> int:
 
 
 def cmd_demo(a) -> int:
-    from .benchmarks.store import run, table
+    from .benchmarks.store import beyond_raw, run, table
     from .testing.sglang import ensure_sglang
     ensure_sglang()  # before anything is printed or made: a clear line when SGLang is missing
     base = a.dir or tempfile.mkdtemp(prefix="tutti-demo-", dir=_default_demo_dir())
@@ -65,6 +65,9 @@ def cmd_demo(a) -> int:
         if not a.dir:  # the benchmark removes what it wrote; the directory we made goes too
             shutil.rmtree(base, ignore_errors=True)
     print(table(res))
+    why = beyond_raw(res)
+    if why:
+        print("\n" + why)
     good = res["tutti_verified_bytes_equal"] and res["tutti_noverify_verified_bytes_equal"]
     print("\nall restored bytes verified" if good else "\nRESTORED BYTES DIFFER")
     return 0 if good else 1
