@@ -105,8 +105,9 @@ def fit_to_filesystems(cfg: TuttiConfig, ns_dirs: list[str], slot_nbytes: int) -
     if fits < cfg.capacity_bytes:
         logger.warning("tutti: %scapacity_gb %g is more than tutti_dirs' filesystems can hold "
                        "(their free space%s plus this store's own segments): the store is "
-                       "capped at %.1f MiB", PREFIX, cfg.capacity_gb,
-                       f" above {PREFIX}free_space_floor_gb" if floor else "", fits / MiB)
+                       "capped at %s", PREFIX, cfg.capacity_gb,
+                       f" above {PREFIX}free_space_floor_gb" if floor else "",
+                       f"{fits / GiB:.1f} GiB" if fits >= GiB else f"{fits / MiB:.1f} MiB")
         return cfg.with_(capacity_gb=fits / GiB, segment_gb=segment / GiB)
     return cfg.with_(segment_gb=segment / GiB)
 
