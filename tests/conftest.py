@@ -113,6 +113,21 @@ def mount_tmpfs():
         _umount(path)
 
 
+@pytest.fixture
+def tmpfs(tmp_path, mount_tmpfs):
+    """tmpfs(options) -> a new directory under tmp_path with a tmpfs mounted on it ("size=8m",
+    "size=64m,ro"); skips the test where it cannot mount (not root, no mount)."""
+    def make(options):
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root")
+        mnt = Path(tempfile.mkdtemp(prefix="tmpfs-", dir=tmp_path))
+        err = mount_tmpfs(mnt, options)
+        if err:
+            pytest.skip(f"cannot mount a tmpfs: {err}")
+        return mnt
+    return make
+
+
 def _umount(mnt):
     """io_uring drops its file references asynchronously after close: retry, then detach."""
     for _ in range(50):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -47,7 +48,9 @@ def cmd_bench_store(a) -> int:
 
 
 def cmd_demo(a) -> int:
-    from .benchmarks.store import run, table
+    from .benchmarks.store import beyond_raw, run, table
+    from .testing.sglang import ensure_sglang
+    ensure_sglang()  # before anything is printed or made: a clear line when SGLang is missing
     base = a.dir or tempfile.mkdtemp(prefix="tutti-demo-", dir=_default_demo_dir())
     a.medium = base
     print(f"tutti demo: {a.pages} pages of a '{a.geometry}' model under {base}\n"
@@ -62,6 +65,9 @@ def cmd_demo(a) -> int:
         if not a.dir:  # the benchmark removes what it wrote; the directory we made goes too
             shutil.rmtree(base, ignore_errors=True)
     print(table(res))
+    why = beyond_raw(res)
+    if why:
+        print("\n" + why)
     good = res["tutti_verified_bytes_equal"] and res["tutti_noverify_verified_bytes_equal"]
     print("\nall restored bytes verified" if good else "\nRESTORED BYTES DIFFER")
     return 0 if good else 1
@@ -72,9 +78,12 @@ def _default_demo_dir() -> str:
     return here if os.access(here, os.W_OK) else tempfile.gettempdir()
 
 
+MIN_HISTORY_S = 3600  # inspect projects wear only from at least this much counting
+
+
 def _wear_lines(dirs: list, counters: list, drive_gb: float, drives: dict) -> list[str]:
     """Inspect's wear lines of one namespace; adds each directory's drive writes per day to
-    drives[dir] (several namespaces share a drive)."""
+    drives[dir] (several namespaces share a drive). No projection from under MIN_HISTORY_S."""
     from .cost import Endurance
     from .wear import drive_capacity, lifetime
     out = ["  wear (bytes handed to each drive since counting began):"]
@@ -85,13 +94,18 @@ def _wear_lines(dirs: list, counters: list, drive_gb: float, drives: dict) -> li
         cap = drive_capacity(d, drive_gb)
         v = lifetime(c, cap)
         wa = v["write_amplification"]
-        rating = Endurance()
-        years = rating.years_at(v["drive_writes_per_day"])
-        drives[d] = drives.get(d, 0.0) + v["drive_writes_per_day"]
         out.append(f"    {d}: payload {v['payload_bytes']} B, header {v['header_bytes']} B, "
                    f"tombstone {v['tombstone_bytes']} B, meta {v['meta_bytes']} B = "
                    f"{v['physical_bytes'] / 1e9:.3f} GB for {v['logical_bytes'] / 1e9:.3f} GB of "
                    f"KV, write amplification {f'{wa:.4f}' if wa else 'n/a'}")
+        if v["seconds"] < MIN_HISTORY_S:
+            out.append(f"      over {v['seconds'] / 60:.1f} min: too little history to project "
+                       f"drive writes per day or a lifetime (needs {MIN_HISTORY_S // 3600} h of "
+                       "counting)")
+            continue
+        rating = Endurance()
+        years = rating.years_at(v["drive_writes_per_day"])
+        drives[d] = drives.get(d, 0.0) + v["drive_writes_per_day"]
         out.append(f"      over {v['seconds'] / 86400:.2f} days: {v['drive_writes_per_day']:.4g} "
                    f"drive writes per day of {cap / 1e12:.3f} TB"
                    + (f"; a {rating.dwpd:g} DWPD x {rating.warranty_years:g} y rating lasts "
@@ -99,13 +113,27 @@ def _wear_lines(dirs: list, counters: list, drive_gb: float, drives: dict) -> li
     return out
 
 
+def _stores(a) -> dict:
+    """{namespace: dirs} under a.dirs; ValueError for a missing directory or no store at all."""
+    from .fsck import namespaces, quarantined
+    for d in a.dirs:
+        if not os.path.isdir(d):
+            raise ValueError(f"{d}: no such directory (give the store directories, tutti_dirs)")
+    found = namespaces(a.dirs)
+    if not found and not quarantined(a.dirs):
+        raise ValueError(f"no tutti store in {', '.join(a.dirs)} (a store directory holds "
+                         "tutti-<fingerprint> namespaces; give the server's tutti_dirs)")
+    return found
+
+
 def cmd_inspect(a) -> int:
-    from .fsck import ExistingNamespace, namespaces, quarantined
+    from .fsck import ExistingNamespace, quarantined
+    found = _stores(a)
     failed = 0
     for line in quarantined(a.dirs):
         print(line)
     drives: dict = {}
-    for name, dirs in namespaces(a.dirs).items():
+    for name, dirs in found.items():
         try:
             store = ExistingNamespace(dirs, name)
         except (ValueError, OSError) as e:
@@ -131,11 +159,12 @@ def cmd_inspect(a) -> int:
 
 
 def cmd_fsck(a) -> int:
-    from .fsck import ExistingNamespace, namespaces, quarantined
+    from .fsck import ExistingNamespace, quarantined
+    found = _stores(a)
     bad = 0
     for line in quarantined(a.dirs):  # set aside by attach: no longer served, not damage now
         print(line)
-    for name, dirs in namespaces(a.dirs).items():
+    for name, dirs in found.items():
         try:
             store = ExistingNamespace(dirs, name, writer=a.repair)
         except (ValueError, OSError) as e:
@@ -157,7 +186,11 @@ def cmd_fsck(a) -> int:
 
 def cmd_profile(a) -> int:
     import json as _json
+    import torch
     from . import profiler
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {a.device}: no CUDA device here; profile on the GPU the "
+                         "server runs on (--device cpu --quick checks the pipeline)")
     shape = dict(profiler.LLAMA3_8B)
     if a.quick:
         shape.update(hidden=256, heads=4, kv_heads=2, head_dim=64, mlp=512)
@@ -181,11 +214,11 @@ def _endurance(a):
 
 def cmd_cost(a) -> int:
     from . import cost
-    try:
-        endurance = _endurance(a)
-    except ValueError as e:
-        print(f"tutti-hicache cost: {e}", file=sys.stderr)
-        return 2
+    if not a.from_json and a.throughput is None:
+        raise ValueError("give the measured throughput, --throughput TOKENS_PER_S, or a "
+                         "bench_prefill result, --from-json FILE: the cost per token is the "
+                         "machine's price divided by it")
+    endurance = _endurance(a)
     rate, wa = 0.0, a.write_amplification
     if a.stats:
         with open(a.stats) as f:
@@ -194,6 +227,10 @@ def cmd_cost(a) -> int:
         print(f"measured ({a.stats}): {rate / 1e6:.1f} MB/s written, write amplification "
               f"{f'{measured_wa:.4f}' if measured_wa else 'n/a'}")
     prices = (a.p_gpu, a.p_mem, a.p_ssd)
+    print(f"assumed: ${a.p_gpu:g}/h per GPU (--p-gpu) x {a.gpus:g} GPU(s) (--gpus), "
+          f"${a.p_mem:g}/GB-h DRAM (--p-mem), ${a.p_ssd:g}/GB-h SSD (--p-ssd)"
+          + ("" if a.from_json else f", {a.dram_gb:g} GB DRAM (--dram-gb), {a.ssd_gb:g} GB SSD "
+             f"(--ssd-gb)"))
     if a.from_json:
         with open(a.from_json) as f:
             rows = cost.prefill_rows(json.load(f), endurance, a.sessions, a.gpus, prices, wa)
@@ -211,42 +248,81 @@ def _add_bench_args(p, pages: int, geometry: str) -> None:
     from .benchmarks.store import GEOMETRIES
     from .config import SETTINGS
     default = {s.name: s for s in SETTINGS}
-    p.add_argument("--geometry", default=geometry, choices=sorted(GEOMETRIES))
-    p.add_argument("--pages", type=int, default=pages)
+    p.add_argument("--geometry", default=geometry, choices=sorted(GEOMETRIES),
+                   help="model shape of the KV pages (layers, heads, page of 64 tokens)")
+    p.add_argument("--pages", type=_count, default=pages, help="KV pages written and restored")
     p.add_argument("--layout", default="layer_first",
-                   choices=["layer_first", "page_first", "page_first_direct"])
+                   choices=["layer_first", "page_first", "page_first_direct"],
+                   help="SGLang host-pool layout (--hicache-mem-layout)")
     p.add_argument("--engine", default=default["engine"].default,  # tutti_engine's own
                    choices=list(default["engine"].choices))
     p.add_argument("--queue-depth", type=int, default=default["queue_depth"].default)
     p.add_argument("--threads", type=int, default=default["threads"].default)
     p.add_argument("--no-file", action="store_true", help="skip SGLang's file backend")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random page contents")
     p.add_argument("--pin", action="store_true", help="pinned host pool (needs CUDA), as in a GPU server")
+    for action in p._actions:  # options that mirror a tutti_* setting carry its documentation
+        if action.help is None and action.dest in default:
+            action.help = f"tutti_{action.dest}: {default[action.dest].doc}".replace("%", "%%")
+
+
+def _number(low: float, strict: bool = False):
+    """An argparse type: a finite float >= low (> low when strict)."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(v) or v < low or (strict and v == low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low:g}, "
+                                             f"got {text}")
+        return v
+    return parse
 
 
 def _add_wear_args(c) -> None:
     from . import cost
     c.add_argument("--stats", help="a tutti_stats_file: its measured write rate and amplification")
-    c.add_argument("--write-gb-per-mtok", type=float,
+    c.add_argument("--write-gb-per-mtok", type=_number(0),
                    help="GB written to SSD per 1M tokens (default: from --stats and --throughput)")
-    c.add_argument("--write-amplification", type=float,
+    c.add_argument("--write-amplification", type=_number(1),
                    help="drive bytes per KV byte (default: --stats', else the format's)")
-    c.add_argument("--ssd-dwpd", type=float, default=cost.DEFAULT_DWPD,
+    c.add_argument("--ssd-dwpd", type=_number(0, True), default=cost.DEFAULT_DWPD,
                    help="rated drive writes per day")
-    c.add_argument("--ssd-warranty-years", type=float, default=cost.DEFAULT_WARRANTY_YEARS)
-    c.add_argument("--ssd-drive-usd", type=float, default=cost.DEFAULT_DRIVE_USD,
+    c.add_argument("--ssd-warranty-years", type=_number(0, True),
+                   default=cost.DEFAULT_WARRANTY_YEARS, help="years the DWPD rating covers")
+    c.add_argument("--ssd-drive-usd", type=_number(0), default=cost.DEFAULT_DRIVE_USD,
                    help="price of one drive ($)")
-    c.add_argument("--ssd-drive-tb", type=float, default=cost.DEFAULT_DRIVE_TB,
+    c.add_argument("--ssd-drive-tb", type=_number(0, True), default=cost.DEFAULT_DRIVE_TB,
                    help="capacity of one drive (TB = 10^12 bytes)")
-    c.add_argument("--ssd-drives", type=float, default=1.0,
+    c.add_argument("--ssd-drives", type=_number(0, True), default=1.0,
                    help="drives sharing the writes (for the DWPD column)")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="tutti-hicache", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def _count(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments in one line (the usage is one --help away)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="tutti-hicache", description=__doc__,
+                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=__version__)
-    ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("-v", "--verbose", action="store_true",
+                    help="log at INFO level, and show the traceback of an error")
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="write, restart, restore and verify a long prefix")
     d.add_argument("--dir", help="where to put the store (default: a temp dir here)")
@@ -259,39 +335,68 @@ def main(argv=None) -> int:
     _add_bench_args(bs, 256, "llama3-8b")
     bs.set_defaults(fn=cmd_bench_store)
     i = sub.add_parser("inspect", help="capacity, slots, keys, identities of a store")
-    i.add_argument("dirs", nargs="+")
+    i.add_argument("dirs", nargs="+", help="the store's directories (the server's tutti_dirs)")
     i.add_argument("--keys", type=int, default=5, help="keys to list per namespace")
-    i.add_argument("--drive-capacity-gb", type=float, default=0.0,
+    i.add_argument("--drive-capacity-gb", type=_number(0), default=0.0,
                    help="drive size for drive writes per day (GB = 10^9 B; default: statvfs)")
     i.set_defaults(fn=cmd_inspect)
     f = sub.add_parser("fsck", help="verify every slot; --repair drops bad ones")
-    f.add_argument("dirs", nargs="+")
-    f.add_argument("--repair", action="store_true")
+    f.add_argument("dirs", nargs="+", help="the store's directories (the server's tutti_dirs)")
+    f.add_argument("--repair", action="store_true",
+                   help="tombstone the bad slots (of rows no live server holds)")
     f.set_defaults(fn=cmd_fsck)
     pr = sub.add_parser("profile", help="measure per-layer compute windows -> slack table")
-    pr.add_argument("--out", required=True)
-    pr.add_argument("--device", default="cuda")
-    pr.add_argument("--read-gbps", type=float, default=10.0, help="store read bandwidth")
-    pr.add_argument("--write-gbps", type=float, default=2.0, help="store write bandwidth")
-    pr.add_argument("--io-sms", type=int, default=8)
+    pr.add_argument("--out", required=True, help="slack table file to write (JSON)")
+    pr.add_argument("--device", default="cuda", help="torch device to measure on")
+    pr.add_argument("--read-gbps", type=_number(0, True), default=10.0,
+                    help="store read bandwidth")
+    pr.add_argument("--write-gbps", type=_number(0, True), default=2.0,
+                    help="store write bandwidth")
+    pr.add_argument("--io-sms", type=int, default=8,
+                    help="SMs the I/O kernels use (tutti_io_sms), recorded in the table")
     pr.add_argument("--quick", action="store_true", help="tiny shapes (pipeline check)")
     pr.set_defaults(fn=cmd_profile)
     c = sub.add_parser("cost", help="$ per 1M tokens from throughput, memory sizes, SSD wear")
     c.add_argument("--from-json", help="bench_prefill JSON: one row per measured run")
-    c.add_argument("--throughput", type=float, default=1.0, help="tokens/s (without --from-json)")
-    c.add_argument("--gpus", type=float, default=1.0)
-    c.add_argument("--dram-gb", type=float, default=0.0)
-    c.add_argument("--ssd-gb", type=float, default=0.0)
-    c.add_argument("--sessions", type=float, default=1.0, help="cached prefixes kept (scales memory)")
-    c.add_argument("--p-gpu", type=float, default=5.0, help="$/h per GPU")
-    c.add_argument("--p-mem", type=float, default=0.0088, help="$/GB-h DRAM")
-    c.add_argument("--p-ssd", type=float, default=0.000082, help="$/GB-h SSD")
+    c.add_argument("--throughput", type=_number(0, True),
+                   help="measured tokens/s of the configuration (required without --from-json)")
+    c.add_argument("--gpus", type=_number(0, True), default=1.0, help="GPUs rented")
+    c.add_argument("--dram-gb", type=_number(0), default=0.0, help="DRAM holding cached KV (GB)")
+    c.add_argument("--ssd-gb", type=_number(0), default=0.0, help="SSD holding cached KV (GB)")
+    c.add_argument("--sessions", type=_number(0, True), default=1.0,
+                   help="cached prefixes kept (scales memory; with --from-json)")
+    c.add_argument("--p-gpu", type=_number(0), default=5.0, help="$/h per GPU")
+    c.add_argument("--p-mem", type=_number(0), default=0.0088, help="$/GB-h DRAM")
+    c.add_argument("--p-ssd", type=_number(0), default=0.000082, help="$/GB-h SSD")
     _add_wear_args(c)
     c.set_defaults(fn=cmd_cost)
-    a = ap.parse_args(argv)
+    return ap
+
+
+# What a command needs beyond the base install, by the module whose import failed.
+EXTRAS = {"sglang": "needs SGLang: pip install 'tutti-hicache[sglang]' (SGLang 0.5.17-0.5.23 "
+                    "with torch)",
+          "torch": "needs PyTorch: pip install torch (a CUDA build to profile a GPU)"}
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    return a.fn(a)
+    cmd = "tutti-hicache " + a.cmd + (f" {a.what}" if a.cmd == "bench" else "")
+    try:
+        return a.fn(a)
+    except ImportError as e:  # an optional dependency the command needs
+        if a.verbose:
+            raise
+        hint = EXTRAS.get((e.name or "").split(".")[0], "a dependency is missing")
+        print(f"{cmd}: {e if 'pip install' in str(e) else f'{hint} ({e})'}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as e:  # bad input: a path, a value, a full or read-only medium
+        if a.verbose:
+            raise
+        print(f"{cmd}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ where they are used: namespace.check_dirs). No I/O here.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -75,7 +76,12 @@ def _parse_dirs(key: str, v: Any) -> tuple[str, ...]:
     if isinstance(v, str):
         text = v.strip()
         if text.startswith("["):
-            v = json.loads(text)
+            try:
+                v = json.loads(text)
+            except ValueError as e:
+                raise ValueError(f"{key}: not a valid JSON list ({e.msg} at character {e.pos}) in "
+                                 f"{text!r}; write it as [\"/nvme0/kv\", \"/nvme1/kv\"], or as "
+                                 "a comma-separated string") from None
         else:
             v = [p for p in text.replace(":", ",").split(",") if p.strip()]
     if not isinstance(v, (list, tuple)) or not all(isinstance(p, str) and p for p in v):
@@ -112,7 +118,9 @@ class TuttiConfig:
         "Store directories, one per SSD (JSON list, or a comma/colon separated string in the env "
         "var). Required.", kind="dirs")
     capacity_gb: float = setting(64.0,
-        "Byte cap of this identity's store, over all directories together (GB = 2^30 bytes).",
+        "Byte cap of this identity's store, over all directories together (GB = 2^30 bytes). "
+        "At attach it is lowered, with one warning, to what the directories' filesystems can "
+        "hold (their free space plus this store's own segments, less tutti_free_space_floor_gb).",
         minimum=0.0)
     engine: str = setting("auto",
         "I/O engine: auto (io_uring, else POSIX threads, reason logged once), uring, posix.",
@@ -129,9 +137,11 @@ class TuttiConfig:
     revision: str = setting("",
         "Weights revision, part of the identity: a weight update never replays stale KV.")
     model: str = setting("", "Model identity override (default: SGLang's model_name).")
-    segment_gb: float = setting(1.0, "Size of one preallocated segment file (an existing "
-                                   "namespace keeps the size it was created with).",
-                                   minimum=1.0 / 1024)
+    segment_gb: float = setting(0.0,
+        "Size of one preallocated segment file (an existing namespace keeps the size it was "
+        "created with). 0: 1 GiB, or an eighth of the directory's filesystem where that is "
+        "smaller than 8 GiB; a size larger than a directory's filesystem is refused at attach.",
+        minimum=0.0)
     durability: str = setting("none",
         "none: crash-consistent against process kills (payload before header, O_DIRECT); sync: "
         "also fdatasync before and after publishing headers (power-loss safe, slower).",
@@ -234,7 +244,7 @@ class TuttiConfig:
         extra = dict(extra_config or {})
         unknown = [k for k in extra if k.startswith(PREFIX) and k[len(PREFIX):] not in _BY_NAME]
         if unknown:
-            raise ValueError(f"{unknown[0]}: unknown tutti setting (known: {sorted(PREFIX + s.name for s in SETTINGS)})")
+            raise ValueError(_unknown(unknown[0]))
         values: dict[str, Any] = {}
         for s in SETTINGS:
             env_key = ENV_PREFIX + s.name.upper()
@@ -244,7 +254,7 @@ class TuttiConfig:
                 values[s.name] = _parse(s, env_key, env[env_key])
         for name, v in overrides.items():
             if name not in _BY_NAME:
-                raise ValueError(f"{PREFIX}{name}: unknown tutti setting")
+                raise ValueError(_unknown(PREFIX + name))
             values[name] = _parse(_BY_NAME[name], PREFIX + name, v)
         return cls(**values)
 
@@ -275,6 +285,14 @@ YOU_SET = ("dirs", "capacity_gb", "durability", "verify", "revision", "model", "
            "stats_file", "drive_capacity_gb", "cluster_publish", "cluster_promote")
 if not set(YOU_SET) <= set(_BY_NAME):
     raise TypeError(f"YOU_SET names no setting: {sorted(set(YOU_SET) - set(_BY_NAME))}")
+
+
+def _unknown(key: str) -> str:
+    """An unknown tutti_ key's message: the closest known key, if one is close, else the list."""
+    close = difflib.get_close_matches(key[len(PREFIX):], list(_BY_NAME), n=1, cutoff=0.6)
+    if close:  # compared without the prefix every key shares
+        return f"{key}: unknown tutti setting; did you mean {PREFIX}{close[0]}?"
+    return f"{key}: unknown tutti setting (known: {', '.join(sorted(PREFIX + n for n in _BY_NAME))})"
 
 
 def settings_markdown() -> str:

@@ -3,6 +3,8 @@
 At a glance:
     check_dirs(cfg)                         create missing store dirs (0700); each must be writable
                                             and accept O_DIRECT, else ValueError naming tutti_dirs
+    fit_to_filesystems(cfg, ns_dirs, slot_nbytes) -> cfg   segment size chosen or checked, the
+                                            capacity lowered to what the filesystems hold
     Namespace(cfg, fingerprint, placement, capacity_slots, dirs=None)
         .dirs                               <dir>/tutti-<fingerprint>, one per store directory, in
                                             stripe order (heal.resolve made them and their metadata)
@@ -38,11 +40,12 @@ import threading
 import numpy as np
 
 from . import engine
-from .config import ENV_PREFIX, PREFIX, TuttiConfig
+from .config import ENV_PREFIX, GiB, PREFIX, TuttiConfig
 from .heal import reclaim
 from .layout import Placement
 
 logger = logging.getLogger("tutti_hicache.store")
+MiB = 1 << 20
 
 
 def check_dirs(cfg: TuttiConfig) -> None:
@@ -67,6 +70,68 @@ def check_dirs(cfg: TuttiConfig) -> None:
             raise ValueError(f"{PREFIX}dirs: the filesystem of {d} refuses O_DIRECT (some FUSE, "
                              "overlay or network filesystems do); use a directory on ext4, xfs, "
                              "btrfs or tmpfs")
+
+
+def fit_to_filesystems(cfg: TuttiConfig, ns_dirs: list[str], slot_nbytes: int) -> TuttiConfig:
+    """The configuration a store opens with, fitted to the filesystems under tutti_dirs.
+
+    Segment size: tutti_segment_gb 0 picks 1 GiB, or an eighth of the smallest filesystem when
+    that is less; a given size larger than a filesystem raises ValueError. Capacity: lowered,
+    with one warning, to what the filesystems can hold: the store's own segment files plus the
+    free space above tutti_free_space_floor_gb, shared evenly by the directories on one
+    filesystem, times the number of directories (slots stripe evenly). Never below what the
+    store already holds, so a fuller disk never shrinks a store at attach. Where not one slot
+    fits, a warning and a store of one slot per directory (its writes fail until restarted)."""
+    by_fs: dict[int, list[int]] = {}  # st_dev -> indices of the directories on it
+    for i, d in enumerate(cfg.dirs):
+        by_fs.setdefault(os.stat(d).st_dev, []).append(i)
+    floor = int(cfg.free_space_floor_gb * GiB)
+    room, sizes = {}, []  # directory -> its share of its filesystem's room; (fs bytes, a dir)
+    for idx in by_fs.values():
+        st = os.statvfs(cfg.dirs[idx[0]])
+        sizes.append((st.f_blocks * st.f_frsize, cfg.dirs[idx[0]]))
+        free = max(0, st.f_bavail * st.f_frsize - floor)
+        share = (sum(_segment_bytes(ns_dirs[i]) for i in idx) + free) // len(idx)
+        room.update({cfg.dirs[i]: (share, free) for i in idx})
+    segment = _segment_size(cfg, slot_nbytes, *min(sizes))
+    tight = min(room, key=lambda d: room[d][0])
+    fits = room[tight][0] * len(cfg.dirs) // slot_nbytes * slot_nbytes
+    if fits == 0:  # the server runs on without this tier; a restart with room sizes it again
+        logger.warning("tutti: %sdirs: no room for one %d KiB page slot in %s (%d KiB free%s): "
+                       "nothing is stored until space is freed there and the server restarts",
+                       PREFIX, slot_nbytes >> 10, tight, room[tight][1] >> 10,
+                       f" above {PREFIX}free_space_floor_gb" if floor else "")
+        return cfg.with_(capacity_gb=slot_nbytes * len(cfg.dirs) / GiB, segment_gb=segment / GiB)
+    if fits < cfg.capacity_bytes:
+        logger.warning("tutti: %scapacity_gb %g is more than tutti_dirs' filesystems can hold "
+                       "(their free space%s plus this store's own segments): the store is "
+                       "capped at %s", PREFIX, cfg.capacity_gb,
+                       f" above {PREFIX}free_space_floor_gb" if floor else "",
+                       f"{fits / GiB:.1f} GiB" if fits >= GiB else f"{fits / MiB:.1f} MiB")
+        return cfg.with_(capacity_gb=fits / GiB, segment_gb=segment / GiB)
+    return cfg.with_(segment_gb=segment / GiB)
+
+
+def _segment_size(cfg: TuttiConfig, slot_nbytes: int, fs_nbytes: int, d: str) -> int:
+    """tutti_segment_gb in bytes, or (0) the adaptive size: 1 GiB, at most fs_nbytes / 8."""
+    if cfg.segment_bytes == 0:
+        return max(slot_nbytes, min(GiB, fs_nbytes // 8 // MiB * MiB))
+    if cfg.segment_bytes > fs_nbytes:
+        raise ValueError(f"{PREFIX}segment_gb: a {cfg.segment_bytes / MiB:.0f} MiB segment does "
+                         f"not fit in the {fs_nbytes / MiB:.0f} MiB filesystem of {d}; leave it "
+                         f"unset (0: sized to the filesystem) or set it below "
+                         f"{fs_nbytes / GiB:.4g}")
+    return cfg.segment_bytes
+
+
+def _segment_bytes(ns: str) -> int:
+    """Bytes of the segment files in a namespace directory (0 where there is none yet, or a
+    damaged one that attach's healing rebuilds next)."""
+    try:
+        names = [e for e in os.listdir(ns) if e.startswith("seg-") and e.endswith(".dat")]
+        return sum(os.lstat(os.path.join(ns, e)).st_size for e in names)
+    except OSError:
+        return 0
 
 
 def namespace_dirs(dirs, fingerprint: bytes) -> list[str]:

@@ -3,7 +3,9 @@
 At a glance (SGLang calls; thread in brackets):
     TuttiStorage(storage_config, kwargs)            [scheduler] validates tutti_* settings
     register_mem_pool_host(pool)                    [scheduler] maps + registers the host pool,
-                                                    opens the store (index rebuilt from disk)
+                                                    opens the store (index rebuilt from disk),
+                                                    warns once when SGLang's settings will cut
+                                                    its hits (prefetch.py)
     batch_exists(keys) -> int                       [prefetch] leading run present, memory only
     batch_get_v1(keys, host_indices) -> [bool]      [io-aux] one engine batch, zero copy
     batch_set_v1(keys, host_indices) -> [bool]      [backup] dedupe, then one engine batch per phase
@@ -33,6 +35,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 from .config import TuttiConfig
 from .namespace import check_dirs
 from .hostmap import HostMap
+from .prefetch import warn_cuts
 from .identity import identity_for, is_writer
 from .statsfile import StatsFile
 from .store import ObjectStore
@@ -94,6 +97,7 @@ class TuttiStorage(HiCacheStorage):
                     mem_pool_host.layout, hm.geometry.num_layers, hm.geometry.page_size,
                     list(self.cfg.dirs), len(self.store), self.store.engine.name, registered,
                     "" if writer else ", read-only rank")
+        warn_cuts(mem_pool_host)
         if not hm.aligned:
             logger.warning("tutti: host pool objects are not 4 KiB-aligned (small KV objects, "
                            "fp8 or tiny pages): using the aligned bounce path (one copy)")

@@ -56,7 +56,7 @@ from .index import SlotIndex
 from .layer_reads import LayerReads, LayerStream, PagePlan
 from .heal import quarantines, reclaim, resolve
 from .layout import PageGeometry, SlotLayout
-from .namespace import FileTable, Namespace, check_dirs
+from .namespace import FileTable, Namespace, check_dirs, fit_to_filesystems, namespace_dirs
 from .rehome import Rehome
 from .rows import Rows
 from .scan import Scanner
@@ -126,6 +126,8 @@ class ObjectStore:
         if geometry.units > header.MAX_UNITS:
             raise ValueError(f"tutti: {geometry.num_layers} layers exceed the {header.MAX_UNITS} "
                              "per-layer checksums a slot header holds")
+        cfg = self.cfg = fit_to_filesystems(cfg, namespace_dirs(cfg.dirs, self.fingerprint),
+                                            self.layout.slot_nbytes)
         self.capacity_slots = cfg.capacity_bytes // self.layout.slot_nbytes
         if self.capacity_slots < 1:
             raise ValueError(f"tutti_capacity_gb: {cfg.capacity_gb} GB holds no slot of "

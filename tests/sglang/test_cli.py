@@ -36,6 +36,21 @@ def test_bench_store_pin_without_cuda_is_a_clear_refusal(tmp_path, capsys):
     assert "--pin" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("options, why", [
+    ("size=64m,ro", "cannot write there (Read-only file system)"),
+    ("size=1m", "MiB free, and this run writes about 64 MiB (8 pages, 3 copies); free space "
+                "there or lower --pages"),
+], ids=["read_only", "full"])
+def test_bench_store_on_a_read_only_or_full_medium_is_one_line(sglang, tmpfs, capsys, options,
+                                                               why):
+    medium = tmpfs(options)
+    assert main(["bench", "store", "--medium", str(medium), "--geometry", "small",
+                 "--pages", "8"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1
+    assert out.err.startswith(f"tutti-hicache bench store: --medium {medium}: ") and why in out.err
+
+
 def test_inspect_and_fsck_find_and_drop_a_bad_page(sglang, tmp_path, capsys):
     import torch
     from tutti_hicache.storage import TuttiStorage

@@ -278,16 +278,9 @@ def test_changed_placement_heals(sglang, tmp_path, change):
 
 # ------------------------------------------------------------------------ ENOSPC, the floor
 @pytest.fixture
-def tiny_tmpfs(tmp_path, mount_tmpfs):
+def tiny_tmpfs(tmpfs):
     """An 8 MiB tmpfs mounted for the test (needs root and mount; skipped otherwise)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    err = mount_tmpfs(mnt, "size=8m")
-    if err:
-        pytest.skip(f"cannot mount a tmpfs: {err}")
-    return mnt
+    return tmpfs("size=8m")
 
 
 def _free(path):
@@ -319,12 +312,15 @@ def test_enospc_stops_growth_and_writes_go_on_by_eviction(sglang, tiny_tmpfs):
     st.close()
 
 
-def test_no_space_for_a_first_segment_is_a_clean_failure(sglang, tiny_tmpfs):
+def test_no_room_for_one_slot_is_one_warning_and_clean_failures(sglang, tiny_tmpfs, caplog):
     h = sglang
-    with open(tiny_tmpfs / "ballast", "wb") as f:  # leave less than one segment free
-        f.write(b"\1" * (_free(tiny_tmpfs) - 512 * 1024))
+    with open(tiny_tmpfs / "ballast", "wb") as f:  # leave less than one 20 KiB slot free
+        f.write(b"\1" * (_free(tiny_tmpfs) - 8 * 1024))
     pool = make_pool(h, n_pages=8)
     st = storage(h, [tiny_tmpfs / "s"], pool, tutti_capacity_gb=0.0625)
+    assert [r.getMessage() for r in caplog.records if "no room" in r.getMessage()] == [
+        f"tutti: tutti_dirs: no room for one 20 KiB page slot in {tiny_tmpfs / 's'} (8 KiB "
+        "free): nothing is stored until space is freed there and the server restarts"]
     idx = pool.alloc(4 * PAGE)
     ks = keys_of(4, "nospace")
     fill(pool, idx, ks)

@@ -282,7 +282,8 @@ def test_drive_writes_per_day_at_the_measured_rate(tmp_path):
     s.close()
 
 
-def test_inspect_fsck_and_cost_print_the_wear(tmp_path, capsys):
+def test_inspect_fsck_and_cost_print_the_wear(tmp_path, capsys, monkeypatch):
+    from tutti_hicache import cli
     cfg = cfg_for([tmp_path], slots=16)
     s = ObjectStore(cfg, GEOM, IDENT)
     ks = keys(4)
@@ -292,6 +293,11 @@ def test_inspect_fsck_and_cost_print_the_wear(tmp_path, capsys):
     stats = s.stats()
     s.close()
     c = read_counters(os.path.join(s.ns_dirs[0], FILE_NAME))
+    assert main(["inspect", str(tmp_path)]) == 0  # seconds of counting: no projection
+    out = capsys.readouterr().out
+    assert "too little history to project drive writes per day" in out
+    assert "drive writes per day of" not in out and "years" not in out
+    monkeypatch.setattr(cli, "MIN_HISTORY_S", 0)
     assert main(["inspect", str(tmp_path), "--drive-capacity-gb", "1"]) == 0
     out = capsys.readouterr().out
     assert f"payload {4 * PAGE} B, header {4 * HEADER_NBYTES} B, tombstone 0 B, meta {c['meta']} B" in out
@@ -330,5 +336,5 @@ def test_cost_from_a_prefill_run_adds_the_wear_term(capsys):
     row = next(ln for ln in lines if ln.startswith(x["config"]) and f" {x['C']} " in ln)
     dwpd = written * x["C"] / x["ttft_s"] / 1e6 * 86400 / (4 * 7.68e12)  # sustained, per drive
     assert f"{written / 1e9:.3f}" in row and f"{wear:.4f}" in row and f" {dwpd:.2f} " in row
-    assert "rated 3 DWPD for 5 years" in lines[0]
+    assert lines[0].startswith("assumed: $5/h per GPU") and "rated 3 DWPD for 5 years" in lines[1]
     assert all(ln.split()[-2] == "0.0000" for ln in lines if ln.startswith(("recompute", "dram")))

@@ -3,6 +3,9 @@
 At a glance:
     write_raw_file(path, nbytes)                    random bytes, O_DIRECT, 8 MiB requests
     raw_read_GBps(path, nbytes, req, threads) -> GB/s   O_DIRECT read into distinct, pre-faulted memory
+    raw_read_uring_GBps(path, nbytes, req, batch_nbytes, dirs, ...) -> GB/s
+                                                    the same through tutti's own engine: io_uring,
+                                                    its queue depth, `req`-byte operations
     raw_read_dirs(dirs, nbytes, reqs) -> dict       one file per directory, every directory at once
     drop_page_cache(paths) -> str                   drop_caches when allowed, else fadvise per file
     raw_write_dirs(dirs, nbytes, req, threads) -> dict  O_DIRECT writes of one file per directory,
@@ -12,6 +15,7 @@ At a glance:
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import threading
@@ -66,6 +70,46 @@ def raw_read_GBps(path: str, nbytes: int, req: int, threads: int) -> float:
     np.frombuffer(buf, dtype=np.uint8)[:] = 1  # fault the pages in, as a host pool already is
     seconds = _direct_pass([path], offsets, req, threads, buf, write=False)
     return len(offsets) * req / seconds / 1e9
+
+
+def raw_read_uring_GBps(path: str, nbytes: int, req: int, batch_nbytes: int, dirs,
+                        kind: str = "auto", queue_depth: int = 0, threads: int = 8) -> float:
+    """O_DIRECT read of [0, nbytes) through the engine a store on `dirs` would open (the same
+    kind, ring depth and bytes in flight: tutti_engine, tutti_queue_depth, derived from the
+    devices when 0), in operations of exactly `req` bytes (never coalesced into larger ones),
+    one engine batch per batch_nbytes as a restore submits one batch of pages, into distinct
+    pre-faulted memory; GB/s. A plain file read at tutti's own operation size and depth."""
+    from ..config import TuttiConfig
+    from ..engine import extension, inflight_for
+    ext = extension()
+    req = max(4096, req // 4096 * 4096)
+    cfg = TuttiConfig(dirs=tuple(dirs), engine=kind, queue_depth=queue_depth, threads=threads)
+    depth, read_bytes, write_bytes = inflight_for(cfg)
+    if kind == "auto":
+        kind = "uring" if ext.uring_compiled() else "posix"
+    try:
+        engine = ext.make_engine(kind, depth, threads, req, read_bytes, write_bytes)
+    except OSError:  # io_uring refused here: the POSIX engine, as the store's auto falls back
+        engine = ext.make_engine("posix", depth, threads, req, read_bytes, write_bytes)
+    try:
+        offsets = np.arange(0, nbytes - req + 1, req, dtype=np.int64)
+        span = max(req, min(nbytes, 1 << 30) // req * req)
+        buf = ext.AlignedBuffer(span)
+        np.frombuffer(buf, dtype=np.uint8)[:] = 1  # fault the pages in, as a host pool already is
+        f = engine.open_file(path, False, True)
+        per = max(1, batch_nbytes // req)
+        t0 = time.perf_counter()
+        for i in range(0, len(offsets), per):
+            off = offsets[i:i + per]
+            res = engine.submit("read", np.full(len(off), f, np.int64), off,
+                                np.full(len(off), req, np.int64),
+                                (buf.address + off % span).astype(np.uint64))
+            if (res != req).any():
+                bad = int(res[res != req][0])
+                raise OSError(-bad if bad < 0 else errno.EIO, "raw read failed", path)
+        return len(offsets) * req / (time.perf_counter() - t0) / 1e9
+    finally:
+        engine.close()
 
 
 def raw_read_dirs(dirs, nbytes: int, reqs=(256 << 10, 8 << 20), threads: int = 8) -> dict:

@@ -63,6 +63,9 @@ _SGLANG_MODULES = (
     "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller",
 )
 
+INSTALL_HINT = ("install SGLang 0.5.17-0.5.23 with its dependencies: pip install "
+                "'tutti-hicache[sglang]' (or pip install 'sglang==0.5.23')")
+
 # Warnings that third-party code emits while SGLang is imported on a CPU-only torch; ignored only
 # during that import. (category, regex matched at the start of the message)
 _IMPORT_WARNINGS = (
@@ -85,9 +88,7 @@ def sglang_version() -> str:
     try:
         return version("sglang")
     except PackageNotFoundError:
-        raise ImportError(
-            "sglang is not installed; run scripts/setup_env.sh (installs it with --no-deps)"
-        ) from None
+        raise ImportError(f"SGLang is not installed; {INSTALL_HINT}", name="sglang") from None
 
 
 def ensure_sglang() -> str:
@@ -98,7 +99,8 @@ def ensure_sglang() -> str:
     """
     ver = sglang_version()
     if importlib.util.find_spec("sglang") is None:
-        raise ImportError("sglang metadata found but the package is not importable")
+        raise ImportError(f"SGLang's package metadata is installed but not the package; "
+                          f"{INSTALL_HINT}", name="sglang")
     install_torchvision_stub()
     with warnings.catch_warnings():
         for category, message in _IMPORT_WARNINGS:
@@ -108,8 +110,8 @@ def ensure_sglang() -> str:
                 importlib.import_module(name)
             except ImportError as exc:
                 raise ImportError(
-                    f"sglang {ver} is installed but {name} does not import ({exc}); "
-                    f"run scripts/setup_env.sh --sglang {ver}"
+                    f"SGLang {ver} is installed but {name} does not import ({exc}); "
+                    f"{INSTALL_HINT}", name="sglang"
                 ) from exc
     return ver
 
