@@ -32,6 +32,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import PoolName
 from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
 
+from . import hashwarm
 from .config import TuttiConfig
 from .devicemap import DeviceMap
 from .identity import identity_for, is_writer
@@ -67,6 +68,7 @@ class TuttiLinker(UnifiedCacheLinker):
                               writer=is_writer(geometry.kind, tp_rank))
         self.layer_done_counter = self.kv.counter
         _warn_settings(server_args, params.page_size)
+        hashwarm.start()  # SGLang's page-hash module, built now rather than in the first request
         logger.info("tutti linker: %s pool, %d layers, page %d, %d pages on disk, %s engine, "
                     "I/O stream: %s", "MLA" if dm.mla else "MHA", geometry.num_layers,
                     params.page_size, len(self.kv.store), self.kv.store.engine.name,

@@ -35,6 +35,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 from .config import TuttiConfig
 from .namespace import check_dirs
 from .hostmap import HostMap
+from . import hashwarm
 from .prefetch import warn_cuts
 from .identity import identity_for, is_writer
 from .statsfile import StatsFile
@@ -98,6 +99,7 @@ class TuttiStorage(HiCacheStorage):
                     list(self.cfg.dirs), len(self.store), self.store.engine.name, registered,
                     "" if writer else ", read-only rank")
         warn_cuts(mem_pool_host)
+        hashwarm.start()  # SGLang's page-hash module, built now rather than in the first request
         if not hm.aligned:
             logger.warning("tutti: host pool objects are not 4 KiB-aligned (small KV objects, "
                            "fp8 or tiny pages): using the aligned bounce path (one copy)")
