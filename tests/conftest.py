@@ -14,6 +14,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,7 +25,13 @@ import pytest
 def pytest_configure(config):
     """Without CUDA the Triton kernels run in Triton's interpreter. Set here, once, before any test
     module imports triton, so every test sees the same mode whatever the collection order (the
-    markers themselves are declared in pyproject.toml)."""
+    markers themselves are declared in pyproject.toml).
+
+    SGLang builds its native hash extension with torch's JIT on first use (about 6 s), into one
+    directory per user: two checkouts' environments sharing it rebuild it at every run, each
+    evicting the other's build. In a virtual environment the tests keep theirs inside it."""
+    if sys.prefix != sys.base_prefix:
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
     if importlib.util.find_spec("torch") is not None:
         import torch
 
