@@ -11,8 +11,9 @@ restores the whole prefix through SGLang's _page_transfer, each configuration --
                   promotion thread (promote_drain_s: how long after the call that ended)
   local           from B's own SSD tier (O_DIRECT), after the promotion
 each followed by one H2D copy of the restored pages into GPU memory (timed apart). Recompute: a
-prefill of C tokens of the same shape (bench_prefill.py's random-weight Llama layers, SDPA) in
-this process. Every restore is checked byte-exact against A's pages (SHA-256 per page).
+prefill of C tokens of the same shape (random-weight Llama layers, SDPA:
+tutti_hicache/benchmarks/model.py) in this process. Every restore is checked byte-exact against
+A's pages (SHA-256 per page).
 
 Loopback TCP is not a cluster network: one host's memory bandwidth carries both ends, the
 transfer engine copies through sockets, and nothing crosses a NIC. RDMA between nodes would
@@ -29,23 +30,20 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tutti_hicache.benchmarks.model import Model, prefill
 
 SHAPE = dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, mlp=14336, page=64)
 
 
 def recompute_s(layers: int, tokens: int, repeats: int) -> float | None:
-    """Median prefill time of `tokens` new tokens, bench_prefill's model with `layers` layers."""
+    """Median prefill time of `tokens` new tokens through the benchmarks' model with `layers` layers."""
     if not torch.cuda.is_available():
         return None
-    from bench_prefill import Model, prefill
-
     model = Model(dict(SHAPE, layers=layers), tokens + 2 * SHAPE["page"], torch.device("cuda"))
     prefill(model, tokens, 0)  # warm-up
     times = [prefill(model, tokens, 0)[0] for _ in range(repeats)]

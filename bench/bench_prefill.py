@@ -31,8 +31,8 @@ import tempfile
 import time
 
 import torch
-import torch.nn.functional as F
 
+from tutti_hicache.benchmarks.model import Model, prefill, sync
 from tutti_hicache.benchmarks.offload import OffloadStream
 from tutti_hicache.benchmarks.timeline import summarize
 from tutti_hicache.config import TuttiConfig
@@ -43,83 +43,6 @@ from tutti_hicache.layout import PageGeometry
 ENGINE, VERIFY, STAGE_DEPTH, THREADS = "auto", True, TuttiConfig().stage_depth, 16
 LLAMA = dict(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, mlp=14336, page=64)
 TINY = dict(layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, mlp=512, page=16)
-
-
-class Model:
-    """Random-weight Llama-shaped decoder layers over a paged KV pool (rows = tokens)."""
-
-    def __init__(self, shape: dict, rows: int, device, dtype=torch.bfloat16):
-        s = shape
-        self.s, self.device, self.dtype = s, device, dtype
-        g = torch.Generator(device=device).manual_seed(0)
-
-        def w(*dims):
-            return (torch.randn(*dims, generator=g, device=device) / math.sqrt(dims[0])).to(dtype)
-
-        qkv = s["heads"] * s["head_dim"] + 2 * s["kv_heads"] * s["head_dim"]
-        self.w = [dict(qkv=w(s["hidden"], qkv), o=w(s["heads"] * s["head_dim"], s["hidden"]),
-                       up=w(s["hidden"], 2 * s["mlp"]), down=w(s["mlp"], s["hidden"]))
-                  for _ in range(s["layers"])]
-        self.k = [torch.zeros(rows, s["kv_heads"], s["head_dim"], device=device, dtype=dtype)
-                  for _ in range(s["layers"])]
-        self.v = [torch.zeros_like(b) for b in self.k]
-
-    def forward(self, x, start: int, total: int, counter=None, marks=None):
-        """New tokens x [n, hidden] at rows [start, total) over KV rows [page, total)."""
-        s, page = self.s, self.s["page"]
-        n = x.shape[0]
-        for l, w in enumerate(self.w):
-            qkv = x @ w["qkv"]
-            q, k, v = qkv.split([s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"],
-                                 s["kv_heads"] * s["head_dim"]], dim=-1)
-            self.k[l][start:total] = k.view(n, s["kv_heads"], s["head_dim"])
-            self.v[l][start:total] = v.view(n, s["kv_heads"], s["head_dim"])
-            if counter is not None:
-                before = _mark(marks)
-                counter.wait_until(l)
-                _mark(marks, before)
-            kk, vv = self.k[l][page:total], self.v[l][page:total]
-            o = _attention(q.view(n, s["heads"], s["head_dim"]), kk, vv, s["heads"] // s["kv_heads"])
-            x = x + o.reshape(n, -1) @ w["o"]
-            gate, up = (x @ w["up"]).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ w["down"]
-        return x
-
-
-def _attention(q, k, v, rep):
-    """Causal attention of the last q.shape[0] positions over all of k/v (lower-right aligned)."""
-    from torch.nn.attention.bias import causal_lower_right
-    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    bias = causal_lower_right(q.shape[2], k.shape[2])
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)[0].transpose(0, 1)
-
-
-def _mark(marks, before=None):
-    """GPU timestamps around each wait_until (CUDA events), or CPU time on CPU."""
-    if marks is None:
-        return None
-    if torch.cuda.is_available():
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-    else:
-        ev = time.perf_counter()
-    if before is not None:
-        marks.append((before, ev))
-    return ev
-
-
-def _bubble_s(marks) -> float:
-    if not marks:
-        return 0.0
-    if torch.cuda.is_available():
-        return sum(a.elapsed_time(b) for a, b in marks) / 1e3
-    return sum(b - a for a, b in marks)
-
-
-def _sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 class DramTier:
@@ -152,22 +75,6 @@ class DramTier:
                 ev.record()
             self.counter.complete(idx, l, ev)
         return idx
-
-
-def prefill(model, tokens: int, prefix: int, restore=None, counter=None):
-    """One request: TTFT (s), bubble (s). restore() starts the layer-wise loads, returns index."""
-    page = model.s["page"]
-    x = torch.randn(tokens - prefix, model.s["hidden"], device=model.device, dtype=model.dtype)
-    _sync()
-    marks = [] if counter is not None else None
-    t0 = time.perf_counter()
-    if restore is not None:
-        counter.set_consumer(restore())
-    model.forward(x, page + prefix, page + tokens, counter, marks)
-    if counter is not None:
-        counter.finish(counter.consumer_index)
-    _sync()
-    return time.perf_counter() - t0, _bubble_s(marks)
 
 
 def fill_prefix(model, rows: int) -> None:
@@ -215,11 +122,11 @@ def restore_fn(lw: LayerwiseKV, model, keys: list, pages: int):
 
 def io_only(lw, model, keys, pages) -> tuple[float, dict]:
     c0, cpu0 = lw.store.engine.counters(), time.process_time()
-    _sync()
+    sync()
     t0 = time.perf_counter()
     index = restore_fn(lw, model, keys, pages)()
     ok = lw.finish(index)
-    _sync()
+    sync()
     dt = time.perf_counter() - t0
     c1 = lw.store.engine.counters()
     assert ok, "restore failed"

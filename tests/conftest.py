@@ -1,5 +1,7 @@
 """Shared test setup: Triton's interpreter without CUDA, skips for the `gpu` and `sglang` markers, the
-`sglang` fixture, the `store_dirs` fixture.
+`sglang` fixture, the `store_dirs` fixture, and a skip (with SGLang's message) for a test whose
+SGLang host pool does not fit in the machine's free memory even beside the harness's small reserve
+(tutti_hicache.testing.sglang.HOST_MEMORY_RESERVE_BYTES).
 
 SGLang is never imported at collection: tests that need it take the `sglang` fixture (or call
 `require_sglang()`), which imports it on first use (torchvision stub included, see
@@ -12,6 +14,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,7 +25,13 @@ import pytest
 def pytest_configure(config):
     """Without CUDA the Triton kernels run in Triton's interpreter. Set here, once, before any test
     module imports triton, so every test sees the same mode whatever the collection order (the
-    markers themselves are declared in pyproject.toml)."""
+    markers themselves are declared in pyproject.toml).
+
+    SGLang builds its native hash extension with torch's JIT on first use (about 6 s), into one
+    directory per user: two checkouts' environments sharing it rebuild it at every run, each
+    evicting the other's build. In a virtual environment the tests keep theirs inside it."""
+    if sys.prefix != sys.base_prefix:
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
     if importlib.util.find_spec("torch") is not None:
         import torch
 
@@ -46,6 +55,27 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("sglang"):
                 item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _skip_on_host_memory_short())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _skip_on_host_memory_short())
+
+
+def _skip_on_host_memory_short():
+    """Run the hook's phase; a host pool SGLang refused for want of free memory is a skip: the
+    machine cannot run the test, the code under test did nothing wrong."""
+    from tutti_hicache.testing.sglang import HostMemoryShort
+
+    try:
+        return (yield)
+    except HostMemoryShort as exc:
+        pytest.skip(str(exc))
 
 
 def require_sglang() -> str:
@@ -136,15 +166,3 @@ def _umount(mnt):
         time.sleep(0.1)
     subprocess.run(["umount", "-l", str(mnt)], check=True)
 
-
-@pytest.fixture
-def load_bench():
-    """load_bench("e2e_sglang") -> bench/e2e_sglang.py imported as a module (the bench scripts
-    are not a package)."""
-    def load(name: str):
-        path = Path(__file__).parents[1] / "bench" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(f"{name}_under_test", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    return load

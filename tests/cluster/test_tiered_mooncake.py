@@ -10,7 +10,9 @@ import logging
 import pytest
 
 torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.sglang
+# slow, all of it: SGLang and Mooncake imported (here and in every node process), a mooncake_master
+# process per test or module, and each Mooncake client's close takes about 2 s
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +78,6 @@ def keys(n, seed):
     return make_page_keys(n, seed)
 
 
-@pytest.mark.slow  # node processes import SGLang and Mooncake (about 15 s for the module)
 def test_a_writes_b_finds_and_reads_byte_exact(cluster):
     a, b = cluster.node("A"), cluster.node("B")
     k = keys(24, 1)
@@ -93,7 +94,6 @@ def test_a_writes_b_finds_and_reads_byte_exact(cluster):
     assert b.call("stats", "kv")["hits"] - s["hits"] == 24
 
 
-@pytest.mark.slow
 def test_the_master_listens_on_loopback_only(cluster):
     """Every listener of the master is 127.0.0.1 (RPC, metrics; no HTTP metadata server). The
     nodes' transfer-engine listeners are Mooncake's INADDR_ANY (docs/cluster.md, Security)."""
@@ -102,7 +102,6 @@ def test_the_master_listens_on_loopback_only(cluster):
     assert {ip for ip, _ in addrs} == {"127.0.0.1"}, addrs
 
 
-@pytest.mark.slow
 def test_mixed_local_and_remote_prefix_is_the_union(cluster):
     a, b = cluster.node("A"), cluster.node("B")
     k = keys(30, 2)
@@ -119,7 +118,6 @@ def test_mixed_local_and_remote_prefix_is_the_union(cluster):
     assert s["hits"] - before["hits"] == 10 and s["checksum_failures"] == 0
 
 
-@pytest.mark.slow
 def test_other_model_or_layout_finds_nothing(cluster):
     a, b = cluster.node("A"), cluster.node("B")
     k = keys(8, 7)
@@ -132,7 +130,6 @@ def test_other_model_or_layout_finds_nothing(cluster):
     assert b.call("exists", "kv", k) == 8  # the same layout does
 
 
-@pytest.mark.slow
 def test_tp_ranks_do_not_collide(cluster):
     a, b = cluster.node("A"), cluster.node("B")
     k = keys(8, 8)
@@ -147,7 +144,6 @@ def test_tp_ranks_do_not_collide(cluster):
         assert b.call("read", f"tp{rank}", k) == (8, want[rank])
 
 
-@pytest.mark.slow
 def test_publish_on_hit_offers_only_reused_pages(cluster):
     a, b = cluster.node("A"), cluster.node("B")
     for node in (a, b):
@@ -160,7 +156,6 @@ def test_publish_on_hit_offers_only_reused_pages(cluster):
     assert b.call("read", "hit", k) == (6, want)
 
 
-@pytest.mark.slow
 def test_writer_exit_keeps_promoted_pages(cluster):
     a, b = cluster.node("A"), cluster.node("B")
     k = keys(20, 9)
@@ -172,7 +167,6 @@ def test_writer_exit_keeps_promoted_pages(cluster):
     assert b.call("read", "kv", k[:12]) == (12, want[:12])
 
 
-@pytest.mark.slow
 def test_master_death_serves_locally_warns_once_and_recovers(cluster):
     b = cluster.node("B")
     k, fresh, later = keys(16, 11), keys(8, 12), keys(8, 13)

@@ -28,7 +28,7 @@ def make_pool(h, kind, layout, n_pages=2 * N + 8):
 
 def tutti(h, dirs, kind, layout, tp_rank=0, tp_size=1, **extra):
     from tutti_hicache.storage import TuttiStorage
-    cfg = {"tutti_dirs": [str(d) for d in dirs], "tutti_capacity_gb": 0.25,
+    cfg = {"tutti_dirs": [str(d) for d in dirs], "tutti_capacity_gb": 0.25, "tutti_segment_gb": 1 / 64,
            "tutti_rescan_interval_s": 0.0, **extra}
     sc = h.make_storage_config(tp_rank=tp_rank, tp_size=tp_size, is_mla=kind == "mla",
                                is_page_first_layout=layout == "page_first", extra_config=cfg)

@@ -3,6 +3,7 @@ writes from two threads never overlap on a directory (checked on the engine call
 refusal at the backlog bound, and the linker pipeline opening slack-table write windows while its
 reads are ahead of the forward."""
 
+import itertools
 import threading
 import time
 
@@ -13,6 +14,8 @@ from tutti_hicache.config import TuttiConfig
 from tutti_hicache.engine import engine_for, extension
 from tutti_hicache.layout import PageGeometry
 from tutti_hicache.store import ObjectStore
+
+from test_grow_ahead import wait_for
 
 GEOM = PageGeometry("mha", 4, 16, 256, 256)  # 4 KiB objects
 
@@ -119,41 +122,49 @@ def test_reads_and_writes_never_overlap_on_a_directory(tmp_path):
     keys = [f"r{i:063d}" for i in range(32)]
     assert store.write_pages(keys, raddr, True).all()
     rec.start(store)
-    stop = threading.Event()
     errors = []
+    dbuf, daddr = pages(32, 3)
 
-    def reader():
-        dbuf, daddr = pages(32, 3)
-        while not stop.is_set():
-            if not store.read_pages(keys, daddr, True).all():
-                errors.append("read")
+    def read_once():
+        if not store.read_pages(keys, daddr, True).all():
+            errors.append("read")
 
-    run_beside_a_writer(store, reader, stop, errors)
+    run_beside_a_writer(store, read_once, errors)
     assert not errors
     assert_no_overlap(rec.log)
     store.close()
 
 
-def run_beside_a_writer(store, reader, stop, errors, seconds=1.5):
-    """`reader` and a writer of 16-page batches (each forgotten again) on `store` for `seconds`."""
+def run_beside_a_writer(store, read_once, errors, rounds=30):
+    """`read_once` in a loop beside a writer of 16-page batches (each forgotten again) on `store`,
+    until each side has done `rounds` rounds: counted, not timed, so a busy machine makes the
+    test slower, never weaker. Fails if either side stops making progress."""
     wbuf, waddr = pages(16, 2)
+    stop, done = threading.Event(), {"read": 0, "write": 0}
+    serial = itertools.count()
 
-    def writer():
-        k = 0
+    def write_once():
+        ks = [f"w{next(serial):04d}{j:059d}" for j in range(16)]
+        if not store.write_pages(ks, waddr, True).all():
+            errors.append("write")
+        store.forget(ks)
+
+    def loop(side, once):
         while not stop.is_set():
-            ks = [f"w{k:04d}{j:059d}" for j in range(16)]
-            k += 1
-            if not store.write_pages(ks, waddr, True).all():
-                errors.append("write")
-            store.forget(ks)
+            once()
+            done[side] += 1
+            if min(done.values()) >= rounds:
+                stop.set()
 
-    ts = [threading.Thread(target=reader), threading.Thread(target=writer)]
+    ts = [threading.Thread(target=loop, args=("read", read_once), daemon=True),
+          threading.Thread(target=loop, args=("write", write_once), daemon=True)]
     for t in ts:
         t.start()
-    time.sleep(seconds)
+    finished = stop.wait(120)  # a hang guard only: 30 rounds take well under a second
     stop.set()
     for t in ts:
-        t.join()
+        t.join(60)
+    assert finished, f"no progress: {done}"
 
 
 def test_layer_streams_and_writes_never_overlap_on_a_directory(tmp_path):
@@ -167,7 +178,6 @@ def test_layer_streams_and_writes_never_overlap_on_a_directory(tmp_path):
     assert store.write_pages(keys, raddr, True).all()
     want = np.frombuffer(rbuf, np.uint8).reshape(32, len(GEOM.object_nbytes), 4096)
     rec.start(store)
-    stop = threading.Event()
     errors = []
     stride = store.layer_object_stride()
     per_layer = 2 * stride  # K and V of one layer
@@ -177,27 +187,26 @@ def test_layer_streams_and_writes_never_overlap_on_a_directory(tmp_path):
             for layer in range(GEOM.num_layers)]
     streams = []
 
-    def reader():
-        while not stop.is_set():
-            entries = store.pin(keys)
-            try:
-                plan = store.plan_pages(entries)
-                chunks = [(layer, slice(None)) for layer in range(GEOM.num_layers)]
-                with store.stream_layers(plan, chunks, dsts) as s:
-                    for layer in range(GEOM.num_layers):
-                        s.allow(layer + 1)
-                        if not s.wait(layer).all():
-                            errors.append("stream")
-                streams.append(1)
+    def read_once():
+        entries = store.pin(keys)
+        try:
+            plan = store.plan_pages(entries)
+            chunks = [(layer, slice(None)) for layer in range(GEOM.num_layers)]
+            with store.stream_layers(plan, chunks, dsts) as s:
                 for layer in range(GEOM.num_layers):
-                    k, v = GEOM.layer_objects(layer)
-                    if not (np.array_equal(got[layer, :, 0], want[:, k])
-                            and np.array_equal(got[layer, :, 1], want[:, v])):
-                        errors.append(f"bytes of layer {layer}")
-            finally:
-                store.unpin(entries)
+                    s.allow(layer + 1)
+                    if not s.wait(layer).all():
+                        errors.append("stream")
+            streams.append(1)
+            for layer in range(GEOM.num_layers):
+                k, v = GEOM.layer_objects(layer)
+                if not (np.array_equal(got[layer, :, 0], want[:, k])
+                        and np.array_equal(got[layer, :, 1], want[:, v])):
+                    errors.append(f"bytes of layer {layer}")
+        finally:
+            store.unpin(entries)
 
-    run_beside_a_writer(store, reader, stop, errors)
+    run_beside_a_writer(store, read_once, errors)
     assert not errors, errors[:5]
     assert streams
     assert all(x[3] is not None for x in rec.log if x[0] == "r"), "a stream was never joined"
@@ -244,11 +253,11 @@ def test_linker_opens_write_windows_when_ahead(tmp_path):
     assert lw.load("r", keys, rows)
     idx = lw.start(input_tokens=256)
     lw.counter.set_consumer(idx)
-    time.sleep(0.3)  # a slow forward: the loader runs ahead and lends the disk to writes
+    # a slow forward: it starts only once the loader, ahead of it, has lent the disk to writes
+    assert wait_for(lambda: lw.windows_opened >= 1), "the loader ran ahead and opened no window"
     for layer in range(4):
         lw.counter.wait_until(layer)
     assert lw.finish(idx)
-    assert lw.windows_opened >= 1
     assert all(torch_equal(t[16:16 * 9], w) for t, w in zip(bufs, want))
     lw.close()
 

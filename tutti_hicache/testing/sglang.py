@@ -4,7 +4,8 @@ Primitives at a glance:
     ensure_sglang(), sglang_version()   import SGLang's HiCache modules (torchvision stub if needed)
     make_storage_config(...)            a real HiCacheStorageConfig
     make_mha_host_pool(...), make_mla_host_pool(...)
-                                        real host KV pools on CPU (pin_memory=False)
+                                        real host KV pools on CPU (pin_memory=False), SGLang's
+                                        10 GiB free-memory reserve lowered to 256 MiB meanwhile
     fill_random(pool, host_indices, seed), page_bytes(pool, host_indices)
     make_controller(backend, pool, page_size, config, zero_copy)
                                         the real dense-model controller class, made with __new__
@@ -150,9 +151,35 @@ def make_storage_config(
     return HiCacheStorageConfig(**values)
 
 
+# SGLang refuses a host pool unless free memory minus HICACHE_HOST_MEMORY_RESERVE_BYTES (10 GiB, a
+# server's margin for the rest of the machine; a module global of pool_host/base.py in 0.5.17 and
+# 0.5.23) holds it. The pools built here are sized by their callers (kilobytes to megabytes in the
+# tests), so while building one the reserve is this instead: a machine with a few GB free passes.
+HOST_MEMORY_RESERVE_BYTES = 256 << 20
+
+
+class HostMemoryShort(MemoryError):
+    """SGLang refused a host pool even with HOST_MEMORY_RESERVE_BYTES kept free (tests skip)."""
+
+
+@contextlib.contextmanager
+def _host_memory_reserve(nbytes: int):
+    """SGLang's host-memory reserve set to `nbytes` for the duration (restored after)."""
+    from sglang.srt.mem_cache.pool_host import base
+
+    saved, base.HICACHE_HOST_MEMORY_RESERVE_BYTES = base.HICACHE_HOST_MEMORY_RESERVE_BYTES, nbytes
+    try:
+        yield
+    finally:
+        base.HICACHE_HOST_MEMORY_RESERVE_BYTES = saved
+
+
 def _build_host_pool(cls, device_pool, layout: str, page_size: int, n_pages: int,
                      pin_memory: bool = False, **extra):
-    """Host pool of `n_pages` pages (+1 padding page SGLang adds) over a one-page device pool."""
+    """Host pool of `n_pages` pages (+1 padding page SGLang adds) over a one-page device pool.
+
+    Raises HostMemoryShort when SGLang finds too little free memory for it beside
+    HOST_MEMORY_RESERVE_BYTES."""
     ratio = float(n_pages)  # host tokens = device tokens (one page) * ratio
     if "buffer_info" in inspect.signature(cls.__init__).parameters:  # 0.5.23
         first = device_pool.get_device_pool_infos()[0].buffer_info
@@ -164,7 +191,13 @@ def _build_host_pool(cls, device_pool, layout: str, page_size: int, n_pages: int
     else:  # 0.5.17: built from the device pool itself
         first = device_pool
         extra.clear()
-    pool = cls(first, ratio, 0, page_size, layout, pin_memory=pin_memory, device="cpu", **extra)
+    try:
+        with _host_memory_reserve(HOST_MEMORY_RESERVE_BYTES):
+            pool = cls(first, ratio, 0, page_size, layout, pin_memory=pin_memory, device="cpu", **extra)
+    except ValueError as exc:
+        if "Not enough host memory" in str(exc):
+            raise HostMemoryShort(f"SGLang refused a host pool of {n_pages} pages: {exc}") from exc
+        raise
     pool._tutti_device_pool = device_pool  # keep the device tensors alive (0.5.23 keeps only views)
     return pool
 

@@ -2,8 +2,9 @@
 
 The server run itself needs a GPU (bench/e2e_sglang.py); what is checked here: the prompts are seeded
 and stable across configurations, a sweep point's cached share is what it claims, the report's
-ratios and SLO come out of the records as defined, and every configuration's argv is accepted by
-SGLang's real argument parser (with the plugin's `tutti` choices).
+ratios and SLO come out of the records as defined, every configuration's argv is accepted by
+SGLang's real argument parser (with the plugin's `tutti` choices), and the run's bookkeeping
+(tutti_hicache/benchmarks/e2e_sglang.py) keeps what it measured, with the servers faked.
 """
 
 import argparse
@@ -12,7 +13,7 @@ import os
 
 import pytest
 
-from tutti_hicache.benchmarks import e2e
+from tutti_hicache.benchmarks import e2e, e2e_sglang
 
 
 @pytest.fixture(scope="module")
@@ -307,12 +308,12 @@ def test_a_salted_workload_keeps_the_documents_and_changes_what_follows():
     assert e2e.sweep_rows([runs[1]], 1000)[0]["h"] == 0.9
 
 
-def test_a_run_cut_off_keeps_the_phases_it_finished(tmp_path, monkeypatch, load_bench):
+def test_a_run_cut_off_keeps_the_phases_it_finished(tmp_path, monkeypatch):
     """bench/e2e_sglang.py writes the JSON after every phase: a configuration interrupted (the
     time limit's SIGINT) mid-way is in it, marked partial, with its finished phases, beside the
     configurations that had finished."""
     import sys
-    mod = load_bench("e2e_sglang")
+    mod = e2e_sglang
 
     def fake_run(args, config, wl, raw, deadline, store_from=""):
         run = {"config": config, "medium": "m", "phases": {}, "summaries": {}}
@@ -333,11 +334,11 @@ def test_a_run_cut_off_keeps_the_phases_it_finished(tmp_path, monkeypatch, load_
     assert list(runs[1]["phases"]) == ["warm"] and runs[1]["summaries"]["warm"]["requests"] == 1
 
 
-def test_share_linker_store_order(tmp_path, monkeypatch, load_bench):
+def test_share_linker_store_order(tmp_path, monkeypatch):
     """bench/e2e_sglang.py --share-linker-store: the first linker configuration that warmed writes
     the store; later linker configurations start on it with salts 1, 2, ...; others never share."""
     import sys
-    mod = load_bench("e2e_sglang")
+    mod = e2e_sglang
     calls = []
 
     def fake_run(args, config, wl, raw, deadline, store_from=""):
@@ -360,11 +361,11 @@ def test_share_linker_store_order(tmp_path, monkeypatch, load_bench):
     assert all(c[1] == "" and c[2] == 0 for c in calls)
 
 
-def test_the_io_floor_takes_the_faster_of_the_raw_reads_before_and_after(tmp_path, monkeypatch, load_bench):
+def test_the_io_floor_takes_the_faster_of_the_raw_reads_before_and_after(tmp_path, monkeypatch):
     """The medium's raw read is taken before and after the configurations; every run keeps both
     and raw_read_GBps (the I/O floor's rate) is the faster one."""
     import sys
-    mod = load_bench("e2e_sglang")
+    mod = e2e_sglang
     reads = iter([5.0, 1.0, 7.0])  # the array before, the one directory, the array after
     monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": next(reads)})
     monkeypatch.setattr(mod, "run_config", lambda args, config, wl, raw, deadline, store_from="":

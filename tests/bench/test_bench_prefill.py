@@ -5,16 +5,23 @@ often as --repeats asks, each run carries its load's trace, and the arms' median
 arm."""
 
 import json
+import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parents[2] / "bench" / "bench_prefill.py"
 
 
-def test_the_dry_run_restores_byte_exact_for_every_arm_and_reports_their_medians(tmp_path, monkeypatch, load_bench):
-    mod = load_bench("bench_prefill")
+@pytest.mark.slow  # run as a user runs it: a child process that imports torch (seconds)
+def test_the_dry_run_restores_byte_exact_for_every_arm_and_reports_their_medians(tmp_path):
     out = tmp_path / "out.json"
-    monkeypatch.setattr(sys, "argv", ["bench_prefill.py", "--dry-run", "--medium", f"m={tmp_path}",
-                                      "--contexts", "256", "--hits", "0.99", "--read-ahead", "1,3",
-                                      "--repeats", "2", "--json", str(out)])
-    mod.main()
+    argv = [sys.executable, str(SCRIPT), "--dry-run", "--medium", f"m={tmp_path}",
+            "--contexts", "256", "--hits", "0.99", "--read-ahead", "1,3",
+            "--repeats", "2", "--json", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     med = json.loads(out.read_text())["media"]["m"]
     runs = med["runs"]
     assert [(r["read_ahead"], r["repeat"]) for r in runs] == [(1, 0), (1, 1), (3, 0), (3, 1)]

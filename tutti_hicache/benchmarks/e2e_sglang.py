@@ -1,0 +1,338 @@
+"""The end-to-end run behind bench/e2e_sglang.py (whose docstring, its --help, says what it
+measures and how): per configuration a real SGLang server started, the workload's phases sent
+(tutti_hicache/benchmarks/e2e.py), the storage tier settled and cleared, and the JSON written after
+every phase.
+
+At a glance:
+    main(description)           the command: its arguments, the configurations in order, the JSON
+    run_config(args, config, wl, raw, deadline, store_from="") -> run    one configuration
+    run_cluster(args, config, wl, raw) -> run                            tutti-mooncake's two servers
+    record_phase(run, name, records)    a phase's records and summary into the run and the JSON
+
+Needs a GPU and SGLang 0.5.17 to 0.5.23; main's bookkeeping is tested on CPU with run_config faked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+
+from tutti_hicache.benchmarks import e2e, timeline
+from tutti_hicache.benchmarks.rawio import raw_read_dirs
+from tutti_hicache.benchmarks.server import (Server, config_files, drop_caches, one_request, run_rate,
+                                             run_sequential, tutti_stats)
+
+# ------------------------------------------------------------------ storage bookkeeping
+def written_bytes(args, config: str) -> int:
+    if config.startswith("tutti"):
+        return sum(s.get("write_bytes", 0) for s in tutti_stats(args.out_dir, config))
+    total = 0
+    roots = [os.path.join(d, config) for d in [args.one_dir] + [x for x in args.nixl_dirs.split(",") if x]]
+    for root, _, files in (w for r in roots for w in os.walk(r)):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def settle(args, config: str, quiet_s: float = 3.0, limit_s: float = 120.0) -> float:
+    """Wait until the storage tier stops growing (SGLang writes back asynchronously)."""
+    t0 = last_change = time.time()
+    last = written_bytes(args, config)
+    while time.time() - last_change < quiet_s and time.time() - t0 < limit_s:
+        time.sleep(0.5)
+        now = written_bytes(args, config)
+        if now != last:
+            last, last_change = now, time.time()
+    return time.time() - t0
+
+
+def clear_storage(args, config: str, keep_tutti: bool = False, tutti_names=("tutti",)) -> None:
+    """Empty the configuration's storage and its stats/timeline files; tutti_names: the tutti
+    directory in each of args.tutti_dirs (tutti-mooncake: one per server)."""
+    for d in args.tutti_dirs.split(",") if not keep_tutti else ():
+        for name in tutti_names:
+            shutil.rmtree(os.path.join(d, name), ignore_errors=True)
+    for d in [args.one_dir] + [x for x in args.nixl_dirs.split(",") if x]:
+        for name in ("file", "nixl"):
+            shutil.rmtree(os.path.join(d, name), ignore_errors=True)
+    for d in args.tutti_dirs.split(","):
+        for name in tutti_names:
+            os.makedirs(os.path.join(d, name), exist_ok=True)
+    base = e2e.split_config(config)[0]
+    os.makedirs(os.path.join(args.one_dir, base if base in ("file", "nixl") else "."), exist_ok=True)
+    for kind in ("stats", "timeline"):
+        for path in config_files(args.out_dir, kind, config):
+            os.unlink(path)
+
+
+# ------------------------------------------------------------------ one configuration
+PARTIAL: dict = {"json": None, "done": []}  # main's output and its finished runs
+
+
+def save_partial(run: dict) -> None:
+    """The JSON so far, with this unfinished run in it (marked "partial"), so a run cut off by a
+    time limit keeps every phase it finished; the finished run replaces it in main."""
+    if PARTIAL["json"]:
+        with open(PARTIAL["json"], "w") as f:
+            json.dump(PARTIAL["done"] + [{**run, "partial": True}], f, default=str)
+
+
+def record_phase(run: dict, name: str, records: list, seconds=None) -> None:
+    """A phase's records and summary into the run (and the JSON so far), the summary on stdout."""
+    run["phases"][name] = records
+    run["summaries"][name] = e2e.summarize(records, seconds)
+    print(f"  {run['config']:22s} {name:10s} " + json.dumps(
+        {k: v for k, v in run["summaries"][name].items() if k != "cached_by_tier_mean"}), flush=True)
+    save_partial(run)
+
+
+def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
+               store_from: str = "") -> dict:
+    """One configuration's phases. store_from: a linker configuration that wrote the store this
+    one starts on (--share-linker-store): no warm phase and no first server, and the workload
+    salted so nothing past the documents is already stored."""
+    base = e2e.split_config(config)[0]  # a variant (+tutti_KEY=VALUE) runs as its base
+    port = 30000 + e2e.CONFIGS.index(base)
+    clear_storage(args, config, keep_tutti=bool(store_from))
+    run = {"config": config, "medium": args.medium, **raw, "layers": args.layers, "page_bytes": args.bpt * e2e.PAGE,
+           "one_dir": args.one_dir_note, "cuda_graph_max_bs": args.cuda_graph_max_bs,
+           "prefill_graphs": args.prefill_graphs,
+           "phases": {}, "summaries": {}, "start_s": [], "store_from": store_from or None, "salt": wl.salt,
+           "host_pool_gb": args.dram_gb if base == "dram" else (args.host_gb if base in
+                                                                ("file", "nixl", "tutti-host") else 0)}
+    log = os.path.join(args.out_dir, f"server-{config}.log")
+    cmd, env = e2e.server_cmd(args, config, port)
+    capacity = config in args.capacity_configs.split(",")
+    cap_docs = max(1, round(3 * args.dram_gb * 1e9 / (args.capacity_context * args.bpt)))
+    run["capacity_working_set_gb"] = cap_docs * args.capacity_context * args.bpt / 1e9 if capacity else None
+
+    if store_from:
+        run["page_cache"] = drop_caches()
+    srv = Server(cmd, env, log, port)
+    try:
+        run["start_s"].append(srv.wait_ready(args.start_timeout))
+        if base != "recompute" and not store_from:
+            record_phase(run, "warm", run_sequential(srv, wl.warm(), args.max_new))
+        if base in e2e.PERSISTENT and not store_from:
+            run["settle_s"] = settle(args, config)
+            srv.stop()
+            run["page_cache"] = drop_caches()
+            srv = Server(cmd, env, log, port)
+            run["start_s"].append(srv.wait_ready(args.start_timeout))
+        record_phase(run, "first", [one_request(srv, wl.first(), args.max_new)])
+        sweep = e2e.sweep_requests(wl, args.fractions)
+        record_phase(run, "sweep", run_sequential(srv, sweep, args.max_new, flush=base != "dram"))
+        for rate in args.rates:
+            if time.time() > deadline - 20:
+                run["skipped"] = f"rates from {rate} on: out of time"
+                break
+            if base != "dram":
+                srv.flush()
+            recs, secs = run_rate(srv, wl.rates(rate, args.rate_requests), rate, args.max_new)
+            record_phase(run, f"rate{rate:g}", recs, secs)
+        if capacity and time.time() < deadline - 60:
+            # last: its working set (3x the DRAM tier) would evict dram's documents before the sweep
+            ctx = args.capacity_context
+            record_phase(run, "capwarm", run_sequential(srv, wl.capacity_warm(cap_docs, ctx), args.max_new))
+            record_phase(run, "capacity", run_sequential(
+                srv, wl.capacity_reuse(cap_docs, ctx, args.capacity_requests), args.max_new))
+        run["metrics"] = scrape_metrics(srv.url)
+    except Exception as e:  # keep what this configuration measured so far
+        run["error"] = repr(e)
+        print(f"  {config}: {e!r}", flush=True)
+    finally:
+        srv.stop()
+    run["tutti_stats"] = tutti_stats(args.out_dir, config)
+    run["timeline"] = [timeline.summarize(r) for r in timeline.read(
+        config_files(args.out_dir, "timeline", config))]
+    run.update(restore_summary(run["tutti_stats"]))
+    run.update(wear_summary(run["tutti_stats"]))
+    return run
+
+
+def run_cluster(args, config: str, wl: e2e.Workload, raw: dict) -> dict:
+    """tutti-mooncake, remote hits between two servers on this GPU: a mooncake_master on loopback;
+    server A (its own tutti directories, publishing every page into its Mooncake segment) answers
+    the warm phase; then server B (its own empty directories, promotion and publishing off, so
+    every sweep point is a remote hit) answers `first` and the sweep, flushing its device and
+    host caches before each point. A stays up until B is done: a Mooncake client's objects go
+    with it. Loopback TCP, not a cluster network (docs/cluster.md)."""
+    from tutti_hicache.testing.cluster import Master, mooncake_extra
+    clear_storage(args, config, tutti_names=("tutti-a", "tutti-b"))
+    run = {"config": config, "medium": args.medium, **raw, "layers": args.layers,
+           "cuda_graph_max_bs": args.cuda_graph_max_bs, "prefill_graphs": args.prefill_graphs,
+           "page_bytes": args.bpt * e2e.PAGE, "phases": {}, "summaries": {}, "start_s": [],
+           "host_pool_gb": args.host_gb, "store_from": None, "salt": wl.salt,
+           "note": "B's hits come from A's Mooncake segment over loopback TCP"}
+
+    master = Master(log_path=os.path.join(args.out_dir, "mooncake-master.log")).start()
+    port = 30000 + e2e.CONFIGS.index(e2e.CLUSTER)
+    servers = []
+    try:
+        for node, extra in (("a", mooncake_extra(master, int(args.mooncake_segment_gb * 1024),
+                                                 tutti_cluster_publish="all", tutti_cluster_promote=False)),
+                            ("b", mooncake_extra(master, 64, tutti_cluster_publish="off",
+                                                 tutti_cluster_promote=False))):
+            node_port = port + (node == "b") * 50
+            cmd, env = e2e.server_cmd(args, config, node_port, node, extra)
+            srv = Server(cmd, env, os.path.join(args.out_dir, f"server-{config}-{node}.log"), node_port)
+            servers.append(srv)
+            run["start_s"].append(srv.wait_ready(args.start_timeout))
+            if node == "a":
+                record_phase(run, "warm", run_sequential(srv, wl.warm(), args.max_new))
+                run["settle_s"] = settle(args, f"{config}-a")
+        srv = servers[-1]
+        record_phase(run, "first", [one_request(srv, wl.first(), args.max_new)])
+        sweep = e2e.sweep_requests(wl, args.fractions)
+        record_phase(run, "sweep", run_sequential(srv, sweep, args.max_new, flush=True))
+        run["metrics"] = scrape_metrics(srv.url)
+    except Exception as e:  # keep what it measured so far
+        run["error"] = repr(e)
+        print(f"  {config}: {e!r}", flush=True)
+    finally:
+        for srv in reversed(servers):
+            srv.stop()
+        master.stop()
+    run["tutti_stats"] = tutti_stats(args.out_dir, config)
+    run.update(restore_summary(tutti_stats(args.out_dir, f"{config}-b")))
+    run.update(wear_summary(run["tutti_stats"]))
+    return run
+
+
+def restore_summary(stats: list) -> dict:
+    """Restore GB/s from tutti's stats files: the linker's loads, else the host tier's reads."""
+    lb = sum(s.get("linker", {}).get("load_bytes", 0) for s in stats)
+    ls = sum(s.get("linker", {}).get("load_seconds", 0.0) for s in stats)
+    rb = sum(s.get("read_bytes", 0) for s in stats)
+    rs = sum(s.get("read_seconds", 0.0) for s in stats)
+    out = {"checksum_failures": sum(s.get("checksum_failures", 0) for s in stats)} if stats else {}
+    if ls:
+        out["restore_GBps"] = lb / ls / 1e9
+        out["first_load_s"] = [s["linker"].get("first_load_seconds") for s in stats if "linker" in s]
+        out["warmup_s"] = [s["linker"].get("warmup_seconds") for s in stats if "linker" in s]
+    elif rs:
+        out["restore_GBps"] = rb / rs / 1e9
+    return out
+
+
+def wear_summary(stats: list) -> dict:
+    """Bytes tutti handed the drives over every server process of a run (each stats file holds one
+    process's session), the KV bytes stored, and their ratio: the write amplification."""
+    w = [s["wear"] for s in stats if "wear" in s]
+    if not w:
+        return {}
+    phys, logical = sum(x["physical_bytes"] for x in w), sum(x["logical_bytes"] for x in w)
+    return {"ssd_written_bytes": phys, "kv_stored_bytes": logical,
+            "write_amplification": phys / logical if logical else None}
+
+
+def scrape_metrics(url: str) -> list:
+    import requests
+    try:
+        text = requests.get(url + "/metrics", timeout=10).text
+    except requests.RequestException as e:
+        return [f"unavailable: {e}"]
+    keys = ("prefetch", "backup", "cached_tokens", "hicache", "cache_hit", "tutti_")
+    return [ln for ln in text.splitlines() if not ln.startswith("#") and any(k in ln for k in keys)]
+
+
+def main(description: str = __doc__):
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="/tmp/llama8")
+    ap.add_argument("--write-model", action="store_true")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--medium", required=True, help="name of the medium, for the report")
+    ap.add_argument("--tutti-dirs", required=True, help="comma-separated: tutti stripes over them")
+    ap.add_argument("--one-dir", required=True, help="one directory on the same devices, for file / nixl")
+    ap.add_argument("--one-dir-note", default="", help="what --one-dir is, for the report")
+    ap.add_argument("--nixl-dirs", default="", help="comma-separated, for nixl (default: --one-dir)")
+    ap.add_argument("--configs", default="recompute,tutti-linker")
+    ap.add_argument("--contexts", default="16384,32768,65536")
+    ap.add_argument("--docs", type=int, default=2, help="documents per context")
+    ap.add_argument("--fractions", default="0.5,0.9,0.95,0.99")
+    ap.add_argument("--rates", default="0.5,1,2")
+    ap.add_argument("--rate-requests", type=int, default=5)
+    ap.add_argument("--capacity-configs", default="dram,tutti-linker")
+    ap.add_argument("--capacity-context", type=int, default=32768)
+    ap.add_argument("--capacity-requests", type=int, default=12)
+    ap.add_argument("--max-new", type=int, default=8)
+    ap.add_argument("--max-total-tokens", type=int, default=150000, help="device pool, every configuration")
+    ap.add_argument("--dram-gb", type=int, default=14, help="dram's host pool (holds every prefix)")
+    ap.add_argument("--host-gb", type=int, default=6, help="host pool of the storage configurations")
+    ap.add_argument("--capacity-gb", type=float, default=60.0, help="tutti_capacity_gb")
+    ap.add_argument("--cuda-graph-max-bs", type=int, default=0,
+                    help="decode CUDA graphs for batches up to this size, prefill graphs off, in "
+                         "every configuration (0: none, --disable-cuda-graph, the default)")
+    ap.add_argument("--prefill-graphs", action="store_true",
+                    help="with --cuda-graph-max-bs: leave SGLang's prefill graphs on, as it picks them")
+    ap.add_argument("--start-timeout", type=float, default=300)
+    ap.add_argument("--deadline-s", type=float, default=0, help="skip configurations that would not finish")
+    ap.add_argument("--config-s", type=float, default=200, help="time one configuration needs")
+    ap.add_argument("--share-linker-store", action="store_true",
+                    help="linker configurations after the first start on the store it wrote (no warm "
+                         "phase, no first server), with salted questions and new tokens")
+    ap.add_argument("--mooncake-segment-gb", type=float, default=8.0,
+                    help="tutti-mooncake: server A's Mooncake segment (holds every warmed page)")
+    ap.add_argument("--out-dir", default="/tmp/tutti-e2e")
+    ap.add_argument("--json", required=True)
+    args = ap.parse_args()
+    args.fractions = [float(x) for x in args.fractions.split(",")]
+    args.rates = [float(x) for x in args.rates.split(",") if x]
+    args.bpt = e2e.bytes_per_token(args.layers)
+    for config in args.configs.split(","):
+        e2e.split_config(config)  # an unknown configuration or a bad variant fails here, not later
+    os.makedirs(args.out_dir, exist_ok=True)
+    if args.write_model:
+        e2e.write_model(args.model, args.layers)
+    t_start = time.time()
+    deadline = t_start + args.deadline_s if args.deadline_s else float("inf")
+    wl = e2e.Workload([int(c) for c in args.contexts.split(",")], args.docs)
+    raw = {"raw_read_GBps": raw_read_dirs(args.tutti_dirs.split(","), 4 << 30)["raw_read_GBps"],
+           "raw_read_one_dir_GBps": raw_read_dirs([args.one_dir], 4 << 30, threads=16)["raw_read_GBps"]}
+    print("raw O_DIRECT read:", json.dumps(raw), flush=True)
+    results = []
+    if os.path.exists(args.json):
+        with open(args.json) as f:
+            results = json.load(f)
+    PARTIAL.update(json=args.json, done=results)
+    writer = ""  # the linker configuration whose store later ones share (--share-linker-store)
+    for config in args.configs.split(","):
+        if time.time() + args.config_s > deadline:
+            print(f"skipped {config}: out of time", flush=True)
+            results.append({"config": config, "medium": args.medium, "skipped": "out of time"})
+            continue
+        base = e2e.split_config(config)[0]
+        shared = args.share_linker_store and writer and base in e2e.LINKERS
+        salt = sum(r.get("store_from") is not None for r in results) + 1 if shared else 0
+        if base == e2e.CLUSTER:
+            run = run_cluster(args, config, wl, raw)
+        else:
+            run = run_config(args, config, e2e.Workload(wl.contexts, wl.docs, salt=salt) if shared else wl,
+                             raw, deadline, writer if shared else "")
+        results.append(run)
+        if args.share_linker_store and not writer and base in e2e.LINKERS and "warm" in run["phases"] \
+                and "error" not in run:
+            writer = config
+        with open(args.json, "w") as f:
+            json.dump(results, f, default=str)
+    # the medium's rate moves between and within calls: read it again after the configurations,
+    # and set the I/O floor by the faster of the two reads (the stricter bar)
+    after = raw_read_dirs(args.tutti_dirs.split(","), 4 << 30)["raw_read_GBps"]
+    print(f"raw O_DIRECT read after the configurations: {after:.2f} GB/s", flush=True)
+    for run in results:
+        if "raw_read_GBps" in run and "raw_read_after_GBps" not in run:
+            run["raw_read_before_GBps"], run["raw_read_after_GBps"] = run["raw_read_GBps"], after
+            run["raw_read_GBps"] = max(run["raw_read_GBps"], after)
+    with open(args.json, "w") as f:
+        json.dump(results, f, default=str)
+    print(e2e.report_markdown(results, args.bpt), flush=True)
+
+
+if __name__ == "__main__":
+    main()
