@@ -85,7 +85,7 @@ def _wear_lines(dirs: list, counters: list, drive_gb: float, drives: dict) -> li
     """Inspect's wear lines of one namespace; adds each directory's drive writes per day to
     drives[dir] (several namespaces share a drive). No projection from under MIN_HISTORY_S."""
     from .cost import Endurance
-    from .wear import drive_capacity, lifetime
+    from .store.wear import drive_capacity, lifetime
     out = ["  wear (bytes handed to each drive since counting began):"]
     for d, c in zip(dirs, counters):
         if c is None or "error" in c:
@@ -115,7 +115,7 @@ def _wear_lines(dirs: list, counters: list, drive_gb: float, drives: dict) -> li
 
 def _stores(a) -> dict:
     """{namespace: dirs} under a.dirs; ValueError for a missing directory or no store at all."""
-    from .fsck import namespaces, quarantined
+    from .store.repair.fsck import namespaces, quarantined
     for d in a.dirs:
         if not os.path.isdir(d):
             raise ValueError(f"{d}: no such directory (give the store directories, tutti_dirs)")
@@ -127,7 +127,7 @@ def _stores(a) -> dict:
 
 
 def cmd_inspect(a) -> int:
-    from .fsck import ExistingNamespace, quarantined
+    from .store.repair.fsck import ExistingNamespace, quarantined
     found = _stores(a)
     failed = 0
     for line in quarantined(a.dirs):
@@ -159,7 +159,7 @@ def cmd_inspect(a) -> int:
 
 
 def cmd_fsck(a) -> int:
-    from .fsck import ExistingNamespace, quarantined
+    from .store.repair.fsck import ExistingNamespace, quarantined
     found = _stores(a)
     bad = 0
     for line in quarantined(a.dirs):  # set aside by attach: no longer served, not damage now

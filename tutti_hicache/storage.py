@@ -33,7 +33,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 from .config import TuttiConfig
-from .namespace import check_dirs
+from .store.namespace import check_dirs
 from .hostmap import HostMap
 from . import hashwarm
 from .prefetch import warn_cuts

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 
-from .wear import KINDS
+from .store.wear import KINDS
 
 logger = logging.getLogger("tutti_hicache.storage")
 _shared: dict = {}  # the prometheus metrics: registered once per process

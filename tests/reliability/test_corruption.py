@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tutti_hicache.testing.pagedata import page_content
-from tutti_hicache import header
+from tutti_hicache.store import header
 from tutti_hicache.cli import main as cli_main
 from tutti_hicache.config import TuttiConfig
 from tutti_hicache.engine import extension

@@ -24,7 +24,7 @@ import pytest
 from test_corruption import GEOM, IDENT, SLOT, assert_new_pages_round_trip, cfg_for, keys_of, \
     read_all, write
 from tutti_hicache.cli import main as cli_main
-from tutti_hicache.heal import quarantines
+from tutti_hicache.store.repair.heal import quarantines
 from tutti_hicache.store import ObjectStore
 from tutti_hicache.testing import damage
 
@@ -184,7 +184,7 @@ def test_rehoming_never_launders_a_damaged_page(tmp_path):
 
 def test_reclaim_deletes_quarantined_segments_newest_first(tmp_path):
     """With nobody re-homing it (a reader set it aside), a quarantine yields to the capacity."""
-    from tutti_hicache.heal import reclaim
+    from tutti_hicache.store.repair.heal import reclaim
     a, b = tmp_path / "a", tmp_path / "b"
     s = ObjectStore(cfg_for([a, b]), GEOM, IDENT)
     write(s, keys_of(60))  # rows 0, 1 and 2 in both directories
@@ -206,7 +206,7 @@ def test_growth_ahead_never_deletes_what_re_homing_has_not_read(tmp_path, monkey
     segment files (heal.reclaim): at open it can run before the re-homing thread holds its flock,
     when reclaim grants no slack, and the pages in those files would be lost (seen once in a CI
     run: 12 of 24 pages re-homed). Only a write that needs the row may reclaim."""
-    from tutti_hicache import store as store_mod
+    from tutti_hicache.store import objectstore as store_mod
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     s = ObjectStore(cfg_for([a, b]), GEOM, IDENT)
     ks = keys_of(60)  # the whole capacity: growing a row now needs room
@@ -237,8 +237,8 @@ def test_quarantines_are_held_for_re_homing_before_the_attach_returns(tmp_path, 
     row of slack instead of deleting their unread files)."""
     import threading
 
-    from tutti_hicache import rehome as rehome_mod
-    from tutti_hicache.heal import _rehoming
+    from tutti_hicache.store.repair import rehome as rehome_mod
+    from tutti_hicache.store.repair.heal import _rehoming
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     s = ObjectStore(cfg_for([a, b]), GEOM, IDENT)
     ks = keys_of(40)

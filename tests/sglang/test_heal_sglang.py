@@ -150,7 +150,7 @@ def test_quarantine_is_reclaimed_within_the_capacity(sglang, tmp_path, caplog):
         assert dat_bytes() <= int(cap * 2**30) + row
     assert st.store.rehome_wait(60)
     assert dat_bytes() <= int(cap * 2**30)
-    from tutti_hicache.heal import quarantines
+    from tutti_hicache.store.repair.heal import quarantines
     assert not quarantines(roots)  # every quarantined segment re-homed or reclaimed
     st.close()
 

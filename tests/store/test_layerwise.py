@@ -202,7 +202,7 @@ def test_a_load_ended_mid_stream_fails_and_the_next_load_is_exact(tmp_path, monk
     admitted end -ECANCELED) or the loader raises (the stream is closed under it): the load fails
     and the forward's waits all return (no hang), layer 3 (chunks 9-11) keeps its poison, and the
     next load is byte-exact."""
-    from tutti_hicache.layer_reads import LayerStream
+    from tutti_hicache.store.layer_reads import LayerStream
     lw, k, v = make_lw(tmp_path, device=device, tutti_read_ahead=2)
     keys = [f"p{i:063d}" for i in range(N)]
     rows = torch.arange(PAGE, PAGE * (N + 1), device=device)
@@ -238,7 +238,7 @@ def test_a_starving_write_never_deadlocks_a_long_load(tmp_path, monkeypatch):
     keys = [f"p{i:063d}" for i in range(N)]
     rows = torch.arange(PAGE, PAGE * (N + 1))
     offload_all(lw, keys, rows)
-    from tutti_hicache.store import LayerStream
+    from tutti_hicache.store.objectstore import LayerStream
     real = LayerStream.wait_whole
 
     def slow(self, i):  # a long restore: 12 chunks, 20 ms each

@@ -15,7 +15,7 @@ from tutti_hicache.cli import main
 from tutti_hicache.config import TuttiConfig
 from tutti_hicache.layout import HEADER_NBYTES, PageGeometry, SlotLayout
 from tutti_hicache.store import ObjectStore
-from tutti_hicache.wear import FILE_NAME, Wear, read_counters
+from tutti_hicache.store.wear import FILE_NAME, Wear, read_counters
 
 from test_store import GEOM, IDENT, Pages, keys
 

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from tutti_hicache.config import SETTINGS, TuttiConfig, settings_markdown
-from tutti_hicache.namespace import check_dirs
+from tutti_hicache.store.namespace import check_dirs
 
 
 def test_defaults_env_and_extra_precedence():

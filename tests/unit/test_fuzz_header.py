@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, assume, example, given, settings
 from hypothesis import strategies as st
 
-from tutti_hicache import header
+from tutti_hicache.store import header
 from tutti_hicache.layout import HEADER_NBYTES
 
 FP = header.fingerprint({"fuzz": 1})

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tutti_hicache.index import SlotIndex
+from tutti_hicache.store.index import SlotIndex
 
 
 def fill(ix, keys):

@@ -5,7 +5,7 @@ import threading
 import time
 
 
-from tutti_hicache.scheduler import Gate, Policy
+from tutti_hicache.store.scheduler import Gate, Policy
 
 MB = 1 << 20
 

@@ -28,7 +28,7 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
-from .layout import Placement, SlotLayout, align_up, runs, strided
+from ..layout import Placement, SlotLayout, align_up, runs, strided
 from .namespace import FileTable
 from .scheduler import Gate, Lease
 from .slot_io import SlotIO

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .layout import HEADER_NBYTES, strided
+from ..layout import HEADER_NBYTES, strided
 
 MAGIC = b"TUTTISLT"
 VERSION = 1
@@ -65,7 +65,7 @@ def encode_key(key) -> bytes | None:
 
 
 def _header_checksums(raw: np.ndarray) -> np.ndarray:
-    from .engine import extension
+    from ..engine import extension
     n = raw.shape[0]
     return extension().checksum_groups(strided(raw.ctypes.data, n, HEADER_NBYTES),
                                        np.full(n, _CHECKED, np.int64),

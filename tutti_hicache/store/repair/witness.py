@@ -20,8 +20,8 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from . import header
-from .layout import HEADER_NBYTES, SlotLayout
+from .. import header
+from ...layout import HEADER_NBYTES, SlotLayout
 
 PROBE = 16  # headers read per segment file
 

@@ -48,16 +48,17 @@ from typing import Mapping, NamedTuple, Optional
 
 import numpy as np
 
-from . import header, iodepth
-from .config import TuttiConfig
-from .engine import inflight_for, open_engine
-from .identity import with_geometry
+from . import header
+from .. import iodepth
+from ..config import TuttiConfig
+from ..engine import inflight_for, open_engine
+from ..identity import with_geometry
 from .index import SlotIndex
 from .layer_reads import LayerReads, LayerStream, PagePlan
-from .heal import quarantines, reclaim, resolve
-from .layout import PageGeometry, SlotLayout
+from .repair.heal import quarantines, reclaim, resolve
+from ..layout import PageGeometry, SlotLayout
 from .namespace import FileTable, Namespace, check_dirs, fit_to_filesystems, namespace_dirs
-from .rehome import Rehome
+from .repair.rehome import Rehome
 from .rows import Rows
 from .scan import Scanner
 from .scheduler import Gate, Policy

@@ -36,9 +36,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import header
-from .engine import extension
-from .layout import HEADER_NBYTES, SlotLayout
+from .. import header
+from ...engine import extension
+from ...layout import HEADER_NBYTES, SlotLayout
 
 logger = logging.getLogger("tutti_hicache.store")
 CHUNK = 64  # slots per read, at most

@@ -48,8 +48,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .config import PREFIX, TuttiConfig
-from .layout import Placement, SlotLayout
+from ...config import PREFIX, TuttiConfig
+from ...layout import Placement, SlotLayout
 from .witness import NONE, witness
 
 logger = logging.getLogger("tutti_hicache.store")

@@ -29,20 +29,20 @@ import threading
 
 import numpy as np
 
-from . import header
-from .config import TuttiConfig
-from .engine import engine_for, extension
+from .. import header
+from ...config import TuttiConfig
+from ...engine import engine_for, extension
 from .heal import QUARANTINE, quarantines
-from .index import SlotIndex
-from .layout import PageGeometry, Placement, SlotLayout, strided
-from .namespace import FileTable, Namespace, existing_capacity, namespace_dirs
-from .rows import Rows
-from .scan import Scanner
-from .scheduler import Gate
-from .slot_io import SlotIO
-from .identity import with_geometry
-from .store import PageInfo, drop_entries, log_damaged
-from .wear import FILE_NAME as WEAR_FILE, read_counters
+from ..index import SlotIndex
+from ...layout import PageGeometry, Placement, SlotLayout, strided
+from ..namespace import FileTable, Namespace, existing_capacity, namespace_dirs
+from ..rows import Rows
+from ..scan import Scanner
+from ..scheduler import Gate
+from ..slot_io import SlotIO
+from ...identity import with_geometry
+from ..objectstore import PageInfo, drop_entries, log_damaged
+from ..wear import FILE_NAME as WEAR_FILE, read_counters
 
 
 def namespaces(dirs: list[str]) -> dict[str, list[str]]:

@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Callable
 
-from .heal import quarantines
+from .repair.heal import quarantines
 from .namespace import FileTable, Namespace, lock_paths
 
 logger = logging.getLogger("tutti_hicache.store")

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import header
-from .config import TuttiConfig
-from .engine import extension
-from .layout import HEADER_NBYTES, Placement, SlotLayout, strided
+from ..config import TuttiConfig
+from ..engine import extension
+from ..layout import HEADER_NBYTES, Placement, SlotLayout, strided
 from .namespace import FileTable
 from .scheduler import Gate
 from .wear import Wear

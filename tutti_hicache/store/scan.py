@@ -30,9 +30,9 @@ from typing import Callable, Optional
 import numpy as np
 
 from . import header
-from .engine import extension
+from ..engine import extension
 from .index import SlotIndex
-from .layout import HEADER_NBYTES, SlotLayout, strided
+from ..layout import HEADER_NBYTES, SlotLayout, strided
 from .namespace import FileTable, Namespace
 from .rows import Rows
 

@@ -39,10 +39,10 @@ import threading
 
 import numpy as np
 
-from . import engine
-from .config import ENV_PREFIX, GiB, PREFIX, TuttiConfig
-from .heal import reclaim
-from .layout import Placement
+from .. import engine
+from ..config import ENV_PREFIX, GiB, PREFIX, TuttiConfig
+from .repair.heal import reclaim
+from ..layout import Placement
 
 logger = logging.getLogger("tutti_hicache.store")
 MiB = 1 << 20
