@@ -30,7 +30,7 @@ import random
 import shutil
 import time
 
-from tutti_hicache.benchmarks import e2e
+from tutti_hicache.benchmarks import configs, e2e
 from tutti_hicache.benchmarks.server import Server, config_files, tutti_stats
 
 
@@ -180,8 +180,8 @@ def run_config(args, config: str, wl: e2e.Workload) -> dict:
     fresh_store(args)
     for path in config_files(args.out_dir, "stats", config):
         os.unlink(path)
-    port = 31000 + e2e.CONFIGS.index(config)
-    cmd, env = e2e.server_cmd(args, config, port)
+    port = 31000 + configs.CONFIGS.index(config)
+    cmd, env = configs.server_cmd(args, config, port)
     log = os.path.join(args.out_dir, f"server-faults-{config}.log")
     res = {"config": config, "faults": {}}
     rng = random.Random(0)
@@ -281,7 +281,7 @@ def main():
     args.one_dir = args.tutti_dirs.split(",")[0]
     os.makedirs(args.out_dir, exist_ok=True)
     if args.write_model:
-        e2e.write_model(args.model, args.layers)
+        configs.write_model(args.model, args.layers)
     wl = e2e.Workload([int(c) for c in args.contexts.split(",")], args.docs)
     results = [run_config(args, c, wl) for c in args.configs.split(",")]
     with open(args.json, "w") as f:

@@ -5,7 +5,7 @@
       OUTDIR/e2e_rates.png     mean TTFT vs request rate, with the 1 s SLO line
       OUTDIR/e2e_capacity.png  capacity phase: mean TTFT and hit rate per configuration
 Several files are merged (one call of the GPU machine each); a configuration measured twice keeps
-the last run. The tables are tutti_hicache.benchmarks.e2e.report_markdown's.
+the last run. The tables are tutti_hicache.benchmarks.e2e_report.report_markdown's.
 """
 import json
 import os
@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from tutti_hicache.benchmarks import e2e  # noqa: E402
+from tutti_hicache.benchmarks import e2e, e2e_report  # noqa: E402
 
 
 def load(paths):
@@ -81,15 +81,15 @@ def main(outdir, *paths):
     runs = load(paths)
     layers = max((r.get("layers", 8) for r in runs), default=8)
     bpt = e2e.bytes_per_token(layers)
-    print(e2e.report_markdown(runs, bpt))
+    print(e2e_report.report_markdown(runs, bpt))
     os.makedirs(outdir, exist_ok=True)
-    rows = e2e.sweep_rows(runs, bpt)
+    rows = e2e_report.sweep_rows(runs, bpt)
     if rows:
         plot_sweep(rows, os.path.join(outdir, "e2e_sweep.png"))
-    slo = e2e.slo_rows(runs)
+    slo = e2e_report.slo_rows(runs)
     if slo:
         plot_rates(slo, os.path.join(outdir, "e2e_rates.png"))
-    cap = e2e.capacity_rows(runs)
+    cap = e2e_report.capacity_rows(runs)
     if cap:
         plot_capacity(cap, os.path.join(outdir, "e2e_capacity.png"))
 

@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from tutti_hicache.benchmarks import e2e, e2e_sglang
+from tutti_hicache.benchmarks import configs, e2e, e2e_report, e2e_sglang
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def _runs():
 
 def test_sweep_rows_ratios():
     runs, bpt, cached = _runs()
-    rows = [r for r in e2e.sweep_rows(runs, bpt) if r["config"] == "tutti-linker"]
+    rows = [r for r in e2e_report.sweep_rows(runs, bpt) if r["config"] == "tutti-linker"]
     assert len(rows) == 1
     row = rows[0]
     io_ms = cached * bpt / 10e9 * 1e3
@@ -121,12 +121,12 @@ def test_sweep_rows_ratios():
 
 def test_slo_and_outputs_and_report():
     runs, bpt, _ = _runs()
-    slo = {r["config"]: r["max_rate_within_slo"] for r in e2e.slo_rows(runs, 1000.0)}
+    slo = {r["config"]: r["max_rate_within_slo"] for r in e2e_report.slo_rows(runs, 1000.0)}
     assert slo == {"recompute": 0.5, "dram": 1.0, "tutti-linker": 1.0}
     eq = e2e.outputs_vs(runs)
     assert eq["tutti-linker@m"]["sweep"] == (1, 2, ["sweep/4096/0.9/l1"])
     assert eq["dram@m"]["sweep"] == (1, 1, [])
-    text = e2e.report_markdown(runs, bpt)
+    text = e2e_report.report_markdown(runs, bpt)
     for part in ("Hit-fraction sweep", "max rate in SLO", "Capacity phase", "Per configuration"):
         assert part in text
     assert "| m | 4096 | 0.9 | 1000 | 200 | 250 | 100 |" in text  # recompute, dram, linker, compute only
@@ -136,7 +136,7 @@ def test_slo_and_outputs_and_report():
 def test_capacity_rows_hit_rate():
     runs = [{"config": "dram", "medium": "m", "phases": {"capacity": [
         _rec("cap/1", 0.5, cached=0, prompt=1000), _rec("cap/2", 0.1, cached=960, prompt=1000)]}}]
-    row = e2e.capacity_rows(runs)[0]
+    row = e2e_report.capacity_rows(runs)[0]
     assert row["token_hit_rate"] == pytest.approx(0.48) and row["requests_with_hit"] == 0.5
 
 
@@ -158,8 +158,8 @@ def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
     args = argparse.Namespace(model=str(tmp_path), max_total_tokens=150000, dram_gb=14, host_gb=6,
                               one_dir=str(tmp_path / "one"), tutti_dirs=f"{tmp_path}/a,{tmp_path}/b",
                               capacity_gb=60, out_dir=str(tmp_path))
-    for config in e2e.CONFIGS:
-        argv, env = e2e.server_cmd(args, config, 30000)
+    for config in configs.CONFIGS:
+        argv, env = configs.server_cmd(args, config, 30000)
         assert argv[1:3] == ["-m", "sglang.launch_server"]
         ns = parser.parse_args(argv[3:])
         assert ns.max_total_tokens == 150000 and ns.page_size == e2e.PAGE
@@ -170,46 +170,46 @@ def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
             assert ns.unified_cache_external_linker_config["tutti_timeline_file"].endswith(".jsonl")
         if config == "file":
             assert env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] == str(tmp_path / "one" / "file")
-        if config == e2e.CLUSTER:  # node A by default; B gets its own directories and keys
+        if config == configs.CLUSTER:  # node A by default; B gets its own directories and keys
             assert ns.hicache_storage_backend == "tutti-mooncake" and ns.mem_fraction_static == 0.35
             assert ns.hicache_mem_layout == "page_first_direct"
-            argv, _ = e2e.server_cmd(args, config, 30050, "b", {"master_server_address": "127.0.0.1:5",
+            argv, _ = configs.server_cmd(args, config, 30050, "b", {"master_server_address": "127.0.0.1:5",
                                                                  "tutti_cluster_promote": False})
             extra = json.loads(parser.parse_args(argv[3:]).hicache_storage_backend_extra_config)
             assert extra["tutti_dirs"] == [f"{tmp_path}/a/tutti-b", f"{tmp_path}/b/tutti-b"]
             assert extra["master_server_address"] == "127.0.0.1:5" and not extra["tutti_cluster_promote"]
             assert "stats-tutti-mooncake-b-" in extra["tutti_stats_file"]
     with pytest.raises(ValueError):
-        e2e.server_cmd(args, "lmcache", 30000)
+        configs.server_cmd(args, "lmcache", 30000)
     # CUDA graphs: eager by default; --cuda-graph-max-bs N gives decode graphs, never prefill ones
-    assert parser.parse_args(e2e.server_cmd(args, "tutti-linker", 30000)[0][3:]).disable_cuda_graph
+    assert parser.parse_args(configs.server_cmd(args, "tutti-linker", 30000)[0][3:]).disable_cuda_graph
     args.cuda_graph_max_bs = 4
-    ns = parser.parse_args(e2e.server_cmd(args, "tutti-linker", 30000)[0][3:])
+    ns = parser.parse_args(configs.server_cmd(args, "tutti-linker", 30000)[0][3:])
     if hasattr(ns, "cuda_graph_max_bs_decode"):  # 0.5.23
         assert ns.cuda_graph_max_bs_decode == 4 and ns.cuda_graph_backend_prefill == "disabled"
     else:  # 0.5.17
         assert ns.cuda_graph_max_bs == 4 and ns.disable_piecewise_cuda_graph
     assert not ns.disable_cuda_graph
-    assert e2e.graph_flags(2, "0.5.17") == ["--cuda-graph-max-bs", "2", "--disable-piecewise-cuda-graph"]
-    assert e2e.graph_flags(2, "0.5.23")[-2:] == ["--cuda-graph-max-bs-decode", "2"]
-    assert e2e.graph_flags(2, "0.5.23", prefill=True) == ["--cuda-graph-max-bs-decode", "2"]
-    assert e2e.graph_flags(2, "0.5.17", prefill=True) == ["--cuda-graph-max-bs", "2"]
+    assert configs.graph_flags(2, "0.5.17") == ["--cuda-graph-max-bs", "2", "--disable-piecewise-cuda-graph"]
+    assert configs.graph_flags(2, "0.5.23")[-2:] == ["--cuda-graph-max-bs-decode", "2"]
+    assert configs.graph_flags(2, "0.5.23", prefill=True) == ["--cuda-graph-max-bs-decode", "2"]
+    assert configs.graph_flags(2, "0.5.17", prefill=True) == ["--cuda-graph-max-bs", "2"]
     args.prefill_graphs = True
-    ns = parser.parse_args(e2e.server_cmd(args, "tutti-linker", 30000)[0][3:])
+    ns = parser.parse_args(configs.server_cmd(args, "tutti-linker", 30000)[0][3:])
     assert getattr(ns, "cuda_graph_backend_prefill", None) is None and not ns.disable_cuda_graph
     del args.cuda_graph_max_bs, args.prefill_graphs
     # a variant: the base configuration's server with tutti settings on top, its own stats files
-    argv, _ = e2e.server_cmd(args, "tutti-linker+tutti_threads=4+tutti_verify=false", 30000)
+    argv, _ = configs.server_cmd(args, "tutti-linker+tutti_threads=4+tutti_verify=false", 30000)
     cfg = parser.parse_args(argv[3:]).unified_cache_external_linker_config
     assert cfg["tutti_threads"] == "4" and cfg["tutti_verify"] == "false"
     assert "stats-tutti-linker+tutti_threads=4+tutti_verify=false-" in cfg["tutti_stats_file"]
-    argv, _ = e2e.server_cmd(args, "tutti-host+tutti_read_ahead=2", 30000)
+    argv, _ = configs.server_cmd(args, "tutti-host+tutti_read_ahead=2", 30000)
     extra = json.loads(parser.parse_args(argv[3:]).hicache_storage_backend_extra_config)
     assert extra["tutti_read_ahead"] == "2" and extra["tutti_dirs"] == [f"{tmp_path}/a/tutti", f"{tmp_path}/b/tutti"]
     for bad in ("dram+tutti_threads=4", "tutti-linker+threads=4", "tutti-linker+tutti_threads", "tutti+x=1"):
         with pytest.raises(ValueError):
-            e2e.split_config(bad)
-    assert e2e.split_config("tutti-linker") == ("tutti-linker", {})
+            configs.split_config(bad)
+    assert configs.split_config("tutti-linker") == ("tutti-linker", {})
 
 
 def test_config_files_match_one_configuration_exactly(tmp_path):
@@ -235,16 +235,16 @@ def test_timeline_rows_and_their_table():
     configuration, the read rate from pages and page bytes; failed loads and runs without a
     timeline left out; the report gets the table only when some run has one."""
     runs, bpt, _ = _runs()
-    assert "Where the loads' time went" not in e2e.report_markdown(runs, bpt)
+    assert "Where the loads' time went" not in e2e_report.report_markdown(runs, bpt)
     ok = [{"pages": 100, "reads_ms": r, "handed_ms": r + 2, "react_ms_p50": 0.5, "forward_wait_ms": 10,
            "finish_ms": r + 3} for r in (100.0, 200.0, 400.0)]
     linker = next(r for r in runs if r["config"] == "tutti-linker")
     linker.update(page_bytes=10**7, timeline=ok + [{"pages": 5, "reads_ms": 1.0, "error": "LoadFailed()"}])
-    rows = e2e.timeline_rows(runs)
+    rows = e2e_report.timeline_rows(runs)
     assert len(rows) == 1 and rows[0]["config"] == "tutti-linker" and rows[0]["loads"] == 3
     assert rows[0]["reads_ms"] == 200.0 and rows[0]["handed_ms"] == 202.0 and rows[0]["finish_ms"] == 203.0
     assert rows[0]["read_GBps"] == pytest.approx(5.0)  # 1 GB in 0.2 s
-    text = e2e.report_markdown(runs, bpt)
+    text = e2e_report.report_markdown(runs, bpt)
     assert "Where the loads' time went" in text and "| m | tutti-linker | 3 | 5.00 | 200.0 |" in text
 
 
@@ -266,7 +266,7 @@ def test_split_rows_join_requests_with_the_load_that_started_between_send_and_fi
              "lookup_ns": 1_025_000_000},
             {"start_ns": 1_420_000_000, "finish_ns": 1_440_000_000, "reads_ms": 10.0},
             {"start_ns": 3_010_000_000, "finish_ns": 3_050_000_000, "error": "LoadFailed()"}]}
-    rows = e2e.split_rows([run, {"config": "dram", "phases": run["phases"]}])
+    rows = e2e_report.split_rows([run, {"config": "dram", "phases": run["phases"]}])
     assert [(r["context"], r["h"]) for r in rows] == [(4096, 0.9), (4096, 0.99)]
     a, b = rows
     assert (a["before_ms"], a["load_ms"], a["after_ms"], a["reads_ms"]) == pytest.approx((30, 250, 20, 240))
@@ -278,12 +278,12 @@ def test_split_rows_join_requests_with_the_load_that_started_between_send_and_fi
     assert b["to_offload_ms"] == pytest.approx(30) and a["to_offload_ms"] is None
     run["raw_read_GBps"] = 10.0
     run["phases"]["sweep"][2]["cached"] = 1000  # 1000 tokens x 1000 B at 10 GB/s: 0.1 ms of I/O
-    text = e2e.report_markdown([run], 1000)
+    text = e2e_report.report_markdown([run], 1000)
     assert "| m | tutti-linker | 4096 | 0.99 | 250 | - | 40.0 | - | 160.0 | 150.0 | 50.0 | 30.0 | 90 | 2.77 | - / - | 12.5 / 31.0 " \
         "| 104.0 / - |" in text
     assert "| m | tutti-linker | 4096 | 0.9 | 300 | 50 | 30.0 | 25.0 | 250.0 | 240.0 | 20.0 | - | - | - | - / - | - / - | - / - |" \
         in text
-    assert e2e.split_rows([run], 1000)[1]["floor_ms"] == pytest.approx(90.1)
+    assert e2e_report.split_rows([run], 1000)[1]["floor_ms"] == pytest.approx(90.1)
 
 
 def test_a_salted_workload_keeps_the_documents_and_changes_what_follows():
@@ -305,7 +305,7 @@ def test_a_salted_workload_keeps_the_documents_and_changes_what_follows():
     runs = [{"config": "recompute", "medium": "m", "phases": {"sweep": [{"id": "sweep/4096/0.9", "output_ids": [2]}]}},
             {"config": "tutti-linker-dynamic", "medium": "m", "phases": {"sweep": [rec]}}]
     assert e2e.outputs_vs(runs)["tutti-linker-dynamic@m"]["sweep"] == (0, 0, [])
-    assert e2e.sweep_rows([runs[1]], 1000)[0]["h"] == 0.9
+    assert e2e_report.sweep_rows([runs[1]], 1000)[0]["h"] == 0.9
 
 
 def test_a_run_cut_off_keeps_the_phases_it_finished(tmp_path, monkeypatch):

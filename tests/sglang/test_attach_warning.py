@@ -53,7 +53,7 @@ def attach_warnings(h, tmp_path, pool, caplog) -> list[str]:
 
 def test_attach_warns_once_about_the_prefetch_policy_and_a_small_host_pool(sglang, tmp_path,
                                                                           caplog):
-    from tutti_hicache.benchmarks.e2e import write_model
+    from tutti_hicache.benchmarks.configs import write_model
     h = sglang
     model = str(tmp_path / "model")
     write_model(model, layers=2)  # a config.json: ServerArgs reads the model's

@@ -20,7 +20,7 @@ import os
 import shutil
 import time
 
-from tutti_hicache.benchmarks import e2e, timeline
+from tutti_hicache.benchmarks import configs, e2e, e2e_report, timeline
 from tutti_hicache.benchmarks.rawio import raw_read_dirs
 from tutti_hicache.benchmarks.server import (Server, config_files, drop_caches, one_request, run_rate,
                                              run_sequential, tutti_stats)
@@ -64,7 +64,7 @@ def clear_storage(args, config: str, keep_tutti: bool = False, tutti_names=("tut
     for d in args.tutti_dirs.split(","):
         for name in tutti_names:
             os.makedirs(os.path.join(d, name), exist_ok=True)
-    base = e2e.split_config(config)[0]
+    base = configs.split_config(config)[0]
     os.makedirs(os.path.join(args.one_dir, base if base in ("file", "nixl") else "."), exist_ok=True)
     for kind in ("stats", "timeline"):
         for path in config_files(args.out_dir, kind, config):
@@ -97,8 +97,8 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
     """One configuration's phases. store_from: a linker configuration that wrote the store this
     one starts on (--share-linker-store): no warm phase and no first server, and the workload
     salted so nothing past the documents is already stored."""
-    base = e2e.split_config(config)[0]  # a variant (+tutti_KEY=VALUE) runs as its base
-    port = 30000 + e2e.CONFIGS.index(base)
+    base = configs.split_config(config)[0]  # a variant (+tutti_KEY=VALUE) runs as its base
+    port = 30000 + configs.CONFIGS.index(base)
     clear_storage(args, config, keep_tutti=bool(store_from))
     run = {"config": config, "medium": args.medium, **raw, "layers": args.layers, "page_bytes": args.bpt * e2e.PAGE,
            "one_dir": args.one_dir_note, "cuda_graph_max_bs": args.cuda_graph_max_bs,
@@ -107,7 +107,7 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
            "host_pool_gb": args.dram_gb if base == "dram" else (args.host_gb if base in
                                                                 ("file", "nixl", "tutti-host") else 0)}
     log = os.path.join(args.out_dir, f"server-{config}.log")
-    cmd, env = e2e.server_cmd(args, config, port)
+    cmd, env = configs.server_cmd(args, config, port)
     capacity = config in args.capacity_configs.split(",")
     cap_docs = max(1, round(3 * args.dram_gb * 1e9 / (args.capacity_context * args.bpt)))
     run["capacity_working_set_gb"] = cap_docs * args.capacity_context * args.bpt / 1e9 if capacity else None
@@ -119,7 +119,7 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
         run["start_s"].append(srv.wait_ready(args.start_timeout))
         if base != "recompute" and not store_from:
             record_phase(run, "warm", run_sequential(srv, wl.warm(), args.max_new))
-        if base in e2e.PERSISTENT and not store_from:
+        if base in configs.PERSISTENT and not store_from:
             run["settle_s"] = settle(args, config)
             srv.stop()
             run["page_cache"] = drop_caches()
@@ -172,7 +172,7 @@ def run_cluster(args, config: str, wl: e2e.Workload, raw: dict) -> dict:
            "note": "B's hits come from A's Mooncake segment over loopback TCP"}
 
     master = Master(log_path=os.path.join(args.out_dir, "mooncake-master.log")).start()
-    port = 30000 + e2e.CONFIGS.index(e2e.CLUSTER)
+    port = 30000 + configs.CONFIGS.index(configs.CLUSTER)
     servers = []
     try:
         for node, extra in (("a", mooncake_extra(master, int(args.mooncake_segment_gb * 1024),
@@ -180,7 +180,7 @@ def run_cluster(args, config: str, wl: e2e.Workload, raw: dict) -> dict:
                             ("b", mooncake_extra(master, 64, tutti_cluster_publish="off",
                                                  tutti_cluster_promote=False))):
             node_port = port + (node == "b") * 50
-            cmd, env = e2e.server_cmd(args, config, node_port, node, extra)
+            cmd, env = configs.server_cmd(args, config, node_port, node, extra)
             srv = Server(cmd, env, os.path.join(args.out_dir, f"server-{config}-{node}.log"), node_port)
             servers.append(srv)
             run["start_s"].append(srv.wait_ready(args.start_timeout))
@@ -286,10 +286,10 @@ def main(description: str = __doc__):
     args.rates = [float(x) for x in args.rates.split(",") if x]
     args.bpt = e2e.bytes_per_token(args.layers)
     for config in args.configs.split(","):
-        e2e.split_config(config)  # an unknown configuration or a bad variant fails here, not later
+        configs.split_config(config)  # an unknown configuration or a bad variant fails here, not later
     os.makedirs(args.out_dir, exist_ok=True)
     if args.write_model:
-        e2e.write_model(args.model, args.layers)
+        configs.write_model(args.model, args.layers)
     t_start = time.time()
     deadline = t_start + args.deadline_s if args.deadline_s else float("inf")
     wl = e2e.Workload([int(c) for c in args.contexts.split(",")], args.docs)
@@ -307,16 +307,16 @@ def main(description: str = __doc__):
             print(f"skipped {config}: out of time", flush=True)
             results.append({"config": config, "medium": args.medium, "skipped": "out of time"})
             continue
-        base = e2e.split_config(config)[0]
-        shared = args.share_linker_store and writer and base in e2e.LINKERS
+        base = configs.split_config(config)[0]
+        shared = args.share_linker_store and writer and base in configs.LINKERS
         salt = sum(r.get("store_from") is not None for r in results) + 1 if shared else 0
-        if base == e2e.CLUSTER:
+        if base == configs.CLUSTER:
             run = run_cluster(args, config, wl, raw)
         else:
             run = run_config(args, config, e2e.Workload(wl.contexts, wl.docs, salt=salt) if shared else wl,
                              raw, deadline, writer if shared else "")
         results.append(run)
-        if args.share_linker_store and not writer and base in e2e.LINKERS and "warm" in run["phases"] \
+        if args.share_linker_store and not writer and base in configs.LINKERS and "warm" in run["phases"] \
                 and "error" not in run:
             writer = config
         with open(args.json, "w") as f:
@@ -331,7 +331,7 @@ def main(description: str = __doc__):
             run["raw_read_GBps"] = max(run["raw_read_GBps"], after)
     with open(args.json, "w") as f:
         json.dump(results, f, default=str)
-    print(e2e.report_markdown(results, args.bpt), flush=True)
+    print(e2e_report.report_markdown(results, args.bpt), flush=True)
 
 
 if __name__ == "__main__":

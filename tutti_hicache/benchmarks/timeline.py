@@ -20,7 +20,7 @@ At a glance:
         finish_ms, finish_wait_ms   finish_layer_wise_loading's return, and its time inside
         start_ns, finish_ns         the load's start and finish_layer_wise_loading's return, in
                           CLOCK_MONOTONIC ns (a client on the same machine joins them with its
-                          requests' send and first-token times: e2e.split_rows)
+                          requests' send and first-token times: e2e_report.split_rows)
         from the forward's own record (layerwise/windows.LayerTimes.report; on a GPU, CUDA event
         times on the forward's stream, so what the GPU did, not what the CPU waited for):
         stream_stall_first_ms   the stream idle before layer 0's KV landed (the load's fill)

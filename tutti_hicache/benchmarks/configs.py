@@ -1,0 +1,153 @@
+"""The end-to-end server benchmark's configurations: the SGLang server each one starts.
+
+At a glance:
+    CONFIGS, LINKERS, PERSISTENT, TUTTI, CLUSTER       the configuration names and their kinds
+    split_config("tutti-linker+tutti_threads=4") -> ("tutti-linker", {"tutti_threads": "4"})
+    write_model(path, layers)                          a Llama-3-8B-shaped config.json
+    graph_flags(max_bs) / tutti_config(args, config)   CUDA graph flags; tutti's settings of a run
+    server_cmd(args, config, port) -> (argv, env)      one configuration's server
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Optional
+
+from .e2e import PAGE
+
+
+CONFIGS = ("recompute", "dram", "file", "nixl", "tutti-host", "tutti-linker", "tutti-linker-dynamic",
+           "tutti-mooncake")
+CLUSTER = "tutti-mooncake"  # two servers: A warms (SSD + its Mooncake segment), B reads remote hits
+LINKERS = ("tutti-linker", "tutti-linker-dynamic")
+PERSISTENT = {"file", "nixl", "tutti-host", *LINKERS}
+TUTTI = {"tutti-host", CLUSTER, *LINKERS}
+
+
+def tutti_settings(parts: list, name: str) -> dict:
+    """["tutti_threads=4", "tutti_verify=false"] -> {"tutti_threads": "4", ...}; anything else in
+    parts (an empty one too) is an error naming `name`."""
+    over = {}
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if not eq or not key.startswith("tutti_"):
+            raise ValueError(f"{name!r}: a variant is +tutti_KEY=VALUE, not {part!r}")
+        over[key] = value
+    return over
+
+
+def split_config(name: str) -> tuple[str, dict]:
+    """A configuration name with tutti settings after it, for an A/B inside one run:
+    "tutti-linker+tutti_threads=4+tutti_verify=false" -> ("tutti-linker", {...}). The variant keeps
+    its whole name in the report, its stats files and its outputs; only tutti configurations
+    take settings."""
+    base, *parts = name.split("+")
+    if base not in CONFIGS:
+        raise ValueError(f"unknown configuration {base!r} (one of {', '.join(CONFIGS)})")
+    over = tutti_settings(parts, name)
+    if over and base not in TUTTI:
+        raise ValueError(f"{name!r}: only tutti configurations take tutti settings")
+    return base, over
+
+
+LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+             "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+             "rope_theta": 500000.0, "torch_dtype": "bfloat16", "hidden_act": "silu",
+             "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}
+
+
+def write_model(path: str, layers: int) -> None:
+    """A Llama-3-8B-shaped config.json with `layers` layers (the server loads random weights)."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(dict(LLAMA3_8B, num_hidden_layers=layers), f)
+
+
+def tutti_config(args, config: str) -> dict:
+    """tutti's settings of a run: striped over args.tutti_dirs, a stats file per server process."""
+    return {"tutti_dirs": [os.path.join(d, "tutti") for d in args.tutti_dirs.split(",")],
+            "tutti_capacity_gb": args.capacity_gb,
+            "tutti_stats_file": os.path.join(args.out_dir, f"stats-{config}-{{pid}}.json"),
+            "tutti_timeline_file": os.path.join(args.out_dir, f"timeline-{config}-{{pid}}.jsonl")}
+
+
+def graph_flags(max_bs: int, version: Optional[str] = None, prefill: bool = False) -> list:
+    """The server's CUDA graph flags: decode graphs for batches up to max_bs, prefill graphs off
+    (a layer-wise load waits inside the prefill's forward) unless `prefill` (SGLang's own
+    prefill graphs as it would pick them: 0.5.23's breakable ones, which wait for a load at
+    their eager breaks), or none at all (max_bs 0: eager, the harness's default). SGLang 0.5.23
+    spells them per phase; 0.5.17 has one max and piecewise prefill graphs."""
+    if max_bs <= 0:
+        return ["--disable-cuda-graph"]
+    if version is None:
+        from importlib.metadata import PackageNotFoundError, version as pkg_version
+        try:
+            version = pkg_version("sglang")
+        except PackageNotFoundError:
+            version = ""
+    parts = tuple(int(x) for x in version.split(".")[:3] if x.isdigit())
+    if parts and parts < (0, 5, 23):
+        return ["--cuda-graph-max-bs", str(max_bs)] + ([] if prefill else ["--disable-piecewise-cuda-graph"])
+    return ([] if prefill else ["--cuda-graph-backend-prefill", "disabled"]) + \
+        ["--cuda-graph-max-bs-decode", str(max_bs)]
+
+
+def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dict] = None) -> tuple[list, dict]:
+    """(argv, environment) of one configuration's server. tutti-mooncake: `node` (a, b) names the
+    server's own tutti directories and stats files, `extra` adds its Mooncake keys (the master)
+    and cluster settings; both servers share the GPU (a smaller static memory share)."""
+    name = config  # a variant's whole name (its stats files); config: the base configuration
+    config, over = split_config(name)
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model,
+           "--load-format", "dummy", "--skip-tokenizer-init", "--attention-backend", "triton",
+           "--sampling-backend", "pytorch", "--page-size", str(PAGE),
+           "--mem-fraction-static", "0.5", "--max-total-tokens", str(args.max_total_tokens),
+           "--port", str(port), "--enable-metrics", "--enable-cache-report"]
+    cmd += graph_flags(getattr(args, "cuda_graph_max_bs", 0), prefill=getattr(args, "prefill_graphs", False))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_HICACHE_FILE", "SGLANG_HICACHE_NIXL"))}
+    hicache = ["--enable-hierarchical-cache", "--hicache-write-policy", "write_through",
+               "--hicache-storage-prefetch-policy", "wait_complete"]
+    if config == "recompute":
+        cmd.append("--disable-radix-cache")
+    elif config == "dram":
+        cmd += hicache + ["--hicache-size", str(args.dram_gb), "--hicache-mem-layout", "layer_first"]
+    elif config == "file":
+        cmd += hicache + ["--hicache-size", str(args.host_gb), "--hicache-mem-layout", "layer_first",
+                          "--hicache-storage-backend", "file"]
+        env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = os.path.join(args.one_dir, "file")
+    elif config == "nixl":
+        cmd += hicache + ["--hicache-size", str(args.host_gb), "--hicache-mem-layout", "page_first_direct",
+                          "--hicache-storage-backend", "nixl",
+                          "--hicache-storage-backend-extra-config", json.dumps({"use_uring": "true"})]
+        dirs = (getattr(args, "nixl_dirs", "") or args.one_dir).split(",")  # nixl spreads over a list
+        env.update(SGLANG_HICACHE_NIXL_BACKEND_PLUGIN="POSIX",
+                   SGLANG_HICACHE_NIXL_BACKEND_STORAGE_DIR=",".join(os.path.join(d, "nixl") for d in dirs))
+    elif config == "tutti-host":
+        cmd += hicache + ["--hicache-size", str(args.host_gb), "--hicache-mem-layout", "layer_first",
+                          "--hicache-storage-backend", "tutti", "--hicache-storage-backend-extra-config",
+                          json.dumps({**tutti_config(args, name), **over})]
+    elif config in LINKERS:
+        cfg = {**tutti_config(args, name), **over}
+        backend = "tutti"
+        if config == "tutti-linker-dynamic":
+            backend, cfg = "dynamic", {"linker": "TuttiLinker", "linker_module_path": "tutti_hicache.linker",
+                                       "linker_extra_config": cfg}
+        cmd += ["--enable-unified-cache-external-linker", "--unified-cache-external-linker-backend", backend,
+                "--unified-cache-external-linker-config", json.dumps(cfg)]
+    elif config == CLUSTER:
+        node = node or "a"
+        cfg = tutti_config(args, f"{name}-{node}")
+        cfg["tutti_dirs"] = [os.path.join(d, f"tutti-{node}") for d in args.tutti_dirs.split(",")]
+        cfg.update(extra or {})
+        cfg.update(over)
+        # SGLang's MooncakeStore takes page-first host pools only (MHA layer_first is refused)
+        cmd += hicache + ["--hicache-size", str(args.host_gb), "--hicache-mem-layout", "page_first_direct",
+                          "--hicache-storage-backend", CLUSTER, "--hicache-storage-backend-extra-config",
+                          json.dumps(cfg)]
+        cmd[cmd.index("--mem-fraction-static") + 1] = "0.35"  # two servers on one GPU
+    else:
+        raise ValueError(f"unknown configuration {config!r} (one of {', '.join(CONFIGS)})")
+    return cmd, env

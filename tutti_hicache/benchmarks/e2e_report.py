@@ -1,0 +1,259 @@
+"""The end-to-end server benchmark's report: the tables of a run's records (docs/benchmarks.md §7).
+
+At a glance:
+    sweep_rows(runs, bytes_per_token) / slo_rows(runs, slo_ms) / capacity_rows(runs) -> [dict]
+    timeline_rows(runs) / split_rows(runs) -> [dict]      where a load's time went; TTFT around it
+    report_markdown(runs, bytes_per_token) -> str          every table of the e2e section
+
+Runs and records are those of e2e.py's docstring. Pure: no server, no GPU (tested on CPU).
+"""
+
+from __future__ import annotations
+
+from .configs import CONFIGS
+from .e2e import outputs_vs, summarize
+
+
+def sweep_rows(runs: list, bpt: int) -> list:
+    """One row per (config, medium, context, h): restored TTFT, the same prompt's TTFT with its
+    prefix already in device memory (compute only), the I/O floor (cached bytes / raw read),
+    the bound max(compute, I/O), and ratios to it, to `dram` and to `recompute`."""
+    base = {}
+    for run in runs:
+        if run.get("config") in ("dram", "recompute"):
+            for r in run.get("phases", {}).get("sweep", []):
+                base[(run["config"], r["id"])] = r.get("ttft_s")
+    rows = []
+    for run in runs:
+        recs = {r["id"]: r for r in run.get("phases", {}).get("sweep", [])}
+        raw = run.get("raw_read_GBps") or 0
+        for rid, r in recs.items():
+            if rid.endswith("/l1") or r.get("ttft_s") is None:
+                continue
+            _, c, h = rid.split("/")
+            l1 = recs.get(rid + "/l1", {}).get("ttft_s")
+            io = io_floor_s(r, raw, bpt)
+            bound = max(x for x in (l1, io) if x is not None) if (l1 or io) else None
+            row = {"config": run["config"], "medium": run.get("medium"), "context": int(c),
+                   "h": float(h), "ttft_ms": r["ttft_s"] * 1e3,
+                   "compute_ms": l1 * 1e3 if l1 else None, "io_floor_ms": io * 1e3 if io else None,
+                   "vs_bound": r["ttft_s"] / bound if bound else None,
+                   "cached_tokens": r.get("cached_tokens"), "details": r.get("details")}
+            for b in ("dram", "recompute"):
+                t = base.get((b, rid))
+                row[f"vs_{b}"] = r["ttft_s"] / t if t else None
+            rows.append(row)
+    return sorted(rows, key=lambda x: (x["medium"] or "", x["config"], x["context"], x["h"]))
+
+
+def io_floor_s(rec: dict, raw_GBps, bpt: int):
+    """Seconds to read a request's cached prefix at the medium's raw rate, or None (unknown)."""
+    if not (bpt and raw_GBps and rec.get("cached")):
+        return None
+    return rec["cached"] * bpt / (raw_GBps * 1e9)
+
+
+def sweep_pivot(rows: list) -> str:
+    """One line per (medium, context, h): each configuration's TTFT, the compute-only time and the
+    I/O floor (from the linker's run when there is one), and the linker's ratios."""
+    configs = [c for c in CONFIGS if any(r["config"] == c for r in rows)]
+    cells: dict = {}
+    for r in rows:
+        cells.setdefault((r["medium"], r["context"], r["h"]), {})[r["config"]] = r
+    lines = []
+    for (medium, c, h), by in sorted(cells.items(), key=lambda kv: (kv[0][0] or "", kv[0][1], kv[0][2])):
+        ref = by.get("tutti-linker") or next(iter(by.values()))
+        lines.append([medium, c, f"{h:g}"] + [_f(by[k]["ttft_ms"]) if k in by else "-" for k in configs] +
+                     [_f(ref["compute_ms"]), _f(ref["io_floor_ms"]), _f(ref.get("vs_bound"), ".2f"),
+                      _f(_ratio(by, "recompute", "tutti-linker"), ".1f")])
+    return _table(["medium", "C", "h"] + configs + ["compute only", "I/O floor", "linker / max(compute, I/O)",
+                                                    "recompute / linker"], lines)
+
+
+def _ratio(by: dict, a: str, b: str):
+    return by[a]["ttft_ms"] / by[b]["ttft_ms"] if a in by and b in by else None
+
+
+def slo_rows(runs: list, slo_ms: float = 1000.0) -> list:
+    """Per configuration and medium: each rate's TTFT summary and the highest rate whose mean TTFT
+    stays within the SLO (None if none does)."""
+    rows = []
+    for run in runs:
+        rates = sorted((float(p[4:]), s) for p, s in run.get("summaries", {}).items()
+                       if p.startswith("rate"))
+        if not rates:
+            continue
+        ok = [r for r, s in rates if s.get("ttft_mean_ms") is not None and s["ttft_mean_ms"] <= slo_ms
+              and not s.get("failed")]
+        rows.append({"config": run["config"], "medium": run.get("medium"),
+                     "max_rate_within_slo": max(ok) if ok else None,
+                     "rates": {r: s for r, s in rates}})
+    return rows
+
+
+def capacity_rows(runs: list) -> list:
+    """Per configuration: the capacity phase's TTFT and its hit rate (cached tokens over prompt
+    tokens, and the share of requests with any cached prefix)."""
+    rows = []
+    for run in runs:
+        recs = run.get("phases", {}).get("capacity", [])
+        if not recs:
+            continue
+        s = summarize(recs)
+        prompt = [r.get("prompt_tokens") or 0 for r in recs]
+        cached = [r.get("cached_tokens") or 0 for r in recs]
+        rows.append({"config": run["config"], "medium": run.get("medium"), **s,
+                     "token_hit_rate": sum(cached) / max(1, sum(prompt)),
+                     "requests_with_hit": sum(c > p / 2 for c, p in zip(cached, prompt)) / max(1, len(recs)),
+                     "working_set_gb": run.get("capacity_working_set_gb"),
+                     "host_pool_gb": run.get("host_pool_gb")})
+    return rows
+
+
+def _f(x, spec=".0f"):
+    return "-" if x is None else format(x, spec)
+
+
+def _table(header: list, rows: list) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0) -> str:
+    """Every table of the e2e section: sweep, rates + SLO, capacity, first request, outputs."""
+    parts = ["### Hit-fraction sweep: TTFT ms (after a restart and a page-cache drop)",
+             sweep_pivot(sweep_rows(runs, bpt))]
+    slo = slo_rows(runs, slo_ms)
+    rates = sorted({r for row in slo for r in row["rates"]})
+    parts += [f"### Request rates: mean / p99 TTFT ms (max rate within a {slo_ms:.0f} ms mean-TTFT SLO)",
+              _table(["medium", "config"] + [f"{r:g} req/s" for r in rates] + ["max rate in SLO"],
+                     [[row["medium"], row["config"]] +
+                      [(lambda s: f"{_f(s.get('ttft_mean_ms'))} / {_f(s.get('ttft_p99_ms'))}" if s else "-")(
+                          row["rates"].get(r)) for r in rates] + [_f(row["max_rate_within_slo"], "g")]
+                      for row in slo])]
+    parts += ["### Capacity phase (working set larger than the DRAM tier)", _table(
+        ["medium", "config", "TTFT mean / p50 / p99 ms", "token hit rate", "requests with half the prompt cached",
+         "working set GB", "host pool GB"],
+        [[r["medium"], r["config"], f"{_f(r['ttft_mean_ms'])} / {_f(r['ttft_p50_ms'])} / {_f(r['ttft_p99_ms'])}",
+          _f(r["token_hit_rate"], ".2f"), _f(r["requests_with_hit"], ".2f"), _f(r["working_set_gb"], ".1f"),
+          _f(r["host_pool_gb"], ".1f")] for r in capacity_rows(runs)])]
+    parts += ["### Per configuration", _table(
+        ["medium", "config", "first request after start ms",
+         "restore GB/s over whole load spans, paced ones too (raw)", "server starts s",
+         "outputs = recompute (sequential phases)", "outputs = recompute (concurrent phases)"],
+        [_config_row(run, outputs_vs(runs).get(f"{run['config']}@{run.get('medium', '')}", {}))
+         for run in runs])]
+    tl = timeline_rows(runs)
+    if tl:
+        parts += ["### Where the loads' time went (tutti_timeline_file; medians over each "
+                  "configuration's loads, ms from the load's start)", _table(
+                      ["medium", "config", "loads", "GB/s over the reads", "reads done", "last layer handed over",
+                       "reaction p50", "forward inside wait_until", "finish returned"],
+                      [[r["medium"], r["config"], r["loads"], _f(r["read_GBps"], ".2f"), _f(r["reads_ms"], ".1f"),
+                        _f(r["handed_ms"], ".1f"), _f(r["react_ms_p50"], ".2f"),
+                        _f(r["forward_wait_ms"], ".1f"), _f(r["finish_ms"], ".1f")] for r in tl])]
+    split = split_rows(runs, bpt)
+    if split:
+        parts += ["### The sweep's TTFT around its load (client clock joined with the timeline's; ms)", _table(
+            ["medium", "config", "C", "h", "TTFT", "compute-only twin's TTFT", "before the load",
+             "of which before the linker's lookup", "load", "of which reads",
+             "after the load", "of which until SGLang's first offload", "I/O floor + before + after (I/O-bound rows only)", "TTFT / that",
+             "GPU begins layer 0 / the last layer (ms after the load's start)",
+             "forward's stream idle for KV: layer 0 / all layers",
+             "layers' compute (all but the last): this / its twin's"],
+            [[r["medium"], r["config"], r["context"], f"{r['h']:g}", _f(r["ttft_ms"]), _f(r.get("twin_ms")),
+              _f(r["before_ms"], ".1f"), _f(r.get("to_lookup_ms"), ".1f"), _f(r["load_ms"], ".1f"), _f(r["reads_ms"], ".1f"), _f(r["after_ms"], ".1f"), _f(r.get("to_offload_ms"), ".1f"), _f(r["floor_ms"]),
+              _f(r["ttft_ms"] / r["floor_ms"] if r["floor_ms"] else None, ".2f"),
+              f"{_f(r.get('gpu_layer0_ms'), '.1f')} / {_f(r.get('gpu_last_layer_ms'), '.1f')}",
+              f"{_f(r.get('stream_stall_first_ms'), '.1f')} / {_f(r.get('stream_stall_ms'), '.1f')}",
+              f"{_f(r.get('layers_compute_ms'), '.1f')} / {_f(r.get('next_bare_compute_ms'), '.1f')}"]
+             for r in split])]
+    return "\n\n".join(parts)
+
+
+def split_rows(runs: list, bpt: int = 0) -> list:
+    """The sweep's TTFT split around its load, per configuration with timeline records: each
+    request (client send and first-token times, CLOCK_MONOTONIC) joined with the load that started
+    between them (the server's timeline file, same clock): before = send to the load's start
+    (HTTP, tokens, SGLang's scheduling and prefix match, the linker's lookup), load = start to
+    finish_layer_wise_loading's return, after = that return to the first token (the last
+    layers' compute, sampling, the response). With bytes per token (bpt) and the run's raw read:
+    floor_ms = the I/O floor (the cached bytes at the raw rate) + before + after, the time left
+    for an I/O-bound request once SGLang's own work outside the load is counted. to_lookup_ms:
+    send to the linker's last lookup before the load (SGLang's part of before); twin_ms: the TTFT of the point's
+    compute-only twin (the same prefix in device memory), beside it; to_offload_ms: the load's
+    finish to SGLang's first offload after it (the batch's result processed; after's first part)."""
+    out = []
+    for run in runs:
+        loads = sorted((t for t in run.get("timeline") or [] if t.get("start_ns") and t.get("finish_ns")
+                        and not t.get("error")), key=lambda t: t["start_ns"])
+        if not loads:
+            continue
+        sweep = run.get("phases", {}).get("sweep", [])
+        twins = {r["id"][:-3]: r.get("ttft_s") for r in sweep if r["id"].endswith("/l1")}
+        for r in sweep:
+            sent, first = r.get("sent_ns"), r.get("first_token_ns")
+            if r["id"].endswith("/l1") or not sent or not first:
+                continue
+            load = next((t for t in loads if sent <= t["start_ns"] <= first), None)
+            if load is None:
+                continue
+            _, c, h = r["id"].split("/")
+            row = {"medium": run.get("medium"), "config": run["config"], "context": int(c),
+                   "h": float(h), "ttft_ms": (first - sent) / 1e6,
+                   "before_ms": (load["start_ns"] - sent) / 1e6,
+                   "load_ms": (load["finish_ns"] - load["start_ns"]) / 1e6,
+                   "reads_ms": load.get("reads_ms"),
+                   "after_ms": (first - load["finish_ns"]) / 1e6, "floor_ms": None,
+                   "twin_ms": twins[r["id"]] * 1e3 if twins.get(r["id"]) else None,
+                   "to_lookup_ms": (load["lookup_ns"] - sent) / 1e6
+                   if sent <= load.get("lookup_ns", 0) <= load["start_ns"] else None,
+                   "to_offload_ms": (load["offload_ns"] - load["finish_ns"]) / 1e6
+                   if load["finish_ns"] <= load.get("offload_ns", 0) <= first else None,
+                   **{k: load.get(k) for k in ("stream_stall_first_ms", "stream_stall_ms",
+                                                "layers_compute_ms", "next_bare_compute_ms",
+                                                "gpu_layer0_ms", "gpu_last_layer_ms")}}
+            io = io_floor_s(r, run.get("raw_read_GBps"), bpt)
+            if io is not None:
+                row["floor_ms"] = io * 1e3 + row["before_ms"] + row["after_ms"]
+            out.append(row)
+    return sorted(out, key=lambda x: (x["medium"] or "", x["config"], x["context"], x["h"]))
+
+
+def timeline_rows(runs: list) -> list:
+    """Per configuration with timeline records (bench/e2e_sglang.py keeps their summaries under
+    "timeline"): medians of the summaries' fields, and the bytes read per second of reads."""
+    import statistics
+    out = []
+    for run in runs:
+        recs = [t for t in run.get("timeline") or [] if not t.get("error") and t.get("reads_ms")]
+        if not recs:
+            continue
+
+        def med(key):
+            vals = [t[key] for t in recs if t.get(key) is not None]
+            return statistics.median(vals) if vals else None
+        page_bytes = run.get("page_bytes")
+        rates = [t["pages"] * page_bytes / (t["reads_ms"] / 1e3) / 1e9 for t in recs
+                 if page_bytes and t.get("pages")]
+        out.append({"medium": run.get("medium"), "config": run["config"], "loads": len(recs),
+                    "read_GBps": statistics.median(rates) if rates else None,
+                    **{k: med(k) for k in ("reads_ms", "handed_ms", "react_ms_p50", "forward_wait_ms",
+                                           "finish_ms")}})
+    return out
+
+
+def _config_row(run: dict, eq: dict) -> list:
+    first = run.get("phases", {}).get("first", [{}])[0].get("ttft_s")
+    seq = [v for p, v in eq.items() if not p.startswith("rate")]
+    conc = [v for p, v in eq.items() if p.startswith("rate")]
+
+    def frac(vals):
+        n = sum(v[1] for v in vals)
+        return f"{sum(v[0] for v in vals)}/{n}" if n else "-"
+    restore = run.get("restore_GBps")
+    raw = run.get("raw_read_GBps")
+    return [run.get("medium"), run["config"], _f(first * 1e3 if first else None),
+            f"{_f(restore, '.2f')} ({_f(raw, '.2f')})", "/".join(f"{s:.0f}" for s in run.get("start_s", [])),
+            frac(seq), frac(conc)]
