@@ -48,6 +48,7 @@ from tutti_hicache.layout import PageGeometry, SlotLayout
 from tutti_hicache.testing import sglang as H
 
 
+from tutti_hicache.testing import controller as HC
 class Stages:
     """Wall seconds per stage, from wrappers set on object attributes (undone by restore())."""
 
@@ -132,7 +133,7 @@ def host_tier(dirs, pool, hm, pages: int, depth: str, threads: int, seed: int) -
     sc = H.make_storage_config(is_mla=False, is_page_first_layout=False,
                                model_name="bench-write", extra_config=extra)
     st = TuttiStorage(sc, {})
-    ctrl = H.make_controller(st, pool, p, sc, zero_copy=True)
+    ctrl = HC.make_controller(st, pool, p, sc, zero_copy=True)
     set_chunks(st.store, depth)
     stages = Stages()
     stages.store(st.store)
@@ -142,13 +143,13 @@ def host_tier(dirs, pool, hm, pages: int, depth: str, threads: int, seed: int) -
         for phase, s in (("prealloc", seed), ("overwrite", seed + 1)):
             keys = H.make_page_keys(pages, s)
             t0 = time.perf_counter()
-            written = H.controller_backup(ctrl, keys, src)
+            written = HC.controller_backup(ctrl, keys, src)
             wall = time.perf_counter() - t0
             out[phase] = {"GBps": nbytes / wall / 1e9, "seconds": wall, "pages": written,
                           "stages": stages.take()}
         out["evictions"] = st.store.stats()["evictions"]
         t0 = time.perf_counter()
-        done = H.controller_transfer(ctrl, keys, dst)
+        done = HC.controller_transfer(ctrl, keys, dst)
         wall = time.perf_counter() - t0
         out["read"] = {"GBps": nbytes / wall / 1e9, "seconds": wall,
                        "bytes_equal": done == pages * p and pages_equal(pool, src, dst)}

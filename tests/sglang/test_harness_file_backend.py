@@ -12,6 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tutti_hicache.testing import controller as HC  # noqa: E402
+
 PAGE = 16
 N_PAGES = 200
 MHA_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
@@ -99,10 +101,10 @@ def round_trip(h, pool, ctrl, keys):
     h.fill_random(pool, src, seed=1)
     h.fill_random(pool, dst, seed=3)
     expected = h.page_bytes(pool, src)
-    written = h.controller_backup(ctrl, keys, src)
+    written = HC.controller_backup(ctrl, keys, src)
     h.fill_random(pool, src, seed=2)
-    hits = h.controller_hit_query(ctrl, keys)
-    tokens = h.controller_transfer(ctrl, keys, dst)
+    hits = HC.controller_hit_query(ctrl, keys)
+    tokens = HC.controller_transfer(ctrl, keys, dst)
     return written, hits, tokens, h.page_bytes(pool, dst) == expected
 
 
@@ -115,7 +117,7 @@ def test_file_backend_round_trip(sglang, store_dirs, kind, layout):
         is_mla=kind == "mla", is_page_first_layout=layout == "page_first"
     )
     backend = counting_file_backend(h, config, store_dirs[0])
-    ctrl = h.make_controller(backend, pool, PAGE, config, zero_copy=False)
+    ctrl = HC.make_controller(backend, pool, PAGE, config, zero_copy=False)
     keys = h.make_page_keys(N_PAGES, seed=7)
 
     assert round_trip(h, pool, ctrl, keys) == (N_PAGES, N_PAGES, N_PAGES * PAGE, True)
@@ -133,7 +135,7 @@ def test_zero_copy_round_trip(sglang, kind, layout):
         extra_config={"interface_v1": 1},
     )
     backend = memory_v1_backend()
-    ctrl = h.make_controller(backend, pool, PAGE, config, zero_copy=True)
+    ctrl = HC.make_controller(backend, pool, PAGE, config, zero_copy=True)
     keys = h.make_page_keys(N_PAGES, seed=8)
 
     assert backend.mem_pool_host is pool
@@ -147,18 +149,18 @@ def test_transfer_stops_at_first_missing_page(sglang, tmp_path, missing):
     h = sglang
     pool = make_pool(h, "mha", "layer_first")
     config = h.make_storage_config()
-    ctrl = h.make_controller(counting_file_backend(h, config, tmp_path), pool, PAGE, config, False)
+    ctrl = HC.make_controller(counting_file_backend(h, config, tmp_path), pool, PAGE, config, False)
     keys = h.make_page_keys(N_PAGES, seed=9)
     src, dst = pool.alloc(N_PAGES * PAGE), pool.alloc(N_PAGES * PAGE)
     h.fill_random(pool, src, seed=1)
     h.fill_random(pool, dst, seed=3)
     cut = missing * PAGE
-    assert h.controller_backup(ctrl, keys[:missing], src[:cut]) == missing
-    assert h.controller_backup(ctrl, keys[missing + 1:], src[cut + PAGE:]) == N_PAGES - missing - 1
+    assert HC.controller_backup(ctrl, keys[:missing], src[:cut]) == missing
+    assert HC.controller_backup(ctrl, keys[missing + 1:], src[cut + PAGE:]) == N_PAGES - missing - 1
     before = h.page_bytes(pool, dst)
 
-    assert h.controller_hit_query(ctrl, keys) == missing
-    assert h.controller_transfer(ctrl, keys, dst) == cut
+    assert HC.controller_hit_query(ctrl, keys) == missing
+    assert HC.controller_transfer(ctrl, keys, dst) == cut
     after = h.page_bytes(pool, dst)
     assert after[:missing] == h.page_bytes(pool, src)[:missing]
     assert after[missing:] == before[missing:]  # nothing copied past the hole
@@ -170,11 +172,11 @@ def test_mla_reader_rank_writes_nothing(sglang, tmp_path):
     pool = make_pool(h, "mla", "layer_first", n_pages=8)
     config = h.make_storage_config(tp_rank=1, tp_size=2, is_mla=True)
     backend = counting_file_backend(h, config, tmp_path)
-    ctrl = h.make_controller(backend, pool, PAGE, config, zero_copy=False)
+    ctrl = HC.make_controller(backend, pool, PAGE, config, zero_copy=False)
     src = pool.alloc(4 * PAGE)
     h.fill_random(pool, src, seed=1)
 
-    assert h.controller_backup(ctrl, h.make_page_keys(4), src) == 0
+    assert HC.controller_backup(ctrl, h.make_page_keys(4), src) == 0
     assert backend.calls == [] and list(tmp_path.iterdir()) == []
 
 
@@ -183,7 +185,7 @@ def test_dense_controller_class(sglang):
     known = {"0.5.17": "HiCacheController", "0.5.23": "HybridCacheController"}
     if sglang.sglang_version() not in known:
         pytest.skip(f"no expectation recorded for sglang {sglang.sglang_version()}")
-    assert sglang.dense_controller_class().__name__ == known[sglang.sglang_version()]
+    assert HC.dense_controller_class().__name__ == known[sglang.sglang_version()]
 
 
 def test_page_keys_are_distinct_hex():

@@ -11,6 +11,9 @@ import threading
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from tutti_hicache.testing import controller as HC  # noqa: E402
+
 pytestmark = pytest.mark.sglang
 
 PAGE = 16
@@ -36,7 +39,7 @@ def tutti(h, dirs, kind, layout, tp_rank=0, tp_size=1, **extra):
 
 
 def controller(h, backend, pool, sc, zero_copy=True):
-    return h.make_controller(backend, pool, PAGE, sc, zero_copy=zero_copy)
+    return HC.make_controller(backend, pool, PAGE, sc, zero_copy=zero_copy)
 
 
 @pytest.mark.parametrize("zero_copy", [True, False], ids=["zero_copy", "generic"])
@@ -49,12 +52,12 @@ def test_roundtrip_through_the_controller(sglang, store_dirs, kind, layout, zero
     want = h.page_bytes(pool, src)
     keys = h.make_page_keys(N, seed=2)
     st, sc = tutti(h, store_dirs, kind, layout)
-    assert h.controller_backup(controller(h, st, pool, sc, zero_copy), keys, src) == N
+    assert HC.controller_backup(controller(h, st, pool, sc, zero_copy), keys, src) == N
     st.close()
     st, sc = tutti(h, store_dirs, kind, layout)  # a restart: the index comes from disk
     ctrl = controller(h, st, pool, sc, zero_copy)
-    assert h.controller_hit_query(ctrl, keys) == N
-    assert h.controller_transfer(ctrl, keys, dst) == N * PAGE
+    assert HC.controller_hit_query(ctrl, keys) == N
+    assert HC.controller_transfer(ctrl, keys, dst) == N * PAGE
     assert h.page_bytes(pool, dst) == want
     stats = st.tutti_stats()
     assert stats["hits"] == N and stats["checksum_failures"] == 0
@@ -69,10 +72,10 @@ def test_missing_page_stops_the_prefix(sglang, tmp_path):
     keys = h.make_page_keys(N, seed=4)
     st, sc = tutti(h, [tmp_path], "mha", "layer_first")
     ctrl = controller(h, st, pool, sc)
-    assert h.controller_backup(ctrl, keys, src) == N
+    assert HC.controller_backup(ctrl, keys, src) == N
     st.store.forget([keys[150]])
-    assert h.controller_hit_query(ctrl, keys) == 150
-    done = h.controller_transfer(ctrl, keys, dst)
+    assert HC.controller_hit_query(ctrl, keys) == 150
+    done = HC.controller_transfer(ctrl, keys, dst)
     assert done == 150 * PAGE  # the second batch counts up to its first miss
     assert h.page_bytes(pool, dst[: 150 * PAGE]) == h.page_bytes(pool, src[: 150 * PAGE])
     st.close()
@@ -204,10 +207,10 @@ def test_failure_injector_never_escapes(sglang, tmp_path, monkeypatch):
     ctrl = controller(h, be, pool, sc)
     keys = h.make_page_keys(N, 10)
     for _ in range(5):
-        h.controller_backup(ctrl, keys, src)
+        HC.controller_backup(ctrl, keys, src)
     for _ in range(5):
         pool.kv_buffer.view(-1)[:0]
-        done = h.controller_transfer(ctrl, keys, dst) // PAGE
+        done = HC.controller_transfer(ctrl, keys, dst) // PAGE
         assert h.page_bytes(pool, dst[: done * PAGE]) == want[:done]
     be.close()
 

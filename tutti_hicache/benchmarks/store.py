@@ -27,6 +27,7 @@ from ..config import TuttiConfig
 from ..hostmap import HostMap
 from ..layout import SlotLayout
 from ..testing import sglang as H
+from ..testing import controller as HC
 from .rawio import drop_page_cache, raw_read_GBps, raw_read_uring_GBps, write_raw_file  # noqa: F401
 
 _DEFAULTS = TuttiConfig()
@@ -142,7 +143,7 @@ def _tutti_backend(spec: BenchSpec, store_dir: str, pool, verify: bool):
                                model_name=f"bench-{spec.geometry}", extra_config=extra)
     t0 = time.perf_counter()
     st = TuttiStorage(sc, {})
-    ctrl = H.make_controller(st, pool, pool.page_size, sc, zero_copy=True)
+    ctrl = HC.make_controller(st, pool, pool.page_size, sc, zero_copy=True)
     return st, ctrl, time.perf_counter() - t0
 
 
@@ -150,7 +151,7 @@ def _restore(ctrl, backend, keys, dst, attr: str):
     lat: list[float] = []
     setattr(backend, attr, _timed(getattr(backend, attr), lat))
     cpu0, t0 = time.process_time(), time.perf_counter()
-    done = H.controller_transfer(ctrl, keys, dst)
+    done = HC.controller_transfer(ctrl, keys, dst)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     delattr(backend, attr)
     return done, wall, cpu, lat
@@ -167,7 +168,7 @@ def bench_tutti(spec, work, pool, keys, src, dst, nbytes) -> dict:
     store_dir = os.path.join(work, "tutti")
     st, ctrl, _ = _tutti_backend(spec, store_dir, pool, verify=True)
     t0 = time.perf_counter()
-    written = H.controller_backup(ctrl, keys, src)
+    written = HC.controller_backup(ctrl, keys, src)
     write_s = time.perf_counter() - t0
     st.close()
     out = {"tutti_write_GBps": nbytes / write_s / 1e9, "tutti_written_pages": written}
@@ -211,14 +212,14 @@ def bench_file(spec, work, pool, keys, src, dst, nbytes) -> dict:
                                model_name=f"bench-{spec.geometry}",
                                extra_config={"file_storage_path": file_dir})
     be = HiCacheFile(sc, file_path=file_dir)  # 0.5.17 ignores file_storage_path in extra_config
-    ctrl = H.make_controller(be, pool, pool.page_size, sc, zero_copy=False, backend_type="file")
+    ctrl = HC.make_controller(be, pool, pool.page_size, sc, zero_copy=False, backend_type="file")
     t0 = time.perf_counter()
-    H.controller_backup(ctrl, keys, src)
+    HC.controller_backup(ctrl, keys, src)
     write_s = time.perf_counter() - t0
     files = [os.path.join(file_dir, f) for f in os.listdir(file_dir)]
     how = drop_page_cache(files)
     be = HiCacheFile(sc, file_path=file_dir)
-    ctrl = H.make_controller(be, pool, pool.page_size, sc, zero_copy=False, backend_type="file")
+    ctrl = HC.make_controller(be, pool, pool.page_size, sc, zero_copy=False, backend_type="file")
     _poison(pool, dst)
     done, wall, cpu, lat = _restore(ctrl, be, keys, dst, "batch_get")
     ok = done == len(keys) * pool.page_size and pages_equal(pool, src, dst)
