@@ -31,6 +31,8 @@ import time
 import traceback
 from typing import Any, Optional
 
+from . import controller as HC
+
 PAGE = 16
 
 
@@ -157,7 +159,7 @@ class _Node:
                                         is_page_first_layout=layout == "page_first",
                                         extra_config=cfg)
         backend = TieredStorage(sc, {})
-        ctrl = self.h.make_controller(backend, pool, page, sc, zero_copy=True)
+        ctrl = HC.make_controller(backend, pool, page, sc, zero_copy=True)
         self.backends[name] = (backend, pool, ctrl)
 
     def wait_state(self, name, state="up", timeout=30.0):
@@ -176,13 +178,13 @@ class _Node:
         idx = pool.alloc(len(keys) * pool.page_size)
         try:
             self.h.fill_random(pool, idx, seed)
-            done = self.h.controller_backup(ctrl, keys, idx)
+            done = HC.controller_backup(ctrl, keys, idx)
             return done, self._digests(pool, idx)
         finally:
             pool.free(idx)
 
     def exists(self, name, keys):
-        return self.h.controller_hit_query(self.backends[name][2], keys)
+        return HC.controller_hit_query(self.backends[name][2], keys)
 
     def read(self, name, keys):
         """Restore into fresh (zeroed) pages through SGLang's _page_transfer: (pages, digests)."""
@@ -202,7 +204,7 @@ class _Node:
             for start in range(0, len(idx), page):  # no stale bytes can pass for a restore
                 pool.set_from_flat_data_page(int(idx[start]), zero)
             t0 = time.perf_counter()
-            done = self.h.controller_transfer(ctrl, keys, idx) // page
+            done = HC.controller_transfer(ctrl, keys, idx) // page
             t1 = time.perf_counter()
             h2d = 0.0
             if device is not None and done:
