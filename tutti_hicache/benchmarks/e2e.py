@@ -5,7 +5,9 @@ At a glance:
     wl.warm() / wl.first() / wl.sweep(fractions) / wl.rates(rate, n) / wl.capacity_warm(n_docs, C)
         / wl.capacity_reuse(n_docs, C, n)   -> [Request]   (seeded token ids, no data set)
     summarize(records, seconds) -> dict                    TTFT mean/p50/p99, ITL, throughput, cached tokens
-    outputs_vs(runs, ref="recompute") -> {config: {phase: (equal, compared, [ids])}}
+    outputs_vs(runs, ref="recompute", tol) -> {config: {phase: {compared, equal, max_logprob_diff,
+                                                  mismatches}}}   greedy ids and top-k logprobs
+    compare_output(got, want, tol) -> (equal, logprob difference)   one request against its reference
     sweep_requests(wl, fractions) -> [Request]             each sweep point and its compute-only twin
 The report's tables are in e2e_report.py, the server configurations in configs.py.
 
@@ -17,7 +19,8 @@ hold) and fills the rest of its C tokens with new ones, so h is the cached share
 
 A run (what bench/e2e_sglang.py writes, one dict per configuration and medium):
     {"config", "medium", "raw_read_GBps", "phases": {phase: [record]}, ...}
-    record = {"id", "ttft_s", "itl_s": [...], "e2e_s", "cached_tokens", "details", "output_ids"}
+    record = {"id", "ttft_s", "itl_s": [...], "e2e_s", "cached_tokens", "details", "output_ids",
+              "top_logprobs": [[[logprob, token id]] * k per output position] (when asked)}
 Pure: numpy only, no server, no GPU (tested on CPU).
 """
 
@@ -167,25 +170,75 @@ def _by_id(run: dict) -> dict:
     return {r["id"]: r for recs in run.get("phases", {}).values() for r in recs}
 
 
-def outputs_vs(runs: list, ref: str = "recompute") -> dict:
-    """Per configuration and phase: (equal, compared, mismatching ids) against the reference
-    configuration's output for the same request id (same medium or any medium: outputs do not
-    depend on the medium)."""
+LOGPROB_TOL = 0.01  # see compare_output
+
+
+def top_logprob_diff(got, want):
+    """The largest difference between two generations' top-k logprobs, position by position, or
+    None when either lacks them or they cover different numbers of positions. A token in one
+    top-k and not the other counts by how far it stands above the other's k-th logprob (a near
+    tie at the boundary costs its gap, a real change its size)."""
+    if not got or not want or len(got) != len(want):
+        return None
+    worst = 0.0
+    for a, b in zip(got, want):
+        da, db = {int(t): float(lp) for lp, t in a}, {int(t): float(lp) for lp, t in b}
+        if not da or not db:
+            return None
+        for x, y in ((da, db), (db, da)):
+            floor = min(y.values())
+            for t, lp in x.items():
+                worst = max(worst, abs(lp - y[t]) if t in y else max(0.0, lp - floor))
+    return worst
+
+
+def compare_output(got: dict, want: dict, tol: float = LOGPROB_TOL) -> tuple:
+    """(equal, logprob difference or None) of one request's output against the reference's:
+    equal = the same greedy ids and, where the reference has top-k logprobs, the same
+    positions' top-k within tol (logprobs on one side only: not equal).
+
+    The default tolerance, 0.01: restore and recompute hold the same KV up to bf16 rounding
+    (recompute prefills in other chunks, so sums run in another order), and with seeded weights
+    the logits come out in fp32 (configs.write_model), so those roundings move a logprob by far
+    less; bf16 logits would not do (one ulp near the top logits, 4 to 8, is 1/32). A page of KV
+    the request never computed moves its logprobs by more (not yet measured on the GPU: the
+    report's max logprob difference per phase shows both sides of the margin)."""
+    same = got.get("output_ids") == want.get("output_ids")
+    if not got.get("top_logprobs") and not want.get("top_logprobs"):
+        return same, None
+    diff = top_logprob_diff(got.get("top_logprobs"), want.get("top_logprobs"))
+    return same and diff is not None and diff <= tol, diff
+
+
+def outputs_vs(runs: list, ref: str = "recompute", tol: float = LOGPROB_TOL) -> dict:
+    """Per configuration and phase, every request with the reference configuration's output
+    for the same id (same medium or any medium: outputs do not depend on the medium) compared
+    by compare_output: {"compared", "equal", "with_logprobs" (compared on logprobs too),
+    "max_logprob_diff" (None without logprobs), "mismatches": [ids]}."""
     refs = {}
     for run in runs:
         if run.get("config") == ref:
-            refs.update({k: r.get("output_ids") for k, r in _by_id(run).items()})
+            refs.update({k: r for k, r in _by_id(run).items() if r.get("output_ids") is not None})
     out = {}
     for run in runs:
         if run.get("config") == ref:
             continue
         per = {}
         for phase, recs in run.get("phases", {}).items():
-            pairs = [(r["id"], r.get("output_ids"), refs.get(r["id"]))
-                     for r in recs]
-            pairs = [p for p in pairs if p[2] is not None and p[1] is not None]
-            bad = [i for i, got, want in pairs if got != want]
-            per[phase] = (len(pairs) - len(bad), len(pairs), bad)
+            row = {"compared": 0, "equal": 0, "with_logprobs": 0, "max_logprob_diff": None, "mismatches": []}
+            for r in recs:
+                want = refs.get(r["id"])
+                if want is None or r.get("output_ids") is None:
+                    continue
+                equal, diff = compare_output(r, want, tol)
+                row["compared"] += 1
+                row["equal"] += equal
+                if not equal:
+                    row["mismatches"].append(r["id"])
+                if diff is not None:
+                    row["with_logprobs"] += 1
+                    row["max_logprob_diff"] = max(diff, row["max_logprob_diff"] or 0.0)
+            per[phase] = row
         out[f"{run['config']}@{run.get('medium', '')}"] = per
     return out
 
