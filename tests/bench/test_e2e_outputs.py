@@ -91,11 +91,18 @@ def test_a_checkpoint_already_there_is_kept_and_another_replaces_it(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == sorted(set(index["weight_map"].values()))
 
 
-def test_write_model_and_the_server_flag(tmp_path):
-    """dummy: a config.json only and --load-format dummy; seeded: the checkpoint beside it, fp32
-    logits in the config, and the server loads it (no --load-format)."""
+def test_write_model_and_the_server_flag(tmp_path, monkeypatch):
+    """dummy: a config.json only and --load-format dummy; seeded: the checkpoint beside it (drawn
+    in a child process), fp32 logits in the config, and the server loads it (no --load-format)."""
+    pytest.importorskip("torch")
     configs.write_model(str(tmp_path / "d"), 2)
     assert [p.name for p in (tmp_path / "d").iterdir()] == ["config.json"]
+    monkeypatch.setattr(configs, "LLAMA3_8B", dict(configs.LLAMA3_8B, **{k: v for k, v in TINY.items()
+                                                                          if k != "num_hidden_layers"}))
+    configs.write_model(str(tmp_path / "s"), 2, weights="seeded", seed=3)
+    cfg = json.loads((tmp_path / "s" / "config.json").read_text())
+    assert cfg["enable_lm_head_output_fp32"] and cfg["num_hidden_layers"] == 2
+    assert len(_checkpoint(tmp_path / "s")) == 2 + 1 + 2 * 9
     args = type("A", (), dict(model=str(tmp_path), max_total_tokens=1000, tutti_dirs=str(tmp_path),
                               capacity_gb=1, out_dir=str(tmp_path)))()
     argv, _ = configs.server_cmd(args, "recompute", 30000)
@@ -297,3 +304,23 @@ def test_one_request_asks_for_top_logprobs_and_keeps_them(incremental):
     assert bodies[0]["logprob_start_len"] == -1 and "return_logprob" not in bodies[1]
     assert rec["output_ids"] == [5, 6] and rec["top_logprobs"] == [[[-0.1, 5], [-2.0, 8]], [[-0.3, 6], [-1.5, 2]]]
     assert "top_logprobs" not in plain and plain["output_ids"] == [5, 6]
+
+
+def test_misplace_control_names_the_later_requests_and_survives_a_failure(monkeypatch):
+    """e2e_sglang.misplace_control: the store under each tutti directory's `tutti`, the server's
+    capacity, every request sent after the restart as candidates; a failure is recorded, not raised."""
+    from tutti_hicache.benchmarks import e2e_sglang
+    seen = []
+
+    def fake(wl, dirs, capacity_gb, requests):
+        seen.append((dirs, capacity_gb, [r.id for r in requests]))
+        if len(seen) > 1:
+            raise ValueError("no such key")
+        return {"swapped": 1}
+    monkeypatch.setattr(misplace, "misplace", fake)
+    args = type("A", (), dict(tutti_dirs="/x,/y", capacity_gb=7.0, fractions=[0.5], rates=[1.0], rate_requests=2))()
+    wl = e2e.Workload((1024,), docs=2, q_tokens=8)
+    assert e2e_sglang.misplace_control(args, wl) == {"swapped": 1}
+    assert seen[0][:2] == (["/x/tutti", "/y/tutti"], 7.0)
+    assert seen[0][2] == ["first/1024/0", "sweep/1024/0.5", "sweep/1024/0.5/l1", "rate1/0", "rate1/1"]
+    assert e2e_sglang.misplace_control(args, wl) == {"error": "ValueError('no such key')"}

@@ -88,9 +88,13 @@ def write_model(path: str, layers: int, weights: str = "dummy", seed: int = 0) -
         cfg.update(initializer_range=0.02, enable_lm_head_output_fp32=True)  # hide small changes
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
-    if weights == "seeded":
+    if weights == "seeded":  # drawn in a child process: CUDA stays out of the harness's own
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
         from .weights import write_weights
-        write_weights(path, cfg, seed=seed, std=cfg["initializer_range"])
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            pool.submit(write_weights, path, cfg, seed, cfg["initializer_range"]).result()
 
 
 def tutti_config(args, config: str) -> dict:

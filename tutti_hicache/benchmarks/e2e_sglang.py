@@ -317,6 +317,8 @@ def main(description: str = __doc__):
     args.bpt = e2e.bytes_per_token(args.layers)
     for config in args.configs.split(","):
         configs.split_config(config)  # an unknown configuration or a bad variant fails here, not later
+    if args.docs < 2 and any(configs.misplaced(c) for c in args.configs.split(",")):
+        ap.error("+misplace swaps a page between two documents: --docs 2 or more")
     os.makedirs(args.out_dir, exist_ok=True)
     t_start = time.time()  # the deadline counts the model's writing (--weights seeded: seconds)
     if args.write_model:
