@@ -170,44 +170,73 @@ def _by_id(run: dict) -> dict:
     return {r["id"]: r for recs in run.get("phases", {}).values() for r in recs}
 
 
-LOGPROB_TOL = 0.01  # see compare_output
+LOGPROB_TOL = 0.2  # see compare_output
 
 
-def top_logprob_diff(got, want):
-    """The largest difference between two generations' top-k logprobs, position by position, or
-    None when either lacks them or they cover different numbers of positions. A token in one
-    top-k and not the other counts by how far it stands above the other's k-th logprob (a near
-    tie at the boundary costs its gap, a real change its size)."""
-    if not got or not want or len(got) != len(want):
-        return None
+def _position_diff(a: dict, b: dict) -> float:
+    """The largest top-k logprob difference at one position ({token: logprob} each). A token in
+    one top-k and not the other counts by how far it stands above the other's k-th logprob (a
+    near tie at the boundary costs its gap, a real change its size)."""
     worst = 0.0
-    for a, b in zip(got, want):
-        da, db = {int(t): float(lp) for lp, t in a}, {int(t): float(lp) for lp, t in b}
-        if not da or not db:
-            return None
-        for x, y in ((da, db), (db, da)):
-            floor = min(y.values())
-            for t, lp in x.items():
-                worst = max(worst, abs(lp - y[t]) if t in y else max(0.0, lp - floor))
+    for x, y in ((a, b), (b, a)):
+        floor = min(y.values())
+        for t, lp in x.items():
+            worst = max(worst, abs(lp - y[t]) if t in y else max(0.0, lp - floor))
     return worst
 
 
-def compare_output(got: dict, want: dict, tol: float = LOGPROB_TOL) -> tuple:
-    """(equal, logprob difference or None) of one request's output against the reference's:
-    equal = the same greedy ids and, where the reference has top-k logprobs, the same
-    positions' top-k within tol (logprobs on one side only: not equal).
+def top_logprob_diff(got: dict, want: dict):
+    """The largest top-k logprob difference over the positions both generations share a history
+    for, or None when either lacks the logprobs of a position it generated. Where the greedy ids part, the position is compared and the walk stops: later
+    positions continue different tokens. A parting is only allowed as a near tie (checked by
+    compare_output): each side's token within tol of the other's top-1 in the other's top-k."""
+    ids_a, ids_b = got.get("output_ids") or [], want.get("output_ids") or []
+    tops_a, tops_b = got.get("top_logprobs") or [], want.get("top_logprobs") or []
+    if len(tops_a) != len(ids_a) or len(tops_b) != len(ids_b) or not ids_a or not ids_b:
+        return None
+    worst = 0.0
+    for ta, tb, pa, pb in zip(ids_a, ids_b, tops_a, tops_b):
+        da, db = {int(t): float(lp) for lp, t in pa}, {int(t): float(lp) for lp, t in pb}
+        if not da or not db:
+            return None
+        worst = max(worst, _position_diff(da, db))
+        if ta != tb:
+            break
+    return worst
 
-    The default tolerance, 0.01: restore and recompute hold the same KV up to bf16 rounding
-    (recompute prefills in other chunks, so sums run in another order), and with seeded weights
-    the logits come out in fp32 (configs.write_model), so those roundings move a logprob by far
-    less; bf16 logits would not do (one ulp near the top logits, 4 to 8, is 1/32). A page of KV
-    the request never computed moves its logprobs by more (not yet measured on the GPU: the
-    report's max logprob difference per phase shows both sides of the margin)."""
-    same = got.get("output_ids") == want.get("output_ids")
+
+def _near_tie(got: dict, want: dict, tol: float) -> bool:
+    """Whether the first position where the greedy ids part is a near tie on both sides."""
+    for i, (ta, tb) in enumerate(zip(got["output_ids"], want["output_ids"])):
+        if ta != tb:
+            da = {int(t): float(lp) for lp, t in got["top_logprobs"][i]}
+            db = {int(t): float(lp) for lp, t in want["top_logprobs"][i]}
+            return tb in da and ta in db and da[ta] - da[tb] <= tol and db[tb] - db[ta] <= tol
+    return len(got["output_ids"]) == len(want["output_ids"])
+
+
+def compare_output(got: dict, want: dict, tol: float = LOGPROB_TOL) -> tuple:
+    """(equal, logprob difference or None) of one request's output against the reference's.
+    Without top-k logprobs on either side: equal = the same greedy ids. With them: every
+    position's top-k within tol up to and including the first position where the greedy ids
+    part, and a parting only where it is a near tie (the two tokens within tol of each other on
+    both sides); logprobs on one side only, or missing for a position, are no match.
+
+    Why a parting may pass, and why 0.2: restore and recompute hold the same KV up to bf16
+    rounding (recompute prefills in other chunks, its sums run in another order), and with
+    random weights the top logits of a 128K vocabulary lie close together, so rounding alone
+    can swap the greedy token. On the CPU (transformers' Llama, this init, fp32 logits from
+    bf16 hidden states, one prefill against a cached prefix + extend; not a GPU result) that
+    rounding moved top-5 logprobs by up to 0.020 at 2 layers and 0.066 at 8 layers, where one
+    page (64 of 4096 tokens) of another document's KV moved them by 0.87 (2 layers) and 1.10 (8
+    layers). The GPU run's max logprob difference per phase shows both sides of the margin."""
+    ids_equal = got.get("output_ids") == want.get("output_ids")
     if not got.get("top_logprobs") and not want.get("top_logprobs"):
-        return same, None
-    diff = top_logprob_diff(got.get("top_logprobs"), want.get("top_logprobs"))
-    return same and diff is not None and diff <= tol, diff
+        return ids_equal, None
+    diff = top_logprob_diff(got, want)
+    if diff is None:
+        return False, None
+    return diff <= tol and (ids_equal or _near_tie(got, want, tol)), diff
 
 
 def outputs_vs(runs: list, ref: str = "recompute", tol: float = LOGPROB_TOL) -> dict:
