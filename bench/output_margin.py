@@ -39,7 +39,7 @@ def top5(model, out) -> list:
 
 
 def largest_diff(a: list, b: list) -> float:
-    return max(e2e._position_diff({t: lp for lp, t in x}, {t: lp for lp, t in y}) for x, y in zip(a, b))
+    return max(e2e.position_diff({t: lp for lp, t in x}, {t: lp for lp, t in y}) for x, y in zip(a, b))
 
 
 def main():

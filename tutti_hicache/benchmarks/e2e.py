@@ -8,6 +8,7 @@ At a glance:
     outputs_vs(runs, ref="recompute", tol) -> {config: {phase: {compared, equal, max_logprob_diff,
                                                   mismatches}}}   greedy ids and top-k logprobs
     compare_output(got, want, tol) -> (equal, logprob difference)   one request against its reference
+    position_diff({token: logprob}, {token: logprob}) -> float     one position's top-k difference
     sweep_requests(wl, fractions) -> [Request]             each sweep point and its compute-only twin
 The report's tables are in e2e_report.py, the server configurations in configs.py.
 
@@ -173,7 +174,7 @@ def _by_id(run: dict) -> dict:
 LOGPROB_TOL = 0.2  # see compare_output
 
 
-def _position_diff(a: dict, b: dict) -> float:
+def position_diff(a: dict, b: dict) -> float:
     """The largest top-k logprob difference at one position ({token: logprob} each). A token in
     one top-k and not the other counts by how far it stands above the other's k-th logprob (a
     near tie at the boundary costs its gap, a real change its size)."""
@@ -199,7 +200,7 @@ def top_logprob_diff(got: dict, want: dict):
         da, db = {int(t): float(lp) for lp, t in pa}, {int(t): float(lp) for lp, t in pb}
         if not da or not db:
             return None
-        worst = max(worst, _position_diff(da, db))
+        worst = max(worst, position_diff(da, db))
         if ta != tb:
             break
     return worst
@@ -225,11 +226,12 @@ def compare_output(got: dict, want: dict, tol: float = LOGPROB_TOL) -> tuple:
     Why a parting may pass, and why 0.2: restore and recompute hold the same KV up to bf16
     rounding (recompute prefills in other chunks, its sums run in another order), and with
     random weights the top logits of a 128K vocabulary lie close together, so rounding alone
-    can swap the greedy token. On the CPU (transformers' Llama, this init, fp32 logits from
-    bf16 hidden states, one prefill against a cached prefix + extend; not a GPU result) that
-    rounding moved top-5 logprobs by up to 0.020 at 2 layers and 0.066 at 8 layers, where one
-    page (64 of 4096 tokens) of another document's KV moved them by 0.87 (2 layers) and 1.10 (8
-    layers). The GPU run's max logprob difference per phase shows both sides of the margin."""
+    can swap the greedy token. On the CPU (bench/output_margin.py: transformers' Llama, this
+    init, fp32 logits from bf16 hidden states, one prefill against a cached prefix + extend; not
+    a GPU result) that rounding moved top-5 logprobs by up to 0.019 at 2 layers and 0.053 at 8
+    layers (4K context), where one page (64 of 4096 tokens) of another document's KV moved them
+    by 0.87 (2 layers) and 1.26 (8 layers). The GPU run's max logprob difference per phase
+    shows both sides of the margin there."""
     ids_equal = got.get("output_ids") == want.get("output_ids")
     if not got.get("top_logprobs") and not want.get("top_logprobs"):
         return ids_equal, None
