@@ -35,10 +35,25 @@ wrote (a page-cache drop, then one server start: no warm phase), their questions
 salted (ids "sweep~s1/...") so no prompt past its document is already stored; an A/B of linker
 settings then costs one server start each. Salted requests are not compared with recompute's.
 
-The model directory needs only a config.json (`--write-model` writes a Llama-3-8B-shaped one with
-`--layers` layers); the server loads random weights (--load-format dummy --skip-tokenizer-init), and
-clients send token ids. Every client stops waiting as soon as the server process is gone. Not a test:
-it needs a GPU (tests/README.md); its workload and report code is tested on CPU.
+The model: `--write-model` writes a Llama-3-8B-shaped config.json with `--layers` layers and, with
+`--weights seeded` (bench/gpu.sh passes it), a safetensors checkpoint of seeded HF-style random weights
+(normal, std 0.02; norms 1) that the server loads; `--weights dummy` (the default here) leaves the
+weights to SGLang's --load-format dummy, whose near-flat logits make outputs barely depend on the KV.
+The server never loads a tokenizer (--skip-tokenizer-init); clients send token ids.
+
+The output check: every request asks for its output positions' top-k logprobs (--top-logprobs, 5) and
+is compared with the same request id in `recompute`: every top-k logprob within --logprob-tol (0.2) and
+the same greedy ids, up to a near tie (e2e.compare_output); the JSON keeps per run and phase "outputs_vs_recompute" (compared, equal, max
+logprob difference, mismatching ids). Its negative control is a configuration variant NAME+misplace
+(tutti-host, tutti-linker, tutti-linker-dynamic): between the warm phase and the restart, the first
+document page of the smallest context's documents 0 and 1 are rewritten under each other's keys
+through the store's own write path (valid checksums; tutti_hicache/benchmarks/misplace.py), and the
+report's negative-control table must show every request restoring that page as differing, e.g.
+
+  bash bench/gpu.sh e2e recompute,tutti-linker,tutti-linker+misplace 500 --contexts 4096,32768
+
+Every client stops waiting as soon as the server process is gone. Not a test: it needs a GPU
+(tests/README.md); its workload and report code is tested on CPU.
 """
 
 from tutti_hicache.benchmarks.e2e_sglang import main

@@ -99,6 +99,10 @@ family_e2e() {
   # with E2E_MEDIUM=disk on the machine's own disk (every backend in a directory of it).
   #   bash bench/gpu.sh e2e CONFIGS SECONDS [extra e2e_sglang.py args]
   # e.g. bash bench/gpu.sh e2e tutti-linker,recompute 470
+  # The model has seeded random weights (--weights seeded, ~5.5 GB at 8 layers, written once to
+  # /tmp/llama8), so outputs are compared with recompute's for real; `--weights dummy` among the
+  # extra args brings back SGLang's dummy weights. A configuration NAME+misplace (tutti-host and the
+  # linkers) is the output check's negative control: it must be reported as mismatching.
   # Results in $OUT: e2e-$TAG.json, log.txt, logs.tar.gz (server logs, tutti stats).
   . bench/gpu_setup.sh > "$OUT/log.txt" 2>&1 || { cat "$OUT/log.txt"; exit 1; }
   exec 3>&1 >> "$OUT/log.txt" 2>&1  # fd 3: the caller's stdout, for the summary at the end
@@ -117,6 +121,7 @@ family_e2e() {
   echo "media: $medium DIRS=$DIRS ONE=$ONE TOOL=$TOOL"; df -h /dev/shm "$ONE" | tail -2
   nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
   timeout -s INT $((BUDGET + 30)) python3 bench/e2e_sglang.py --write-model --model /tmp/llama8 --layers 8 \
+    --weights seeded \
     --medium "$medium" --tutti-dirs "$DIRS" --one-dir "$ONE" --configs "$CONFIGS" --deadline-s "$BUDGET" \
     --out-dir /tmp/e2e-logs --json "$OUT/e2e-${TAG:-run}.json" --one-dir-note "$NOTE" $NIXL "$@"
   echo "e2e rc=$? after ${SECONDS}s"

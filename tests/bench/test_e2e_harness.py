@@ -124,8 +124,9 @@ def test_slo_and_outputs_and_report():
     slo = {r["config"]: r["max_rate_within_slo"] for r in e2e_report.slo_rows(runs, 1000.0)}
     assert slo == {"recompute": 0.5, "dram": 1.0, "tutti-linker": 1.0}
     eq = e2e.outputs_vs(runs)
-    assert eq["tutti-linker@m"]["sweep"] == (1, 2, ["sweep/4096/0.9/l1"])
-    assert eq["dram@m"]["sweep"] == (1, 1, [])
+    assert eq["tutti-linker@m"]["sweep"] == {"compared": 2, "equal": 1, "with_logprobs": 0,
+                                             "max_logprob_diff": None, "mismatches": ["sweep/4096/0.9/l1"]}
+    assert (eq["dram@m"]["sweep"]["equal"], eq["dram@m"]["sweep"]["compared"]) == (1, 1)
     text = e2e_report.report_markdown(runs, bpt)
     for part in ("Hit-fraction sweep", "max rate in SLO", "Capacity phase", "Per configuration"):
         assert part in text
@@ -181,6 +182,10 @@ def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
             assert "stats-tutti-mooncake-b-" in extra["tutti_stats_file"]
     with pytest.raises(ValueError):
         configs.server_cmd(args, "lmcache", 30000)
+    assert parser.parse_args(configs.server_cmd(args, "recompute", 30000)[0][3:]).load_format == "dummy"
+    args.weights = "seeded"  # the seeded checkpoint: SGLang's own loader (safetensors)
+    assert parser.parse_args(configs.server_cmd(args, "recompute", 30000)[0][3:]).load_format == "auto"
+    del args.weights
     # CUDA graphs: eager by default; --cuda-graph-max-bs N gives decode graphs, never prefill ones
     assert parser.parse_args(configs.server_cmd(args, "tutti-linker", 30000)[0][3:]).disable_cuda_graph
     args.cuda_graph_max_bs = 4
@@ -304,7 +309,7 @@ def test_a_salted_workload_keeps_the_documents_and_changes_what_follows():
     rec = {"id": "sweep~s1/4096/0.9", "output_ids": [1], "ttft_s": 0.1}
     runs = [{"config": "recompute", "medium": "m", "phases": {"sweep": [{"id": "sweep/4096/0.9", "output_ids": [2]}]}},
             {"config": "tutti-linker-dynamic", "medium": "m", "phases": {"sweep": [rec]}}]
-    assert e2e.outputs_vs(runs)["tutti-linker-dynamic@m"]["sweep"] == (0, 0, [])
+    assert e2e.outputs_vs(runs)["tutti-linker-dynamic@m"]["sweep"]["compared"] == 0
     assert e2e_report.sweep_rows([runs[1]], 1000)[0]["h"] == 0.9
 
 

@@ -3,7 +3,8 @@
 At a glance:
     CONFIGS, LINKERS, PERSISTENT, TUTTI, CLUSTER       the configuration names and their kinds
     split_config("tutti-linker+tutti_threads=4") -> ("tutti-linker", {"tutti_threads": "4"})
-    write_model(path, layers)                          a Llama-3-8B-shaped config.json
+    write_model(path, layers, weights="dummy")         a Llama-3-8B-shaped config.json (and with
+                                                       weights "seeded", its weights: weights.py)
     graph_flags(max_bs) / tutti_config(args, config)   CUDA graph flags; tutti's settings of a run
     server_cmd(args, config, port) -> (argv, env)      one configuration's server
 """
@@ -38,18 +39,31 @@ def tutti_settings(parts: list, name: str) -> dict:
     return over
 
 
+MISPLACE = "misplace"  # a harness variant, not a setting: the output check's negative control
+
+
 def split_config(name: str) -> tuple[str, dict]:
     """A configuration name with tutti settings after it, for an A/B inside one run:
     "tutti-linker+tutti_threads=4+tutti_verify=false" -> ("tutti-linker", {...}). The variant keeps
     its whole name in the report, its stats files and its outputs; only tutti configurations
-    take settings."""
+    take settings. "+misplace" (misplaced(name)) is the harness's negative control, no setting:
+    a tutti configuration that restarts on its store (tutti-host, the linkers) whose store gets
+    one page of a warmed document under another document's key before the restart."""
     base, *parts = name.split("+")
     if base not in CONFIGS:
         raise ValueError(f"unknown configuration {base!r} (one of {', '.join(CONFIGS)})")
-    over = tutti_settings(parts, name)
+    over = tutti_settings([p for p in parts if p != MISPLACE], name)
     if over and base not in TUTTI:
         raise ValueError(f"{name!r}: only tutti configurations take tutti settings")
+    if MISPLACE in parts and not (base in TUTTI and base in PERSISTENT):
+        raise ValueError(f"{name!r}: +{MISPLACE} needs a tutti configuration that restarts on its "
+                         "store (tutti-host, tutti-linker, tutti-linker-dynamic)")
     return base, over
+
+
+def misplaced(name: str) -> bool:
+    """Whether a configuration name carries the +misplace negative control (split_config)."""
+    return MISPLACE in name.split("+")[1:]
 
 
 LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
@@ -59,11 +73,28 @@ LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidd
              "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}
 
 
-def write_model(path: str, layers: int) -> None:
-    """A Llama-3-8B-shaped config.json with `layers` layers (the server loads random weights)."""
+WEIGHTS = ("dummy", "seeded")
+
+
+def write_model(path: str, layers: int, weights: str = "dummy", seed: int = 0) -> None:
+    """A Llama-3-8B-shaped config.json with `layers` layers. weights "dummy": nothing else (the
+    server draws SGLang's dummy weights, --load-format dummy); "seeded": a safetensors checkpoint
+    of seeded HF-style random weights beside it (weights.py), which the server loads."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights: one of {', '.join(WEIGHTS)}, not {weights!r}")
     os.makedirs(path, exist_ok=True)
+    cfg = dict(LLAMA3_8B, num_hidden_layers=layers)
+    if weights == "seeded":  # fp32 logits: no bf16 rounding of the logits (1/32 near the top) to
+        cfg.update(initializer_range=0.02, enable_lm_head_output_fp32=True)  # hide small changes
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(dict(LLAMA3_8B, num_hidden_layers=layers), f)
+        json.dump(cfg, f)
+    if weights == "seeded":  # drawn in a child process: CUDA stays out of the harness's own
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        from .weights import write_weights
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            pool.submit(write_weights, path, cfg, seed, cfg["initializer_range"]).result()
 
 
 def tutti_config(args, config: str) -> dict:
@@ -101,8 +132,9 @@ def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dic
     and cluster settings; both servers share the GPU (a smaller static memory share)."""
     name = config  # a variant's whole name (its stats files); config: the base configuration
     config, over = split_config(name)
+    load = ["--load-format", "dummy"] if getattr(args, "weights", "dummy") == "dummy" else []
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model,
-           "--load-format", "dummy", "--skip-tokenizer-init", "--attention-backend", "triton",
+           *load, "--skip-tokenizer-init", "--attention-backend", "triton",
            "--sampling-backend", "pytorch", "--page-size", str(PAGE),
            "--mem-fraction-static", "0.5", "--max-total-tokens", str(args.max_total_tokens),
            "--port", str(port), "--enable-metrics", "--enable-cache-report"]

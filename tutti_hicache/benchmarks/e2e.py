@@ -5,7 +5,10 @@ At a glance:
     wl.warm() / wl.first() / wl.sweep(fractions) / wl.rates(rate, n) / wl.capacity_warm(n_docs, C)
         / wl.capacity_reuse(n_docs, C, n)   -> [Request]   (seeded token ids, no data set)
     summarize(records, seconds) -> dict                    TTFT mean/p50/p99, ITL, throughput, cached tokens
-    outputs_vs(runs, ref="recompute") -> {config: {phase: (equal, compared, [ids])}}
+    outputs_vs(runs, ref="recompute", tol) -> {config: {phase: {compared, equal, max_logprob_diff,
+                                                  mismatches}}}   greedy ids and top-k logprobs
+    compare_output(got, want, tol) -> (equal, logprob difference)   one request against its reference
+    position_diff({token: logprob}, {token: logprob}) -> float     one position's top-k difference
     sweep_requests(wl, fractions) -> [Request]             each sweep point and its compute-only twin
 The report's tables are in e2e_report.py, the server configurations in configs.py.
 
@@ -17,7 +20,8 @@ hold) and fills the rest of its C tokens with new ones, so h is the cached share
 
 A run (what bench/e2e_sglang.py writes, one dict per configuration and medium):
     {"config", "medium", "raw_read_GBps", "phases": {phase: [record]}, ...}
-    record = {"id", "ttft_s", "itl_s": [...], "e2e_s", "cached_tokens", "details", "output_ids"}
+    record = {"id", "ttft_s", "itl_s": [...], "e2e_s", "cached_tokens", "details", "output_ids",
+              "top_logprobs": [[[logprob, token id]] * k per output position] (when asked)}
 Pure: numpy only, no server, no GPU (tested on CPU).
 """
 
@@ -167,25 +171,105 @@ def _by_id(run: dict) -> dict:
     return {r["id"]: r for recs in run.get("phases", {}).values() for r in recs}
 
 
-def outputs_vs(runs: list, ref: str = "recompute") -> dict:
-    """Per configuration and phase: (equal, compared, mismatching ids) against the reference
-    configuration's output for the same request id (same medium or any medium: outputs do not
-    depend on the medium)."""
+LOGPROB_TOL = 0.2  # see compare_output
+
+
+def position_diff(a: dict, b: dict) -> float:
+    """The largest top-k logprob difference at one position ({token: logprob} each). A token in
+    one top-k and not the other counts by how far it stands above the other's k-th logprob (a
+    near tie at the boundary costs its gap, a real change its size)."""
+    worst = 0.0
+    for x, y in ((a, b), (b, a)):
+        floor = min(y.values())
+        for t, lp in x.items():
+            worst = max(worst, abs(lp - y[t]) if t in y else max(0.0, lp - floor))
+    return worst
+
+
+def top_logprob_diff(got: dict, want: dict):
+    """The largest top-k logprob difference over the positions both generations share a history
+    for, or None when either lacks the logprobs of a position it generated. Where the greedy ids part, the position is compared and the walk stops: later
+    positions continue different tokens. A parting is only allowed as a near tie (checked by
+    compare_output): each side's token within tol of the other's top-1 in the other's top-k."""
+    ids_a, ids_b = got.get("output_ids") or [], want.get("output_ids") or []
+    tops_a, tops_b = got.get("top_logprobs") or [], want.get("top_logprobs") or []
+    if len(tops_a) != len(ids_a) or len(tops_b) != len(ids_b) or not ids_a or not ids_b:
+        return None
+    worst = 0.0
+    for ta, tb, pa, pb in zip(ids_a, ids_b, tops_a, tops_b):
+        da, db = {int(t): float(lp) for lp, t in pa}, {int(t): float(lp) for lp, t in pb}
+        if not da or not db:
+            return None
+        worst = max(worst, position_diff(da, db))
+        if ta != tb:
+            break
+    return worst
+
+
+def _near_tie(got: dict, want: dict, tol: float) -> bool:
+    """Whether the first position where the greedy ids part is a near tie on both sides."""
+    for i, (ta, tb) in enumerate(zip(got["output_ids"], want["output_ids"])):
+        if ta != tb:
+            da = {int(t): float(lp) for lp, t in got["top_logprobs"][i]}
+            db = {int(t): float(lp) for lp, t in want["top_logprobs"][i]}
+            return tb in da and ta in db and da[ta] - da[tb] <= tol and db[tb] - db[ta] <= tol
+    return len(got["output_ids"]) == len(want["output_ids"])
+
+
+def compare_output(got: dict, want: dict, tol: float = LOGPROB_TOL) -> tuple:
+    """(equal, logprob difference or None) of one request's output against the reference's.
+    Without top-k logprobs on either side: equal = the same greedy ids. With them: every
+    position's top-k within tol up to and including the first position where the greedy ids
+    part, and a parting only where it is a near tie (the two tokens within tol of each other on
+    both sides); logprobs on one side only, or missing for a position, are no match.
+
+    Why a parting may pass, and why 0.2: restore and recompute hold the same KV up to bf16
+    rounding (recompute prefills in other chunks, its sums run in another order), and with
+    random weights the top logits of a 128K vocabulary lie close together, so rounding alone
+    can swap the greedy token. On the CPU (bench/output_margin.py: transformers' Llama, this
+    init, fp32 logits from bf16 hidden states, one prefill against a cached prefix + extend; not
+    a GPU result) that rounding moved top-5 logprobs by up to 0.019 at 2 layers and 0.053 at 8
+    layers (4K context), where one page (64 of 4096 tokens) of another document's KV moved them
+    by 0.87 (2 layers) and 1.26 (8 layers). The GPU run's max logprob difference per phase
+    shows both sides of the margin there."""
+    ids_equal = got.get("output_ids") == want.get("output_ids")
+    if not got.get("top_logprobs") and not want.get("top_logprobs"):
+        return ids_equal, None
+    diff = top_logprob_diff(got, want)
+    if diff is None:
+        return False, None
+    return diff <= tol and (ids_equal or _near_tie(got, want, tol)), diff
+
+
+def outputs_vs(runs: list, ref: str = "recompute", tol: float = LOGPROB_TOL) -> dict:
+    """Per configuration and phase, every request with the reference configuration's output
+    for the same id (same medium or any medium: outputs do not depend on the medium) compared
+    by compare_output: {"compared", "equal", "with_logprobs" (compared on logprobs too),
+    "max_logprob_diff" (None without logprobs), "mismatches": [ids]}."""
     refs = {}
     for run in runs:
         if run.get("config") == ref:
-            refs.update({k: r.get("output_ids") for k, r in _by_id(run).items()})
+            refs.update({k: r for k, r in _by_id(run).items() if r.get("output_ids") is not None})
     out = {}
     for run in runs:
         if run.get("config") == ref:
             continue
         per = {}
         for phase, recs in run.get("phases", {}).items():
-            pairs = [(r["id"], r.get("output_ids"), refs.get(r["id"]))
-                     for r in recs]
-            pairs = [p for p in pairs if p[2] is not None and p[1] is not None]
-            bad = [i for i, got, want in pairs if got != want]
-            per[phase] = (len(pairs) - len(bad), len(pairs), bad)
+            row = {"compared": 0, "equal": 0, "with_logprobs": 0, "max_logprob_diff": None, "mismatches": []}
+            for r in recs:
+                want = refs.get(r["id"])
+                if want is None or r.get("output_ids") is None:
+                    continue
+                equal, diff = compare_output(r, want, tol)
+                row["compared"] += 1
+                row["equal"] += equal
+                if not equal:
+                    row["mismatches"].append(r["id"])
+                if diff is not None:
+                    row["with_logprobs"] += 1
+                    row["max_logprob_diff"] = max(diff, row["max_logprob_diff"] or 0.0)
+            per[phase] = row
         out[f"{run['config']}@{run.get('medium', '')}"] = per
     return out
 

@@ -3,6 +3,8 @@
 At a glance:
     sweep_rows(runs, bytes_per_token) / slo_rows(runs, slo_ms) / capacity_rows(runs) -> [dict]
     timeline_rows(runs) / split_rows(runs) -> [dict]      where a load's time went; TTFT around it
+    output_rows(runs, tol) / control_rows(runs, tol) -> [dict]   outputs against recompute (greedy
+                                                       ids, top-k logprobs); the +misplace control
     report_markdown(runs, bytes_per_token) -> str          every table of the e2e section
 
 Runs and records are those of e2e.py's docstring. Pure: no server, no GPU (tested on CPU).
@@ -11,7 +13,7 @@ Runs and records are those of e2e.py's docstring. Pure: no server, no GPU (teste
 from __future__ import annotations
 
 from .configs import CONFIGS
-from .e2e import outputs_vs, summarize
+from .e2e import LOGPROB_TOL, outputs_vs, summarize
 
 
 def sweep_rows(runs: list, bpt: int) -> list:
@@ -120,7 +122,53 @@ def _table(header: list, rows: list) -> str:
     return "\n".join(lines)
 
 
-def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0) -> str:
+def output_rows(runs: list, tol: float = LOGPROB_TOL) -> list:
+    """One row per configuration, medium and phase with requests compared against recompute's
+    (e2e.outputs_vs: greedy ids, and top-k logprobs within tol)."""
+    rows = []
+    for key, per in outputs_vs(runs, tol=tol).items():
+        config, _, medium = key.rpartition("@")
+        rows += [{"config": config, "medium": medium, "phase": phase, **row}
+                 for phase, row in per.items() if row["compared"]]
+    return rows
+
+
+def control_rows(runs: list, tol: float = LOGPROB_TOL) -> list:
+    """Per +misplace run (its "misplaced" record): the requests that restore the misplaced page
+    and were compared, how many of them differ from recompute (all must: "caught"), and how many
+    other requests differ."""
+    eq = outputs_vs(runs, tol=tol)
+    refs = set().union(*(_answered(run) for run in runs if run.get("config") == "recompute"))
+    rows = []
+    for run in runs:
+        m = run.get("misplaced")
+        if m is None:
+            continue
+        per = eq.get(f"{run['config']}@{run.get('medium', '')}", {})
+        bad = {i for row in per.values() for i in row["mismatches"]}
+        both = _answered(run) & refs
+        affected = [i for i in m.get("affected", []) if i in both]
+        caught = sum(i in bad for i in affected)
+        rows.append({"config": run["config"], "medium": run.get("medium"), "error": m.get("error"),
+                     "what": f"page {m.get('page')} of C={m.get('context')} documents 0 and 1 swapped"
+                             f" ({m.get('verified', 0)}/{len(m.get('namespaces', []))} verified)",
+                     "affected": len(affected), "caught": caught,
+                     "other_mismatches": len(bad - set(affected)),
+                     "verdict": "did not run" if m.get("error") or not m.get("swapped") else
+                     ("caught" if affected and caught == len(affected) else "NOT caught")})
+    return rows
+
+
+def _answered(run: dict) -> set:
+    """Ids of a run's requests with an output (those outputs_vs can compare)."""
+    return {r["id"] for recs in run.get("phases", {}).values() for r in recs if r.get("output_ids") is not None}
+
+
+def _ids(ids: list, n: int = 4) -> str:
+    return ", ".join(ids[:n]) + (f" (+{len(ids) - n} more)" if len(ids) > n else "") if ids else "-"
+
+
+def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = LOGPROB_TOL) -> str:
     """Every table of the e2e section: sweep, rates + SLO, capacity, first request, outputs."""
     parts = ["### Hit-fraction sweep: TTFT ms (after a restart and a page-cache drop)",
              sweep_pivot(sweep_rows(runs, bpt))]
@@ -142,8 +190,22 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0) -> str:
         ["medium", "config", "first request after start ms",
          "restore GB/s over whole load spans, paced ones too (raw)", "server starts s",
          "outputs = recompute (sequential phases)", "outputs = recompute (concurrent phases)"],
-        [_config_row(run, outputs_vs(runs).get(f"{run['config']}@{run.get('medium', '')}", {}))
+        [_config_row(run, outputs_vs(runs, tol=tol).get(f"{run['config']}@{run.get('medium', '')}", {}))
          for run in runs])]
+    outs = output_rows(runs, tol)
+    if outs:
+        parts += [f"### Outputs against the same prompt recomputed (greedy ids; top-k logprobs within {tol:g})",
+                  _table(["medium", "config", "phase", "compared", "equal", "compared on logprobs",
+                          "max logprob difference", "mismatching requests"],
+                         [[r["medium"], r["config"], r["phase"], r["compared"], r["equal"], r["with_logprobs"],
+                           _f(r["max_logprob_diff"], ".2g"), _ids(r["mismatches"])] for r in outs])]
+    ctl = control_rows(runs, tol)
+    if ctl:
+        parts += ["### Negative control: a misplaced page (+misplace; each request that restores it must differ)",
+                  _table(["medium", "config", "what", "restoring requests compared", "of them differing",
+                          "other requests differing", "verdict"],
+                         [[r["medium"], r["config"], r["error"] or r["what"], r["affected"], r["caught"],
+                           r["other_mismatches"], r["verdict"]] for r in ctl])]
     tl = timeline_rows(runs)
     if tl:
         parts += ["### Where the loads' time went (tutti_timeline_file; medians over each "
@@ -250,8 +312,10 @@ def _config_row(run: dict, eq: dict) -> list:
     conc = [v for p, v in eq.items() if p.startswith("rate")]
 
     def frac(vals):
-        n = sum(v[1] for v in vals)
-        return f"{sum(v[0] for v in vals)}/{n}" if n else "-"
+        n = sum(v["compared"] for v in vals)
+        diffs = [v["max_logprob_diff"] for v in vals if v["max_logprob_diff"] is not None]
+        worst = f", max logprob diff {max(diffs):.2g}" if diffs else ""
+        return f"{sum(v['equal'] for v in vals)}/{n}{worst}" if n else "-"
     restore = run.get("restore_GBps")
     raw = run.get("raw_read_GBps")
     return [run.get("medium"), run["config"], _f(first * 1e3 if first else None),

@@ -7,6 +7,7 @@ At a glance:
     main(description)           the command: its arguments, the configurations in order, the JSON
     run_config(args, config, wl, raw, deadline, store_from="") -> run    one configuration
     run_cluster(args, config, wl, raw) -> run                            tutti-mooncake's two servers
+    misplace_control(args, wl) -> dict  a +misplace variant's swapped page, before its restart
     record_phase(run, name, records)    a phase's records and summary into the run and the JSON
 
 Needs a GPU and SGLang 0.5.17 to 0.5.23; main's bookkeeping is tested on CPU with run_config faked.
@@ -20,7 +21,7 @@ import os
 import shutil
 import time
 
-from tutti_hicache.benchmarks import configs, e2e, e2e_report, timeline
+from tutti_hicache.benchmarks import configs, e2e, e2e_report, misplace, timeline
 from tutti_hicache.benchmarks.rawio import raw_read_dirs
 from tutti_hicache.benchmarks.server import (Server, config_files, drop_caches, one_request, run_rate,
                                              run_sequential, tutti_stats)
@@ -102,7 +103,7 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
     clear_storage(args, config, keep_tutti=bool(store_from))
     run = {"config": config, "medium": args.medium, **raw, "layers": args.layers, "page_bytes": args.bpt * e2e.PAGE,
            "one_dir": args.one_dir_note, "cuda_graph_max_bs": args.cuda_graph_max_bs,
-           "prefill_graphs": args.prefill_graphs,
+           "prefill_graphs": args.prefill_graphs, "weights": args.weights, "top_logprobs": args.top_logprobs,
            "phases": {}, "summaries": {}, "start_s": [], "store_from": store_from or None, "salt": wl.salt,
            "host_pool_gb": args.dram_gb if base == "dram" else (args.host_gb if base in
                                                                 ("file", "nixl", "tutti-host") else 0)}
@@ -114,7 +115,7 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
 
     if store_from:
         run["page_cache"] = drop_caches()
-    srv = Server(cmd, env, log, port)
+    srv = Server(cmd, env, log, port, args.top_logprobs)
     try:
         run["start_s"].append(srv.wait_ready(args.start_timeout))
         if base != "recompute" and not store_from:
@@ -122,8 +123,10 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
         if base in configs.PERSISTENT and not store_from:
             run["settle_s"] = settle(args, config)
             srv.stop()
+            if configs.misplaced(config):
+                run["misplaced"] = misplace_control(args, wl)
             run["page_cache"] = drop_caches()
-            srv = Server(cmd, env, log, port)
+            srv = Server(cmd, env, log, port, args.top_logprobs)
             run["start_s"].append(srv.wait_ready(args.start_timeout))
         record_phase(run, "first", [one_request(srv, wl.first(), args.max_new)])
         sweep = e2e.sweep_requests(wl, args.fractions)
@@ -156,6 +159,22 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
     return run
 
 
+def misplace_control(args, wl: e2e.Workload) -> dict:
+    """A +misplace variant, between the warm phase and the restart (no server attached): a page of
+    one warmed document rewritten under another's key (misplace.py). The run's JSON keeps what
+    was swapped and which requests must now differ from recompute; a failure is recorded there
+    and the run goes on (the report then says the control did not run)."""
+    later = [wl.first(), *e2e.sweep_requests(wl, args.fractions),
+             *(r for rate in args.rates for r in wl.rates(rate, args.rate_requests))]
+    try:
+        out = misplace.misplace(wl, [os.path.join(d, "tutti") for d in args.tutti_dirs.split(",")],
+                                args.capacity_gb, later)
+    except Exception as e:  # noqa: BLE001 - the control failing must not end the run
+        out = {"error": repr(e)}
+    print("  misplaced page:", json.dumps({k: v for k, v in out.items() if k != "affected"}), flush=True)
+    return out
+
+
 def run_cluster(args, config: str, wl: e2e.Workload, raw: dict) -> dict:
     """tutti-mooncake, remote hits between two servers on this GPU: a mooncake_master on loopback;
     server A (its own tutti directories, publishing every page into its Mooncake segment) answers
@@ -181,7 +200,8 @@ def run_cluster(args, config: str, wl: e2e.Workload, raw: dict) -> dict:
                                                  tutti_cluster_promote=False))):
             node_port = port + (node == "b") * 50
             cmd, env = configs.server_cmd(args, config, node_port, node, extra)
-            srv = Server(cmd, env, os.path.join(args.out_dir, f"server-{config}-{node}.log"), node_port)
+            srv = Server(cmd, env, os.path.join(args.out_dir, f"server-{config}-{node}.log"), node_port,
+                         args.top_logprobs)
             servers.append(srv)
             run["start_s"].append(srv.wait_ready(args.start_timeout))
             if node == "a":
@@ -245,7 +265,17 @@ def scrape_metrics(url: str) -> list:
 def main(description: str = __doc__):
     ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="/tmp/llama8")
-    ap.add_argument("--write-model", action="store_true")
+    ap.add_argument("--write-model", action="store_true", help="write the model directory (--weights) first")
+    ap.add_argument("--weights", choices=configs.WEIGHTS, default="dummy",
+                    help="dummy: SGLang's --load-format dummy (outputs barely depend on the KV); seeded: "
+                         "a safetensors checkpoint of seeded HF-style random weights that the server "
+                         "loads (written by --write-model), so the output check can fail")
+    ap.add_argument("--weights-seed", type=int, default=0, help="the seed of --weights seeded")
+    ap.add_argument("--top-logprobs", type=int, default=5,
+                    help="k: every request asks for its output positions' top-k logprobs, compared "
+                         "with recompute's (0: greedy ids only)")
+    ap.add_argument("--logprob-tol", type=float, default=e2e.LOGPROB_TOL,
+                    help="largest top-k logprob difference from recompute still counted equal")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--medium", required=True, help="name of the medium, for the report")
     ap.add_argument("--tutti-dirs", required=True, help="comma-separated: tutti stripes over them")
@@ -287,10 +317,12 @@ def main(description: str = __doc__):
     args.bpt = e2e.bytes_per_token(args.layers)
     for config in args.configs.split(","):
         configs.split_config(config)  # an unknown configuration or a bad variant fails here, not later
+    if args.docs < 2 and any(configs.misplaced(c) for c in args.configs.split(",")):
+        ap.error("+misplace swaps a page between two documents: --docs 2 or more")
     os.makedirs(args.out_dir, exist_ok=True)
+    t_start = time.time()  # the deadline counts the model's writing (--weights seeded: seconds)
     if args.write_model:
-        configs.write_model(args.model, args.layers)
-    t_start = time.time()
+        configs.write_model(args.model, args.layers, args.weights, args.weights_seed)
     deadline = t_start + args.deadline_s if args.deadline_s else float("inf")
     wl = e2e.Workload([int(c) for c in args.contexts.split(",")], args.docs)
     raw = {"raw_read_GBps": raw_read_dirs(args.tutti_dirs.split(","), 4 << 30)["raw_read_GBps"],
@@ -308,7 +340,7 @@ def main(description: str = __doc__):
             results.append({"config": config, "medium": args.medium, "skipped": "out of time"})
             continue
         base = configs.split_config(config)[0]
-        shared = args.share_linker_store and writer and base in configs.LINKERS
+        shared = args.share_linker_store and writer and base in configs.LINKERS and not configs.misplaced(config)
         salt = sum(r.get("store_from") is not None for r in results) + 1 if shared else 0
         if base == configs.CLUSTER:
             run = run_cluster(args, config, wl, raw)
@@ -317,7 +349,7 @@ def main(description: str = __doc__):
                              raw, deadline, writer if shared else "")
         results.append(run)
         if args.share_linker_store and not writer and base in configs.LINKERS and "warm" in run["phases"] \
-                and "error" not in run:
+                and "error" not in run and not configs.misplaced(config):
             writer = config
         with open(args.json, "w") as f:
             json.dump(results, f, default=str)
@@ -329,9 +361,13 @@ def main(description: str = __doc__):
         if "raw_read_GBps" in run and "raw_read_after_GBps" not in run:
             run["raw_read_before_GBps"], run["raw_read_after_GBps"] = run["raw_read_GBps"], after
             run["raw_read_GBps"] = max(run["raw_read_GBps"], after)
+    eq = e2e.outputs_vs(results, tol=args.logprob_tol)
+    for run in results:  # the output check, in the JSON beside each run
+        run["outputs_vs_recompute"] = eq.get(f"{run['config']}@{run.get('medium', '')}")
+        run["logprob_tol"] = args.logprob_tol
     with open(args.json, "w") as f:
         json.dump(results, f, default=str)
-    print(e2e_report.report_markdown(results, args.bpt), flush=True)
+    print(e2e_report.report_markdown(results, args.bpt, tol=args.logprob_tol), flush=True)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,11 @@
 clients: every wait ends as soon as the server process is gone.
 
 At a glance:
-    srv = Server(cmd, env, log_path, port); srv.wait_ready(timeout); srv.flush(); srv.stop()
+    srv = Server(cmd, env, log_path, port, top_logprobs=0); srv.wait_ready(timeout); srv.flush(); srv.stop()
     one_request(srv, req, max_new) -> record     one streamed greedy generation (TTFT, ITL, cached
-                                                 tokens and SGLang's breakdown, output ids, error)
+                                                 tokens and SGLang's breakdown, output ids, with
+                                                 top_logprobs > 0 each output position's top-k
+                                                 logprobs, error)
     run_sequential(srv, reqs, max_new, flush) / run_rate(srv, reqs, rate, max_new)
     drop_caches() -> what happened
     tutti_stats(out_dir, config) -> [the stats files tutti's processes of that configuration wrote]
@@ -27,8 +29,9 @@ from . import e2e
 class Server:
     """One server process group; every wait on it ends as soon as the process is gone."""
 
-    def __init__(self, cmd: list, env: dict, log_path: str, port: int):
+    def __init__(self, cmd: list, env: dict, log_path: str, port: int, top_logprobs: int = 0):
         self.url = f"http://127.0.0.1:{port}"
+        self.top_logprobs = top_logprobs  # k of the top-k logprobs each request asks for (0: none)
         self.log = open(log_path, "a")
         self.log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n")
         self.log.flush()
@@ -81,14 +84,19 @@ class Server:
 
 # ------------------------------------------------------------------ clients
 def one_request(srv: Server, req: e2e.Request, max_new: int) -> dict:
-    """Stream one greedy generation: TTFT, inter-token gaps, SGLang's cached tokens, output ids."""
+    """Stream one greedy generation: TTFT, inter-token gaps, SGLang's cached tokens, output ids;
+    with srv.top_logprobs = k > 0, "top_logprobs": per output position [[logprob, token id]] *k
+    (SGLang's meta_info output_top_logprobs, output positions only: logprob_start_len -1)."""
     import requests
     rec = {"id": req.id, "prompt_tokens": len(req.ids), "cached": req.cached, "ttft_s": None}
     body = {"input_ids": req.ids, "stream": True,
             "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
+    k = getattr(srv, "top_logprobs", 0)
+    if k:
+        body.update(return_logprob=True, top_logprobs_num=k, logprob_start_len=-1)
     rec["sent_ns"] = time.monotonic_ns()  # CLOCK_MONOTONIC: the server's timeline file's clock
     t0 = time.perf_counter()
-    stamps, chunks, last = [], [], {}
+    stamps, chunks, tops, last = [], [], [], {}
     done = threading.Event()
 
     def watchdog(resp_box):
@@ -109,6 +117,8 @@ def one_request(srv: Server, req: e2e.Request, max_new: int) -> dict:
                     rec["first_token_ns"] = time.monotonic_ns()
                 last = json.loads(line[5:])
                 chunks.append(list(last.get("output_ids") or []))
+                tops.append([[[e[0], e[1]] for e in pos or []]
+                             for pos in last.get("meta_info", {}).get("output_top_logprobs") or []])
     except Exception as e:  # a failed request is recorded, never hangs the run
         rec["error"] = repr(e)
     finally:
@@ -120,6 +130,8 @@ def one_request(srv: Server, req: e2e.Request, max_new: int) -> dict:
                cached_tokens=meta.get("cached_tokens", 0), details=meta.get("cached_tokens_details"),
                finish_reason=meta.get("finish_reason"),
                output_ids=e2e.output_ids(chunks) if chunks else None)
+    if k:
+        rec["top_logprobs"] = e2e.output_ids(tops) if tops else None
     if "error" in last:
         rec["error"] = str(last["error"])
     return rec
