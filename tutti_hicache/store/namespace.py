@@ -128,10 +128,15 @@ def _segment_bytes(ns: str) -> int:
     """Bytes of the segment files in a namespace directory (0 where there is none yet, or a
     damaged one that attach's healing rebuilds next)."""
     try:
-        names = [e for e in os.listdir(ns) if e.startswith("seg-") and e.endswith(".dat")]
-        return sum(os.lstat(os.path.join(ns, e)).st_size for e in names)
+        return sum(os.lstat(os.path.join(ns, name)).st_size for _, name in _segment_files(ns))
     except OSError:
         return 0
+
+
+def _segment_files(ns: str) -> list[tuple[int, str]]:
+    """(row, file name) of every segment file in a namespace directory."""
+    return [(int(name[4:-4]), name) for name in os.listdir(ns)
+            if name.startswith("seg-") and name.endswith(".dat") and name[4:-4].isdigit()]
 
 
 def namespace_dirs(dirs, fingerprint: bytes) -> list[str]:
@@ -315,10 +320,5 @@ def lock_paths(paths: list[str]):
 
 
 def _existing_rows(ns_dirs: list[str]) -> list[int]:
-    rows = set()
-    for ns in ns_dirs:
-        for name in os.listdir(ns):
-            if name.startswith("seg-") and name.endswith(".dat") and name[4:-4].isdigit():
-                rows.add(int(name[4:-4]))
-    return sorted(rows)
+    return sorted({row for ns in ns_dirs for row, _ in _segment_files(ns)})
 
