@@ -73,14 +73,15 @@ AUTO_RING_DEPTH = 1024  # ring entries when the bytes in flight are derived (iod
 
 def open_engine(kind: str = _DEFAULTS.engine, queue_depth: int = AUTO_RING_DEPTH,
                 threads: int = _DEFAULTS.threads, read_inflight_bytes: int = 0,
-                write_inflight_bytes: int = 0):
+                write_inflight_bytes: int = 0, max_op_bytes: int = 1 << 30):
     """Create an engine. kind: auto | uring | posix. `uring` raises OSError if unavailable.
     queue_depth: ring entries (operations in flight); *_inflight_bytes: io_uring's cap on bytes
-    in flight per ring (0: none). Defaults are TuttiConfig's otherwise."""
+    in flight per ring (0: none); max_op_bytes: the largest operation contiguous requests are
+    coalesced into. Defaults are TuttiConfig's otherwise."""
     ext = extension()
     if kind not in ("auto", "uring", "posix"):
         raise ValueError(f"tutti_engine: expected auto, uring or posix, got {kind!r}")
-    args = (queue_depth, threads, 1 << 30, read_inflight_bytes, write_inflight_bytes)
+    args = (queue_depth, threads, max_op_bytes, read_inflight_bytes, write_inflight_bytes)
     if kind in ("auto", "uring"):
         try:
             return ext.make_engine("uring", *args)

@@ -80,17 +80,12 @@ def raw_read_uring_GBps(path: str, nbytes: int, req: int, batch_nbytes: int, dir
     one engine batch per batch_nbytes as a restore submits one batch of pages, into distinct
     pre-faulted memory; GB/s. A plain file read at tutti's own operation size and depth."""
     from ..config import TuttiConfig
-    from ..engine import extension, inflight_for
+    from ..engine import extension, inflight_for, open_engine
     ext = extension()
     req = max(4096, req // 4096 * 4096)
     cfg = TuttiConfig(dirs=tuple(dirs), engine=kind, queue_depth=queue_depth, threads=threads)
     depth, read_bytes, write_bytes = inflight_for(cfg)
-    if kind == "auto":
-        kind = "uring" if ext.uring_compiled() else "posix"
-    try:
-        engine = ext.make_engine(kind, depth, threads, req, read_bytes, write_bytes)
-    except OSError:  # io_uring refused here: the POSIX engine, as the store's auto falls back
-        engine = ext.make_engine("posix", depth, threads, req, read_bytes, write_bytes)
+    engine = open_engine(kind, depth, threads, read_bytes, write_bytes, max_op_bytes=req)
     try:
         offsets = np.arange(0, nbytes - req + 1, req, dtype=np.int64)
         span = max(req, min(nbytes, 1 << 30) // req * req)
