@@ -25,7 +25,7 @@ import numpy as np
 
 from ..config import TuttiConfig
 from ..hostmap import HostMap
-from ..layout import SlotLayout
+from ..layout import PageGeometry, SlotLayout
 from ..testing import sglang as H
 from ..testing import controller as HC
 from .rawio import drop_page_cache, raw_read_GBps, raw_read_uring_GBps, write_raw_file  # noqa: F401
@@ -43,17 +43,19 @@ BATCH = 128  # SGLang's STORAGE_BATCH_SIZE
 _ITEM_NBYTES = {"bfloat16": 2}
 
 
-def page_nbytes(geometry: str) -> int:
-    """KV bytes of one page of a geometry (without the slot header)."""
+def page_geometry(geometry: str) -> PageGeometry:
+    """The page a geometry of GEOMETRIES stores (before any pool is built: no SGLang, no torch)."""
     kind, layers, a, b, page, dtype = GEOMETRIES[geometry]
-    return layers * (2 * a * b if kind == "mha" else a + b) * page * _ITEM_NBYTES[dtype]
+    k, v = (a * b, a * b) if kind == "mha" else (a + b, 0)
+    item = _ITEM_NBYTES[dtype]
+    return PageGeometry(kind, layers, page, k * item, v * item)
 
 
 def check_medium(spec: "BenchSpec") -> None:
     """ValueError naming --medium when it cannot be written, or lacks the room this run needs:
     the store's pages (with their slot headers), the raw file and the file backend's copy."""
     copies = 3 if spec.with_file else 2
-    need = copies * spec.pages * (page_nbytes(spec.geometry) + (8 << 10)) + (16 << 20)
+    need = copies * spec.pages * (page_geometry(spec.geometry).page_nbytes + (8 << 10)) + (16 << 20)
     try:
         os.makedirs(spec.medium, exist_ok=True)
         os.rmdir(tempfile.mkdtemp(prefix=".tutti-bench-probe-", dir=spec.medium))
