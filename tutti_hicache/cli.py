@@ -21,6 +21,7 @@ import sys
 import tempfile
 
 from . import __version__
+from .testing.sglang import INSTALL_HINT  # imports neither SGLang nor torch
 
 
 def _bench_spec(a):
@@ -374,8 +375,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 # What a command needs beyond the base install, by the module whose import failed.
-EXTRAS = {"sglang": "needs SGLang: pip install 'tutti-hicache[sglang]' (SGLang 0.5.17-0.5.23 "
-                    "with torch)",
+EXTRAS = {"sglang": f"needs SGLang: {INSTALL_HINT}",
           "torch": "needs PyTorch: pip install torch (a CUDA build to profile a GPU)"}
 
 
