@@ -26,7 +26,8 @@ the index does not restart at reset):
     forward_begun(index, seq)              [forward] set_consumer; index None: no load (seq: the
                                            last load's)
     waiting(index, layer), waited(index, layer)   [forward] wait_until(layer) entered, returned
-                                           (index None: a forward without a load)
+                                           (waiting only, with index None: a forward without
+                                           a load, whose wait returns at once)
     finishing(index), finished(index, seq)   [scheduler] finish_layer_wise_loading entered, and
                                            returning (every layer landed)
     offloaded(begin_ns, pages)             [scheduler] an offload call that began at begin_ns
