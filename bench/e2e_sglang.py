@@ -19,7 +19,12 @@ configurations a **restart and a page-cache drop**; `first` (the first request a
 (hit fractions: per point the prompt restored from the tier, then one sharing its prefix with new tokens
 while the prefix sits in device memory: the compute-only time), `rate<R>` (requests at R/s, concurrent,
 after a flush), and last `capwarm` + `capacity` (a working set ~3x the DRAM tier, written, then reused in
-random order; last because it evicts the DRAM tier's documents). Storage configurations flush device and host caches
+random order; last because it evicts the DRAM tier's documents). With --client bench-serving SGLang's own
+client, bench_serving (generated-shared-prefix, --tokenize-prompt), sends the phases instead: `warm`, the
+restart, `reuse` (the same requests: the first restore after the start, then the later ones), `check` (the
+same prompts from the harness's client, with top-k logprobs, for the output check), `rate<R>` (ascending
+until the mean TTFT reaches --slo-s: the rate sweep) and `capwarm` + `capacity` (Zipf popularity); each
+phase's bench_serving report is kept beside the harness's records (run["serving"]). Storage configurations flush device and host caches
 (/flush_cache keeps the storage tier) before every sweep point so hits come from the SSD; `dram` cannot
 flush (its host pool would go) and relies on its documents being evicted from the bounded device pool
 (every configuration has the same --max-total-tokens) by the interleaved sweep order; SGLang's

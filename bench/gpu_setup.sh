@@ -2,6 +2,8 @@
 #   .sgl/site.tar.xz   the SGLang site-packages overlay (0.5.23 by default; a 0.5.17 one also works)
 #   .nixl/nixl.tar.xz  optional: NIXL's trimmed wheels, for SGLang's `nixl` backend
 #   .mooncake/mooncake.tar.xz  optional: the trimmed Mooncake client and master (bench/build_mooncake_payload.sh)
+#   .client/*.whl      optional: what SGLang's bench_serving needs there (bench/build_client_payload.sh;
+#                      e2e --client bench-serving)
 # Unpacks them into /tmp/site (first on PYTHONPATH), builds and installs tutti_hicache for the
 # machine's Python, and sets what SGLang 0.5.23 needs on torch 2.11 (see the overlay's notes).
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TVM_FFI_CACHE_DIR=/tmp/tvmffi
@@ -11,6 +13,11 @@ for t in .sgl/site.tar.xz .nixl/nixl.tar.xz .mooncake/mooncake.tar.xz; do
   if [ -f "$t" ] && [ ! -f "$stamp" ]; then
     mkdir -p /tmp/site && tar -C /tmp/site -xJf "$t" && touch "$stamp"
   fi
+done
+# .client/*.whl (bench/build_client_payload.sh): what SGLang's bench_serving imports beyond both
+for w in .client/*.whl; do
+  [ -f "$w" ] && [ ! -f "/tmp/site/.unpacked-$(basename "$w")" ] && mkdir -p /tmp/site && \
+    python3 -m zipfile -e "$w" /tmp/site && touch "/tmp/site/.unpacked-$(basename "$w")"
 done
 [ -d /tmp/site/sglang ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 if [ -d /tmp/site/mooncake-syslibs ]; then

@@ -92,11 +92,12 @@ def test_a_checkpoint_already_there_is_kept_and_another_replaces_it(tmp_path):
 
 
 def test_write_model_and_the_server_flag(tmp_path, monkeypatch):
-    """dummy: a config.json only and --load-format dummy; seeded: the checkpoint beside it (drawn
+    """dummy: a config.json and the tokenizer only, and --load-format dummy; seeded: the checkpoint beside it (drawn
     in a child process), fp32 logits in the config, and the server loads it (no --load-format)."""
     pytest.importorskip("torch")
     configs.write_model(str(tmp_path / "d"), 2)
-    assert [p.name for p in (tmp_path / "d").iterdir()] == ["config.json"]
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["config.json", "tokenizer.json",
+                                                                   "tokenizer_config.json"]
     monkeypatch.setattr(configs, "LLAMA3_8B", dict(configs.LLAMA3_8B, **{k: v for k, v in TINY.items()
                                                                           if k != "num_hidden_layers"}))
     configs.write_model(str(tmp_path / "s"), 2, weights="seeded", seed=3)

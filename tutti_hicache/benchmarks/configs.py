@@ -19,12 +19,18 @@ from typing import Optional
 from .e2e import PAGE
 
 
-CONFIGS = ("recompute", "dram", "file", "nixl", "tutti-host", "tutti-linker", "tutti-linker-dynamic",
-           "tutti-mooncake")
+CONFIGS = ("recompute", "dram", "file", "nixl", "tutti-host", "tutti-host-readme", "tutti-host-defaults",
+           "tutti-linker", "tutti-linker-dynamic", "tutti-mooncake")
 CLUSTER = "tutti-mooncake"  # two servers: A warms (SSD + its Mooncake segment), B reads remote hits
 LINKERS = ("tutti-linker", "tutti-linker-dynamic")
-PERSISTENT = {"file", "nixl", "tutti-host", *LINKERS}
-TUTTI = {"tutti-host", CLUSTER, *LINKERS}
+# tutti-host: the harness's HiCache flags (a --host-gb pool like file and nixl); -readme: the
+# README's command exactly; -defaults: only the backend named, every other HiCache flag SGLang's
+HOSTS = ("tutti-host", "tutti-host-readme", "tutti-host-defaults")
+PERSISTENT = {"file", "nixl", *HOSTS, *LINKERS}
+TUTTI = {*HOSTS, CLUSTER, *LINKERS}
+README_HOST_FLAGS = ["--enable-hierarchical-cache", "--hicache-mem-layout", "layer_first",
+                     "--hicache-storage-backend", "tutti", "--hicache-storage-prefetch-policy",
+                     "wait_complete", "--hicache-ratio", "2"]
 
 
 def tutti_settings(parts: list, name: str) -> dict:
@@ -57,7 +63,7 @@ def split_config(name: str) -> tuple[str, dict]:
         raise ValueError(f"{name!r}: only tutti configurations take tutti settings")
     if MISPLACE in parts and not (base in TUTTI and base in PERSISTENT):
         raise ValueError(f"{name!r}: +{MISPLACE} needs a tutti configuration that restarts on its "
-                         "store (tutti-host, tutti-linker, tutti-linker-dynamic)")
+                         f"store ({', '.join((*HOSTS, *LINKERS))})")
     return base, over
 
 
@@ -88,6 +94,8 @@ def write_model(path: str, layers: int, weights: str = "dummy", seed: int = 0) -
         cfg.update(initializer_range=0.02, enable_lm_head_output_fp32=True)  # hide small changes
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
+    from .serving import write_tokenizer  # bench_serving draws prompts from its vocabulary
+    write_tokenizer(path, cfg["vocab_size"])
     if weights == "seeded":  # drawn in a child process: CUDA stays out of the harness's own
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -133,8 +141,11 @@ def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dic
     name = config  # a variant's whole name (its stats files); config: the base configuration
     config, over = split_config(name)
     load = ["--load-format", "dummy"] if getattr(args, "weights", "dummy") == "dummy" else []
+    # with write_model's tokenizer the server streams text (what bench_serving times); without
+    # one it sends ids only
+    tok = [] if os.path.exists(os.path.join(args.model, "tokenizer.json")) else ["--skip-tokenizer-init"]
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model,
-           *load, "--skip-tokenizer-init", "--attention-backend", "triton",
+           *load, *tok, "--attention-backend", "triton",
            "--sampling-backend", "pytorch", "--page-size", str(PAGE),
            "--mem-fraction-static", "0.5", "--max-total-tokens", str(args.max_total_tokens),
            "--port", str(port), "--enable-metrics", "--enable-cache-report"]
@@ -161,6 +172,12 @@ def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dic
         cmd += hicache + ["--hicache-size", str(args.host_gb), "--hicache-mem-layout", "layer_first",
                           "--hicache-storage-backend", "tutti", "--hicache-storage-backend-extra-config",
                           json.dumps({**tutti_config(args, name), **over})]
+    elif config == "tutti-host-readme":
+        cmd += README_HOST_FLAGS + ["--hicache-storage-backend-extra-config",
+                                    json.dumps({**tutti_config(args, name), **over})]
+    elif config == "tutti-host-defaults":
+        cmd += ["--enable-hierarchical-cache", "--hicache-storage-backend", "tutti",
+                "--hicache-storage-backend-extra-config", json.dumps({**tutti_config(args, name), **over})]
     elif config in LINKERS:
         cfg = {**tutti_config(args, name), **over}
         backend = "tutti"

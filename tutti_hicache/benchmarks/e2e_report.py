@@ -12,6 +12,8 @@ Runs and records are those of e2e.py's docstring. Pure: no server, no GPU (teste
 
 from __future__ import annotations
 
+import numpy as np
+
 from .configs import CONFIGS
 from .e2e import LOGPROB_TOL, outputs_vs, summarize
 
@@ -112,6 +114,35 @@ def capacity_rows(runs: list) -> list:
     return rows
 
 
+def serving_rows(runs: list) -> list:
+    """Per configuration run with bench_serving (--client bench-serving): the first request on an
+    empty store (warm's first), the first restore after the start (reuse's first) and the later
+    ones (median), bench_serving's own reuse TTFT mean / p50 / p99, whether every reuse request got
+    its page-aligned prompt cached, and the rate sweep's highest rate under the SLO."""
+    rows = []
+    for run in runs:
+        bs = run.get("serving")
+        if not bs:
+            continue
+        warm = run.get("phases", {}).get("warm", [])
+        reuse = run.get("phases", {}).get("reuse", [])
+        later = [r["ttft_s"] for r in reuse[1:] if r.get("ttft_s") is not None]
+        rs = bs.get("reuse", {})
+        sweep = run.get("rate_sweep") or {}
+        rows.append({"config": run["config"], "medium": run.get("medium"),
+                     "warm_first_ms": warm[0]["ttft_s"] * 1e3 if warm and warm[0].get("ttft_s") else None,
+                     "reuse_first_ms": reuse[0]["ttft_s"] * 1e3 if reuse and reuse[0].get("ttft_s") else None,
+                     "reuse_later_p50_ms": float(np.median(later)) * 1e3 if later else None,
+                     "reuse_mean_ms": rs.get("mean_ttft_ms"), "reuse_p50_ms": rs.get("median_ttft_ms"),
+                     "reuse_p99_ms": rs.get("p99_ttft_ms"),
+                     "whole_hits": sum((r.get("cached_tokens") or 0) >= r.get("cached", 0) for r in reuse),
+                     "reuse_requests": len(reuse),
+                     "cache_hit_pct": (rs.get("cache_report") or {}).get("cache_hit_rate_pct"),
+                     "rates": sweep.get("mean_ttft_s", {}),
+                     "highest_rate": sweep.get("highest_rate_under_slo"), "slo_s": sweep.get("slo_s")})
+    return rows
+
+
 def _f(x, spec=".0f"):
     return "-" if x is None else format(x, spec)
 
@@ -180,6 +211,20 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = L
                       [(lambda s: f"{_f(s.get('ttft_mean_ms'))} / {_f(s.get('ttft_p99_ms'))}" if s else "-")(
                           row["rates"].get(r)) for r in rates] + [_f(row["max_rate_within_slo"], "g")]
                       for row in slo])]
+    bs = serving_rows(runs)
+    if bs:
+        rts = sorted({float(r) for row in bs for r in row["rates"]})
+        parts += ["### bench_serving phases: first requests, reuse after a restart (TTFT ms), rate sweep "
+                  "(mean TTFT s per req/s)", _table(
+                      ["medium", "config", "first on an empty store", "first restore after start",
+                       "later restores p50", "reuse mean / p50 / p99", "whole page-aligned hits",
+                       "cache hit %"] + [f"{r:g}/s" for r in rts] + ["highest rate under the SLO"],
+                      [[r["medium"], r["config"], _f(r["warm_first_ms"]), _f(r["reuse_first_ms"]),
+                        _f(r["reuse_later_p50_ms"]),
+                        f"{_f(r['reuse_mean_ms'])} / {_f(r['reuse_p50_ms'])} / {_f(r['reuse_p99_ms'])}",
+                        f"{r['whole_hits']}/{r['reuse_requests']}", _f(r["cache_hit_pct"], ".1f")] +
+                       [_f(r["rates"].get(f"{x:g}"), ".2f") for x in rts] + [_f(r["highest_rate"], "g")]
+                       for r in bs])]
     parts += ["### Capacity phase (working set larger than the DRAM tier)", _table(
         ["medium", "config", "TTFT mean / p50 / p99 ms", "token hit rate", "requests with half the prompt cached",
          "working set GB", "host pool GB"],
@@ -307,7 +352,8 @@ def timeline_rows(runs: list) -> list:
 
 
 def _config_row(run: dict, eq: dict) -> list:
-    first = run.get("phases", {}).get("first", [{}])[0].get("ttft_s")
+    phases = run.get("phases", {})  # bench_serving's runs: the reuse phase's first request
+    first = (phases.get("first") or phases.get("reuse") or [{}])[0].get("ttft_s")
     seq = [v for p, v in eq.items() if not p.startswith("rate")]
     conc = [v for p, v in eq.items() if p.startswith("rate")]
 

@@ -5,7 +5,9 @@ every phase.
 
 At a glance:
     main(description)           the command: its arguments, the configurations in order, the JSON
-    run_config(args, config, wl, raw, deadline, store_from="") -> run    one configuration
+    run_config(args, config, wl, raw, deadline, store_from="") -> run    one configuration: its
+        Session (the server across restarts) runs own_phases (the harness's client) or, with
+        --client bench-serving, serving_phases (SGLang's bench_serving; serving.py)
     run_cluster(args, config, wl, raw) -> run                            tutti-mooncake's two servers
     misplace_control(args, wl) -> dict  a +misplace variant's swapped page, before its restart
     record_phase(run, name, records)    a phase's records and summary into the run and the JSON
@@ -16,12 +18,15 @@ Needs a GPU and SGLang 0.5.17 to 0.5.23; main's bookkeeping is tested on CPU wit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import shutil
 import time
+from typing import Optional
 
-from tutti_hicache.benchmarks import configs, e2e, e2e_report, misplace, timeline
+from tutti_hicache.benchmarks import configs, e2e, e2e_report, misplace, serving, timeline
 from tutti_hicache.benchmarks.rawio import raw_read_dirs
 from tutti_hicache.benchmarks.server import (Server, config_files, drop_caches, one_request, run_rate,
                                              run_sequential, tutti_stats)
@@ -107,6 +112,8 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
            "phases": {}, "summaries": {}, "start_s": [], "store_from": store_from or None, "salt": wl.salt,
            "host_pool_gb": args.dram_gb if base == "dram" else (args.host_gb if base in
                                                                 ("file", "nixl", "tutti-host") else 0)}
+    if base in ("tutti-host-readme", "tutti-host-defaults"):
+        run["host_pool_gb"] = None  # SGLang's --hicache-ratio 2: twice the device pool
     log = os.path.join(args.out_dir, f"server-{config}.log")
     cmd, env = configs.server_cmd(args, config, port)
     capacity = config in args.capacity_configs.split(",")
@@ -115,42 +122,79 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
 
     if store_from:
         run["page_cache"] = drop_caches()
-    srv = Server(cmd, env, log, port, args.top_logprobs)
-    try:
-        run["start_s"].append(srv.wait_ready(args.start_timeout))
-        if base != "recompute" and not store_from:
-            record_phase(run, "warm", run_sequential(srv, wl.warm(), args.max_new))
-        if base in configs.PERSISTENT and not store_from:
-            run["settle_s"] = settle(args, config)
-            srv.stop()
-            if configs.misplaced(config):
-                run["misplaced"] = misplace_control(args, wl)
-            run["page_cache"] = drop_caches()
-            srv = Server(cmd, env, log, port, args.top_logprobs)
-            run["start_s"].append(srv.wait_ready(args.start_timeout))
-        record_phase(run, "first", [one_request(srv, wl.first(), args.max_new)])
-        sweep = e2e.sweep_requests(wl, args.fractions)
-        record_phase(run, "sweep", run_sequential(srv, sweep, args.max_new, flush=base != "dram"))
-        for rate in args.rates:
-            if time.time() > deadline - 20:
-                run["skipped"] = f"rates from {rate} on: out of time"
-                break
-            if base != "dram":
-                srv.flush()
-            recs, secs = run_rate(srv, wl.rates(rate, args.rate_requests), rate, args.max_new)
-            record_phase(run, f"rate{rate:g}", recs, secs)
-        if capacity and time.time() < deadline - 60:
-            # last: its working set (3x the DRAM tier) would evict dram's documents before the sweep
-            ctx = args.capacity_context
-            record_phase(run, "capwarm", run_sequential(srv, wl.capacity_warm(cap_docs, ctx), args.max_new))
-            record_phase(run, "capacity", run_sequential(
-                srv, wl.capacity_reuse(cap_docs, ctx, args.capacity_requests), args.max_new))
-        run["metrics"] = scrape_metrics(srv.url)
-    except Exception as e:  # keep what this configuration measured so far
-        run["error"] = repr(e)
-        print(f"  {config}: {e!r}", flush=True)
-    finally:
-        srv.stop()
+    sess = Session(args, config, run, (cmd, env, log, port))
+    if args.client == "bench-serving":
+        return sess.run(lambda: serving_phases(args, sess, deadline, store_from, capacity, cap_docs))
+    return sess.run(lambda: own_phases(args, sess, wl, deadline, store_from, capacity, cap_docs))
+
+
+class Session:
+    """A configuration's server across its restarts: run(phases) starts it, runs the phases,
+    keeps what they measured when one fails, stops it and adds the server's own records."""
+
+    def __init__(self, args, config: str, run: dict, server: tuple):
+        self.args, self.config, self.out, self.server = args, config, run, server
+        self.srv: Optional[Server] = None
+
+    def start(self) -> Server:
+        self.srv = Server(*self.server, self.args.top_logprobs)
+        self.out["start_s"].append(self.srv.wait_ready(self.args.start_timeout))
+        return self.srv
+
+    def restart(self, wl: Optional[e2e.Workload]) -> Server:
+        """After a warm phase: the tier settled, the server stopped (a +misplace variant's page
+        swapped then), the page cache dropped, the server started again on its store."""
+        self.out["settle_s"] = settle(self.args, self.config)
+        self.srv.stop()
+        if configs.misplaced(self.config):
+            self.out["misplaced"] = misplace_control(self.args, wl)
+        self.out["page_cache"] = drop_caches()
+        return self.start()
+
+    def run(self, phases) -> dict:
+        try:
+            self.start()
+            phases()
+            self.out["metrics"] = scrape_metrics(self.srv.url)
+        except Exception as e:  # keep what this configuration measured so far
+            self.out["error"] = repr(e)
+            print(f"  {self.config}: {e!r}", flush=True)
+        finally:
+            if self.srv is not None:
+                self.srv.stop()
+        return finish_run(self.args, self.config, self.out)
+
+
+def own_phases(args, sess: Session, wl: e2e.Workload, deadline: float, store_from: str,
+               capacity: bool, cap_docs: int) -> None:
+    """The harness's own client (--client own): warm, [restart], first, sweep, rates, capacity."""
+    run, base = sess.out, configs.split_config(sess.config)[0]
+    srv = sess.srv
+    if base != "recompute" and not store_from:
+        record_phase(run, "warm", run_sequential(srv, wl.warm(), args.max_new))
+    if base in configs.PERSISTENT and not store_from:
+        srv = sess.restart(wl)
+    record_phase(run, "first", [one_request(srv, wl.first(), args.max_new)])
+    sweep = e2e.sweep_requests(wl, args.fractions)
+    record_phase(run, "sweep", run_sequential(srv, sweep, args.max_new, flush=base != "dram"))
+    for rate in args.rates:
+        if time.time() > deadline - 20:
+            run["skipped"] = f"rates from {rate} on: out of time"
+            break
+        if base != "dram":
+            srv.flush()
+        recs, secs = run_rate(srv, wl.rates(rate, args.rate_requests), rate, args.max_new)
+        record_phase(run, f"rate{rate:g}", recs, secs)
+    if capacity and time.time() < deadline - 60:
+        # last: its working set (3x the DRAM tier) would evict dram's documents before the sweep
+        ctx = args.capacity_context
+        record_phase(run, "capwarm", run_sequential(srv, wl.capacity_warm(cap_docs, ctx), args.max_new))
+        record_phase(run, "capacity", run_sequential(
+            srv, wl.capacity_reuse(cap_docs, ctx, args.capacity_requests), args.max_new))
+
+
+def finish_run(args, config: str, run: dict) -> dict:
+    """The server's own records into the run: tutti's stats and timeline, restore and wear."""
     run["tutti_stats"] = tutti_stats(args.out_dir, config)
     run["timeline"] = [timeline.summarize(r) for r in timeline.read(
         config_files(args.out_dir, "timeline", config))]
@@ -159,16 +203,105 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
     return run
 
 
-def misplace_control(args, wl: e2e.Workload) -> dict:
+def main_shape(args) -> serving.Shape:
+    """bench_serving's data set for the warm, reuse and rate phases: --docs documents of the
+    largest context, questions of --question-tokens, --max-new new tokens."""
+    return serving.Shape(groups=args.docs, per_group=1, system=max(int(c) for c in args.contexts.split(",")),
+                         question=args.question_tokens, output=args.max_new, seed=args.serving_seed)
+
+
+def cached_pages(prompt_tokens: int) -> int:
+    """The most of a prompt SGLang can take from a cache: its whole pages short of the last token
+    (which the prefill must compute to sample from)."""
+    return (prompt_tokens - 1) // e2e.PAGE * e2e.PAGE
+
+
+def serving_phase(args, run: dict, srv: Server, name: str, shape: serving.Shape, prefix: str,
+                  cached: list, rate: float = math.inf, concurrency: int = 1, flush: bool = False) -> dict:
+    """One phase sent by bench_serving: its records (the harness's summary) and its own report
+    (run["serving"][name])."""
+    sent = serving.prompts(shape, args.model)
+    t0 = time.time()
+    result = serving.run(srv, shape, args.model, os.path.join(args.out_dir, f"bs-{run['config']}-{name}.jsonl"),
+                         rate=rate, concurrency=concurrency, flush=flush,
+                         log_path=os.path.join(args.out_dir, f"bs-{run['config']}.log"))
+    run.setdefault("serving", {})[name] = {"rate": None if math.isinf(rate) else rate,
+                                           "max_concurrency": concurrency, "flush": flush,
+                                           "shape": dataclasses.asdict(shape), **serving.summary(result)}
+    record_phase(run, name, serving.records(result, sent, serving.gsp_ids(prefix, shape), cached),
+                 result.get("duration") or time.time() - t0)
+    return result
+
+
+def serving_phases(args, sess: Session, deadline: float, store_from: str, capacity: bool,
+                   cap_docs: int) -> None:
+    """run_config's phases with bench_serving as the client (--client bench-serving):
+    `warm`: each document once, one at a time (its first request: the first on an empty store);
+    storage configurations then restart on a dropped page cache; `reuse`: the same requests again
+    (the first restore after the start, then the later ones); `check`: the same prompts from the
+    harness's own client with top-k logprobs, device cache flushed before each (not `dram`), for
+    the output check; `rate<R>` for each --rates, ascending, new questions on the documents at R/s
+    after a flush, until the mean TTFT reaches --slo-s; `capwarm` + `capacity`: a working set of
+    3x --dram-gb written, then Zipf(--zipf-alpha) reuse --capacity-concurrency at a time.
+    --phases picks among them."""
+    run, base, srv = sess.out, configs.split_config(sess.config)[0], sess.srv
+    shape = main_shape(args)
+    pages = [cached_pages(shape.system + shape.question)] * shape.requests
+    want = set(args.phases.split(","))
+    if not store_from and "warm" in want:
+        serving_phase(args, run, srv, "warm", shape, "warm", [0] * shape.requests)
+        if base in configs.PERSISTENT:
+            srv = sess.restart(None)
+    if "reuse" in want:
+        serving_phase(args, run, srv, "reuse", shape, "reuse", pages)
+    if "check" in want:
+        checks = serving.check_requests(shape, serving.prompts(shape, args.model))
+        record_phase(run, "check", run_sequential(srv, checks, args.max_new, flush=base != "dram"))
+    points = {}
+    for rate in sorted(args.rates) if "rates" in want else ():
+        if time.time() > deadline - 30:
+            run["skipped"] = f"rates from {rate:g} on: out of time"
+            break
+        rshape = shape.with_(per_group=max(1, -(-args.rate_requests // shape.groups)))
+        doc_pages = shape.system // e2e.PAGE * e2e.PAGE  # a new question on a stored document
+        res = serving_phase(args, run, srv, f"rate{rate:g}", rshape, f"rate{rate:g}",
+                            [doc_pages] * rshape.requests, rate=rate, concurrency=args.rate_concurrency,
+                            flush=base not in ("dram", "recompute"))
+        ok = res.get("completed", 0) == rshape.requests
+        points[rate] = res.get("mean_ttft_ms", 0) / 1e3 if ok else None
+        if points[rate] is None or points[rate] >= args.slo_s:
+            break  # broken: higher rates only queue more
+    if points:
+        run["rate_sweep"] = {"slo_s": args.slo_s, "mean_ttft_s": {f"{r:g}": t for r, t in points.items()},
+                             "highest_rate_under_slo": serving.highest_rate(points, args.slo_s)}
+    if capacity and "capacity" in want and time.time() < deadline - 60:
+        cshape = serving.Shape(groups=cap_docs, per_group=1, system=args.capacity_context,
+                               question=args.question_tokens, output=args.max_new,
+                               seed=args.serving_seed + 1)
+        cpages = cached_pages(args.capacity_context + args.question_tokens)
+        serving_phase(args, run, srv, "capwarm", cshape, "capwarm", [0] * cshape.requests)
+        zshape = cshape.with_(per_group=max(1, -(-args.capacity_requests // cap_docs)), zipf=args.zipf_alpha)
+        serving_phase(args, run, srv, "capacity", zshape, "cap", [cpages] * zshape.requests,
+                      concurrency=args.capacity_concurrency)
+
+
+def misplace_control(args, wl: Optional[e2e.Workload]) -> dict:
     """A +misplace variant, between the warm phase and the restart (no server attached): a page of
-    one warmed document rewritten under another's key (misplace.py). The run's JSON keeps what
+    one warmed document rewritten under another's key (misplace.py); wl None: bench_serving's
+    documents 0 and 1, the page in the middle of the document. The run's JSON keeps what
     was swapped and which requests must now differ from recompute; a failure is recorded there
     and the run goes on (the report then says the control did not run)."""
-    later = [wl.first(), *e2e.sweep_requests(wl, args.fractions),
-             *(r for rate in args.rates for r in wl.rates(rate, args.rate_requests))]
+    dirs = [os.path.join(d, "tutti") for d in args.tutti_dirs.split(",")]
     try:
-        out = misplace.misplace(wl, [os.path.join(d, "tutti") for d in args.tutti_dirs.split(",")],
-                                args.capacity_gb, later)
+        if wl is None:  # bench_serving's documents 0 and 1; the check phase's requests
+            shape = main_shape(args)
+            sent = serving.prompts(shape, args.model)
+            out = misplace.misplace_docs(sent[:2], shape.system // e2e.PAGE // 2, dirs, args.capacity_gb,
+                                         serving.check_requests(shape, sent))
+        else:
+            later = [wl.first(), *e2e.sweep_requests(wl, args.fractions),
+                     *(r for rate in args.rates for r in wl.rates(rate, args.rate_requests))]
+            out = misplace.misplace(wl, dirs, args.capacity_gb, later)
     except Exception as e:  # noqa: BLE001 - the control failing must not end the run
         out = {"error": repr(e)}
     print("  misplaced page:", json.dumps({k: v for k, v in out.items() if k != "affected"}), flush=True)
@@ -309,6 +442,29 @@ def main(description: str = __doc__):
                          "phase, no first server), with salted questions and new tokens")
     ap.add_argument("--mooncake-segment-gb", type=float, default=8.0,
                     help="tutti-mooncake: server A's Mooncake segment (holds every warmed page)")
+    ap.add_argument("--client", choices=("own", "bench-serving"), default="own",
+                    help="own: the harness's client and the Workload's phases (warm, first, sweep, "
+                         "rates, capacity); bench-serving: SGLang's bench_serving sends the warm, "
+                         "reuse, rate and capacity phases (generated-shared-prefix, --tokenize-prompt) "
+                         "and the harness's client only the output check (serving_config)")
+    ap.add_argument("--phases", default="warm,reuse,check,rates,capacity",
+                    help="bench-serving: the phases to run, in their fixed order (a configuration "
+                         "that restarts does so only after a warm phase)")
+    ap.add_argument("--question-tokens", type=int, default=256,
+                    help="bench-serving: tokens after each document (its question)")
+    ap.add_argument("--serving-seed", type=int, default=0, help="bench-serving: the data set's seed")
+    ap.add_argument("--rate-concurrency", type=int, default=64,
+                    help="bench-serving: most requests in flight during a rate phase")
+    ap.add_argument("--slo-s", type=float, default=1.0,
+                    help="bench-serving: the rate sweep stops at the first rate whose mean TTFT "
+                         "reaches this; the report gives the highest rate under it")
+    ap.add_argument("--zipf-alpha", type=float, default=0.8,
+                    help="bench-serving: the capacity phase's document popularity")
+    ap.add_argument("--capacity-concurrency", type=int, default=2,
+                    help="bench-serving: requests in flight during the capacity phase")
+    ap.add_argument("--reference", default="",
+                    help="a JSON of an earlier run whose recompute configuration's outputs the "
+                         "output check compares with (when this run has no recompute)")
     ap.add_argument("--out-dir", default="/tmp/tutti-e2e")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
@@ -361,7 +517,11 @@ def main(description: str = __doc__):
         if "raw_read_GBps" in run and "raw_read_after_GBps" not in run:
             run["raw_read_before_GBps"], run["raw_read_after_GBps"] = run["raw_read_GBps"], after
             run["raw_read_GBps"] = max(run["raw_read_GBps"], after)
-    eq = e2e.outputs_vs(results, tol=args.logprob_tol)
+    refs = []
+    if args.reference and not any(r.get("config") == "recompute" for r in results):
+        with open(args.reference) as f:
+            refs = [r for r in json.load(f) if r.get("config") == "recompute"]
+    eq = e2e.outputs_vs(results + refs, tol=args.logprob_tol)
     for run in results:  # the output check, in the JSON beside each run
         run["outputs_vs_recompute"] = eq.get(f"{run['config']}@{run.get('medium', '')}")
         run["logprob_tol"] = args.logprob_tol

@@ -11,7 +11,9 @@ At a glance:
         compared: {"namespaces", "swapped", "verified"}
     misplace(wl, tutti_dirs, capacity_gb, requests) -> dict
         what a +misplace configuration (configs.split_config) gets between the warm phase
-        and the restart (bench/e2e_sglang.py)
+        and the restart (bench/e2e_sglang.py): misplace_docs on two Workload documents
+    misplace_docs(docs, page, tutti_dirs, capacity_gb, requests) -> dict
+        the same for any two documents (bench_serving's, --client bench-serving)
 
 Why two documents and not two pages of one: a request that restores both pages of a swapped
 pair holds the same set of K/V vectors, only in other slots; attention sums over its keys
@@ -109,16 +111,27 @@ def swap_pages(dirs: list, key_a: str, key_b: str, capacity_gb: float) -> dict:
 
 def misplace(wl, tutti_dirs: list, capacity_gb: float, requests: list, keys=page_keys) -> dict:
     """Swap the first document page (after the shared system prompt) of the smallest context's
-    documents 0 and 1 in the tutti store of tutti_dirs; "affected": the ids of `requests` whose
-    cached prefix holds that page of either document (each must come out different from its
-    recomputed twin). keys: page_keys (a stand-in for tests without SGLang's hash module)."""
+    documents 0 and 1 in the tutti store of tutti_dirs (misplace_docs)."""
     if wl.docs < 2:
         raise ValueError("--misplace-page swaps a page between two documents: --docs 2 or more")
-    c, p = min(wl.contexts), SYSTEM_TOKENS // PAGE
-    end = (p + 1) * PAGE
-    docs = [wl.document(c, d)[:end] for d in (0, 1)]
-    ka, kb = (keys(doc)[p] for doc in docs)
+    c = min(wl.contexts)
+    out = misplace_docs([wl.document(c, d) for d in (0, 1)], SYSTEM_TOKENS // PAGE, tutti_dirs,
+                        capacity_gb, requests, keys)
+    return {"context": c, "documents": [0, 1], **out}
+
+
+def misplace_docs(docs: list, page: int, tutti_dirs: list, capacity_gb: float, requests: list,
+                  keys=page_keys) -> dict:
+    """Swap page `page` of two documents (token id lists that differ within their first
+    page+1 pages) in the tutti store of tutti_dirs; "affected": the ids of `requests` whose
+    cached prefix holds that page of either document (each must come out different from its
+    recomputed twin). keys: page_keys (a stand-in for tests without SGLang's hash module)."""
+    end = (page + 1) * PAGE
+    heads = [list(d[:end]) for d in docs]
+    if len(heads) != 2 or min(map(len, heads)) < end or heads[0] == heads[1]:
+        raise ValueError(f"misplace needs two documents of at least {end} tokens that differ there")
+    ka, kb = (keys(h)[page] for h in heads)
     affected = [r.id for r in requests
-                if r.cached >= end and any(r.ids[:end] == doc for doc in docs)]
+                if r.cached >= end and any(list(r.ids[:end]) == h for h in heads)]
     info = swap_pages(tutti_dirs, ka, kb, capacity_gb)
-    return {"context": c, "documents": [0, 1], "page": p, "keys": [ka, kb], "affected": affected, **info}
+    return {"page": page, "keys": [ka, kb], "affected": affected, **info}

@@ -1,0 +1,264 @@
+"""bench_serving as the e2e harness's client (tutti_hicache/benchmarks/serving.py and
+e2e_sglang.serving_config): its command line, its report turned into the harness's records, the
+rate sweep's breaking point, the tokenizer the model directory gets, SGLang's own data set
+generator (where its optional imports exist), and the phases a configuration runs, with the
+server and the client process faked (the real run needs a GPU: bench/gpu.sh e2e ...)."""
+
+import json
+import math
+import os
+import re
+
+import pytest
+
+from tutti_hicache.benchmarks import configs, e2e, e2e_report, e2e_sglang, serving
+
+
+SHAPE = serving.Shape(groups=3, per_group=1, system=1000, question=50, output=8, seed=1)
+
+
+def test_shape_checks_and_counts():
+    assert SHAPE.requests == 3 and SHAPE.with_(per_group=4).requests == 12
+    for bad in (dict(groups=0), dict(question=0), dict(zipf=-1.0), dict(zipf=math.nan)):
+        with pytest.raises(ValueError):
+            SHAPE.with_(**bad)
+
+
+def test_argv_is_bench_serving_with_the_shape_and_no_warmup():
+    cmd = serving.argv(SHAPE.with_(per_group=4, zipf=0.8), "http://127.0.0.1:30005", "/m", "/o.jsonl",
+                       rate=2.0, concurrency=8, flush=True, python="py")
+    assert cmd[:3] == ["py", "-m", "sglang.benchmark.serving"]
+    opts = dict(zip(cmd[3::1], cmd[4::1]))
+    assert opts["--host"] == "127.0.0.1" and opts["--port"] == "30005"
+    assert opts["--dataset-name"] == "generated-shared-prefix" and opts["--tokenizer"] == "/m"
+    assert opts["--gsp-num-groups"] == "3" and opts["--gsp-prompts-per-group"] == "4"
+    assert opts["--gsp-system-prompt-len"] == "1000" and opts["--gsp-question-len"] == "50"
+    assert opts["--num-prompts"] == "12" and opts["--request-rate"] == "2"
+    assert opts["--max-concurrency"] == "8" and opts["--warmup-requests"] == "0"
+    assert opts["--gsp-group-distribution"] == "zipf" and opts["--gsp-zipf-alpha"] == "0.8"
+    for flag in ("--tokenize-prompt", "--gsp-ordered", "--cache-report", "--output-details", "--flush-cache"):
+        assert flag in cmd
+    plain = serving.argv(SHAPE, "http://h:1", "/m", "/o")
+    assert "--flush-cache" not in plain and "--gsp-group-distribution" not in plain
+    assert plain[plain.index("--request-rate") + 1] == "inf"
+
+
+def _result(n, ttft=0.2, errors=None, lens=None):
+    """A JSON line as bench_serving writes it with --output-details --cache-report."""
+    return {"completed": n - len([e for e in (errors or []) if e]), "mean_ttft_ms": ttft * 1e3,
+            "median_ttft_ms": ttft * 1e3, "p99_ttft_ms": ttft * 1e3, "mean_itl_ms": 9.0,
+            "request_throughput": 1.5, "duration": 4.0, "input_lens": lens or [1050] * n,
+            "ttfts": [ttft if not (errors and errors[i]) else 0.0 for i in range(n)],
+            "itls": [[0.01] * 7] * n, "errors": errors or [""] * n, "cached_tokens": [1024] * n,
+            "cached_tokens_details": [{"device": 0, "host": 0, "storage": 1024}] * n,
+            "cache_report": {"cache_hit_rate_pct": 97.5}}
+
+
+def test_records_follow_the_report_in_sending_order():
+    prompts = [[1] * 1050] * 3
+    recs = serving.records(_result(3, errors=["", "boom", ""]), prompts, ["a", "b", "c"], [1024] * 3)
+    assert [r["id"] for r in recs] == ["a", "b", "c"]
+    assert recs[0]["ttft_s"] == 0.2 and recs[0]["itl_s"] == [0.01] * 7
+    assert recs[0]["details"]["storage"] == 1024 and recs[0]["cached"] == 1024
+    assert recs[1]["ttft_s"] is None and recs[1]["error"] == "boom"
+    s = e2e.summarize(recs, 4.0)
+    assert s["requests"] == 3 and s["failed"] == 1 and s["ttft_mean_ms"] == pytest.approx(200)
+    with pytest.raises(ValueError, match="reported 3 requests"):
+        serving.records(_result(3), prompts[:2], ["a", "b"], [0, 0])
+    with pytest.raises(ValueError, match="other prompts"):
+        serving.records(_result(3, lens=[1050, 1049, 1050]), prompts, ["a", "b", "c"], [0] * 3)
+    summ = serving.summary(_result(3))
+    assert summ["mean_ttft_ms"] == 200 and summ["cache_report"]["cache_hit_rate_pct"] == 97.5
+    assert "ttfts" not in summ
+
+
+def test_highest_rate_is_the_last_point_before_the_sweep_breaks():
+    assert serving.highest_rate({0.5: 0.3, 1: 0.6, 2: 1.4}) == 1
+    assert serving.highest_rate({2: 1.4, 0.5: 0.3}) == 0.5
+    assert serving.highest_rate({0.5: 1.2}) is None
+    assert serving.highest_rate({0.5: 0.3, 1: None, 2: 0.5}) == 0.5  # a failed point breaks it
+    assert serving.highest_rate({1: 0.99}, slo_s=1.0) == 1 and serving.highest_rate({1: 1.0}) is None
+
+
+def test_ids_and_the_check_requests():
+    assert serving.gsp_ids("warm", SHAPE) == ["warm/1000/0", "warm/1000/1", "warm/1000/2"]
+    assert serving.gsp_ids("r", SHAPE.with_(per_group=2))[:3] == ["r/1000/0", "r/1000/0.1", "r/1000/1"]
+    assert serving.gsp_ids("cap", SHAPE.with_(zipf=1.0)) == ["cap/1000/0", "cap/1000/1", "cap/1000/2"]
+    reqs = serving.check_requests(SHAPE, [[7] * 1050, [8] * 1050, [9] * 1050])
+    assert [r.id for r in reqs] == ["gsp/1000/0", "gsp/1000/1", "gsp/1000/2"]
+    assert all(r.cached == 1024 and r.cached % e2e.PAGE == 0 for r in reqs)
+    assert serving.check_requests(SHAPE, [[7] * 1024])[0].cached == 960  # the last token is computed
+
+
+def test_the_model_directory_gets_a_tokenizer_the_server_and_client_load(tmp_path):
+    pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    serving.write_tokenizer(str(tmp_path), 1000)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert sorted(tok.get_vocab().values()) == list(range(1000))
+    assert tok.decode([5, 6, 999]).split() == ["t5", "t6", "t999"]
+
+
+def test_write_model_writes_the_tokenizer_and_the_server_streams_text(tmp_path):
+    pytest.importorskip("tokenizers")
+    configs.write_model(str(tmp_path), 2)
+    assert os.path.exists(tmp_path / "tokenizer.json")
+    args = type("A", (), dict(model=str(tmp_path), max_total_tokens=1000))()
+    assert "--skip-tokenizer-init" not in configs.server_cmd(args, "recompute", 30000)[0]
+    args.model = str(tmp_path / "none")  # a model directory without one: ids only, as before
+    assert "--skip-tokenizer-init" in configs.server_cmd(args, "recompute", 30000)[0]
+
+
+def test_sglangs_generator_shares_documents_across_shapes(tmp_path, monkeypatch):
+    """Where bench_serving's optional imports exist (HF datasets and pandas; the GPU machine has
+    them): documents depend on (seed, groups, system) only, slot 0 of each document is the same
+    question whatever per_group, and a zipf shape draws from the same documents."""
+    pytest.importorskip("datasets")
+    pytest.importorskip("tokenizers")
+    try:
+        import sglang.benchmark.datasets.generated_shared_prefix  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"SGLang's benchmark data sets do not import here: {e}")
+    monkeypatch.setenv("HOME", str(tmp_path))  # SGLang caches the sets under ~/.cache
+    serving.write_tokenizer(str(tmp_path / "m"), 5000)
+    one = serving.prompts(SHAPE, str(tmp_path / "m"))
+    four = serving.prompts(SHAPE.with_(per_group=4), str(tmp_path / "m"))
+    assert len(one) == 3 and len(four) == 12 and all(len(p) == 1050 for p in one + four)
+    docs = [p[:1000] for p in one]
+    assert len({tuple(d) for d in docs}) == 3
+    assert [p[:1000] for p in four[::4]] == docs and four[0] == one[0]
+    assert four[1][1000:] != four[0][1000:]
+    zipf = serving.prompts(SHAPE.with_(per_group=4, zipf=1.0), str(tmp_path / "m"))
+    assert all(p[:1000] in docs for p in zipf)
+    assert serving.prompts(SHAPE, str(tmp_path / "m")) == one  # from SGLang's cache, the same
+
+
+class FakeServer:
+    """Stands for benchmarks.server.Server: records starts and stops."""
+    starts = []
+
+    def __init__(self, cmd, env, log, port, top_logprobs=0):
+        self.url = f"http://127.0.0.1:{port}"
+        self.top_logprobs = top_logprobs
+        FakeServer.starts.append(cmd)
+
+    def wait_ready(self, timeout):
+        return 1.0
+
+    def alive(self):
+        return True
+
+    def stop(self):
+        pass
+
+
+def _args(tmp_path, **kw):
+    base = dict(model=str(tmp_path / "m"), docs=2, contexts="4096", question_tokens=64, max_new=4,
+                serving_seed=0, rates=[0.5, 1.0, 2.0, 4.0], rate_requests=4, rate_concurrency=8, slo_s=1.0,
+                capacity_context=2048, capacity_requests=6, capacity_concurrency=2, zipf_alpha=0.8,
+                start_timeout=10, top_logprobs=0, out_dir=str(tmp_path), tutti_dirs=str(tmp_path / "t"),
+                one_dir=str(tmp_path / "o"), nixl_dirs="", capacity_gb=1.0, medium="m", bpt=1024,
+                one_dir_note="", cuda_graph_max_bs=0, prefill_graphs=False, weights="dummy",
+                dram_gb=1, host_gb=1, capacity_configs="tutti-linker", max_total_tokens=10000,
+                client="bench-serving", fractions=[0.9], layers=2,
+                phases="warm,reuse,check,rates,capacity")
+    base.update(kw)
+    return type("Args", (), base)()
+
+
+@pytest.fixture
+def faked(monkeypatch):
+    calls = []
+    ttft_by_rate = {0.5: 0.3, 1.0: 0.7, 2.0: 1.6, 4.0: 0.2}
+
+    def fake_prompts(shape, tokenizer_dir, tokenizer=None):
+        return [[g] * shape.system + [100 + k] * shape.question
+                for k, g in enumerate(i % shape.groups for i in range(shape.requests))]
+
+    def fake_run(srv, shape, tokenizer_dir, out_file, rate=math.inf, concurrency=1, flush=False,
+                 timeout_s=900.0, log_path=None):
+        calls.append((os.path.basename(out_file), rate, concurrency, flush, shape))
+        n = shape.requests
+        return _result(n, ttft=ttft_by_rate.get(rate, 0.25), lens=[shape.system + shape.question] * n)
+
+    monkeypatch.setattr(serving, "prompts", fake_prompts)
+    monkeypatch.setattr(serving, "run", fake_run)
+    monkeypatch.setattr(e2e_sglang, "Server", FakeServer)
+    monkeypatch.setattr(e2e_sglang, "settle", lambda *a, **k: 0.0)
+    monkeypatch.setattr(e2e_sglang, "drop_caches", lambda: "dropped")
+    monkeypatch.setattr(e2e_sglang, "scrape_metrics", lambda url: [])
+    monkeypatch.setattr(e2e_sglang, "run_sequential",
+                        lambda srv, reqs, max_new, flush=False: [
+                            {"id": r.id, "ttft_s": 0.1, "cached_tokens": r.cached, "flushed": flush} for r in reqs])
+    FakeServer.starts = []
+    return calls
+
+
+def test_a_storage_configuration_warms_restarts_reuses_checks_and_sweeps_rates(tmp_path, faked):
+    args = _args(tmp_path)
+    run = e2e_sglang.run_config(args, "tutti-linker", e2e.Workload([4096], 2), {"raw_read_GBps": 1.0},
+                                float("inf"))
+    assert "error" not in run, run.get("error")
+    assert list(run["phases"]) == ["warm", "reuse", "check", "rate0.5", "rate1", "rate2", "capwarm", "capacity"]
+    assert len(FakeServer.starts) == 2  # the restart between warm and reuse
+    names = [c[0] for c in faked]
+    assert names[:2] == ["bs-tutti-linker-warm.jsonl", "bs-tutti-linker-reuse.jsonl"]
+    rate_calls = [c for c in faked if c[0].startswith("bs-tutti-linker-rate")]
+    assert [c[1] for c in rate_calls] == [0.5, 1.0, 2.0]  # stops at the first rate over the SLO
+    assert all(c[3] and c[2] == 8 and c[4].requests == 4 for c in rate_calls)  # flushed, paced
+    assert run["rate_sweep"]["highest_rate_under_slo"] == 1.0
+    assert run["rate_sweep"]["mean_ttft_s"] == {"0.5": 0.3, "1": 0.7, "2": 1.6}
+    cap = [c for c in faked if c[0].endswith("-capacity.jsonl")][0]
+    assert cap[4].zipf == 0.8 and cap[2] == 2 and cap[4].requests >= args.capacity_requests
+    capwarm = [c for c in faked if c[0].endswith("-capwarm.jsonl")][0][4]
+    assert capwarm.groups == cap[4].groups and capwarm.seed != faked[0][4].seed  # other documents
+    assert all(r["flushed"] for r in run["phases"]["check"])
+    assert [r["id"] for r in run["phases"]["check"]] == ["gsp/4096/0", "gsp/4096/1"]
+    assert run["serving"]["reuse"]["mean_ttft_ms"] == 250 and run["serving"]["rate1"]["rate"] == 1.0
+    reuse = run["phases"]["reuse"]
+    assert [r["cached"] for r in reuse] == [(4096 + 64 - 1) // e2e.PAGE * e2e.PAGE] * 2
+    row = e2e_report.serving_rows([run])[0]
+    assert row["warm_first_ms"] == 250 and row["reuse_first_ms"] == 250 and row["highest_rate"] == 1.0
+    assert row["whole_hits"] == 0  # the fake report cached 1024 of 4160 tokens: not whole
+    md = e2e_report.report_markdown([run], 1024)
+    assert "### bench_serving phases" in md and "| m | tutti-linker | 250 | 250 | 250 |" in md
+
+
+def test_dram_and_recompute_never_restart_and_dram_never_flushes(tmp_path, faked):
+    args = _args(tmp_path, rates=[1.0])
+    for config in ("dram", "recompute"):
+        FakeServer.starts = []
+        run = e2e_sglang.run_config(args, config, e2e.Workload([4096], 2), {}, float("inf"))
+        assert "error" not in run and len(FakeServer.starts) == 1
+        assert list(run["phases"])[:3] == ["warm", "reuse", "check"]
+        if config == "dram":  # a flush would empty its host tier
+            assert not any(r["flushed"] for r in run["phases"]["check"])
+    assert not [c for c in faked if "rate" in c[0] and c[3]]  # neither flushes before a rate phase
+
+
+def test_a_misplace_variant_swaps_between_warm_and_restart(tmp_path, faked, monkeypatch):
+    seen = {}
+
+    def fake_misplace(docs, page, dirs, cap, requests, keys=None):
+        seen.update(docs=docs, page=page, ids=[r.id for r in requests])
+        return {"swapped": 1, "affected": [r.id for r in requests]}
+    monkeypatch.setattr(e2e_sglang.misplace, "misplace_docs", fake_misplace)
+    run = e2e_sglang.run_config(_args(tmp_path, rates=[]), "tutti-linker+misplace",
+                                e2e.Workload([4096], 2), {}, float("inf"))
+    assert run["misplaced"]["swapped"] == 1
+    assert seen["page"] == 4096 // e2e.PAGE // 2 and seen["ids"] == ["gsp/4096/0", "gsp/4096/1"]
+    assert seen["docs"][0][:4096] != seen["docs"][1][:4096]
+
+
+def test_the_readme_host_command_is_the_harness_configuration():
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")) as f:
+        readme = f.read()
+    block = re.search(r"sglang serve --model-path M.*?extra-config", readme, re.S).group(0)
+    flags = block.replace("\\", " ").split()
+    want = configs.README_HOST_FLAGS
+    pairs = {(a, b) for a, b in zip(flags, flags[1:])}
+    for i in range(0, len(want)):
+        if want[i].startswith("--") and i + 1 < len(want) and not want[i + 1].startswith("--"):
+            assert (want[i], want[i + 1]) in pairs, want[i]
+        else:
+            assert want[i] in flags
