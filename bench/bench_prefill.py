@@ -91,7 +91,8 @@ def make_tutti(model, dirs, cap_gb: float, read_ahead: int, observer=None) -> La
     cfg = TuttiConfig.from_sources({"tutti_dirs": list(dirs), "tutti_capacity_gb": cap_gb,
                                     "tutti_threads": THREADS, "tutti_queue_depth": 1024,
                                     "tutti_engine": ENGINE, "tutti_verify": VERIFY,
-                                    "tutti_stage_depth": STAGE_DEPTH, "tutti_read_ahead": read_ahead})
+                                    "tutti_stage_depth": STAGE_DEPTH, "tutti_read_ahead": read_ahead,
+                                    "tutti_host_gb": 0})  # the SSD path: no DRAM tier in front
     ident = {"bench": "llama-shaped", "layers": s["layers"], "page": s["page"]}
     return LayerwiseKV(cfg, g, ident, model.k, model.v, s["page"], observer=observer)
 

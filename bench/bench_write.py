@@ -182,7 +182,7 @@ def linker(dirs, kv, geometry: str, pages: int, depth: str, threads: int, seed: 
     tb = heads * dim * torch.tensor([], dtype=getattr(torch, dtype)).element_size()
     g = PageGeometry("mha", layers, page, tb, tb)
     stores = [os.path.join(d, f"linker-{depth}") for d in dirs]
-    cfg = TuttiConfig.from_sources({"tutti_dirs": stores, "tutti_threads": threads,
+    cfg = TuttiConfig.from_sources({"tutti_dirs": stores, "tutti_threads": threads, "tutti_host_gb": 0,
                                     "tutti_capacity_gb": capacity_gb(g, pages),
                                     "tutti_stage_depth": 2, **depth_settings(depth),
                                     **({"tutti_offload_writers": writers} if writers else {})},
@@ -225,7 +225,8 @@ def raw_engine(dirs, nbytes: int, depth: str, req: int = 8 << 20, batch: int = 1
     of `batch` requests of `req` bytes, files striped as the store's slots are."""
     from tutti_hicache.benchmarks.rawio import _source
     from tutti_hicache.engine import inflight_for, open_engine
-    cfg = TuttiConfig.from_sources({"tutti_dirs": list(dirs), **depth_settings(depth)}, env={})
+    cfg = TuttiConfig.from_sources({"tutti_dirs": list(dirs), "tutti_host_gb": 0, **depth_settings(depth)},
+                                   env={})
     q, rd, wr = inflight_for(cfg)
     eng = open_engine(cfg.engine, q, cfg.threads, rd, wr)
     per = max(req, nbytes // len(dirs) // req * req)

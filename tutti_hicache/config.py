@@ -203,6 +203,12 @@ class TuttiConfig:
     io_sms: int = setting(8,
         "Linker: SMs reserved for the I/O kernels through a CUDA green context (Hopper); 0 = an "
         "ordinary high-priority stream.", minimum=0)
+    host_gb: float = setting(-1.0,
+        "Linker: pinned DRAM tier in front of the SSD store (GB = 2^30 bytes): loads take each "
+        "page from DRAM where it is resident, offloaded pages are kept there too, and pages read "
+        "from the SSD a second time are copied up (2Q: a scan does not flush hot pages). -1: an "
+        "eighth of the machine's memory shared by its GPUs' servers (none without a GPU); 0: off.",
+        minimum=-1.0)
     offload_backlog_pages: int = setting(8192,
         "Linker: pages queued for offload before new offloads are refused (the device pages stay "
         "locked until written).", minimum=1)
@@ -282,7 +288,7 @@ _BY_NAME = {s.name: s for s in SETTINGS}
 # What an operator decides (where the store lives, how big, how safe, which model it caches for,
 # what it reports); every other setting is tuning, whose default is what the benchmarks measured.
 YOU_SET = ("dirs", "capacity_gb", "durability", "verify", "revision", "model", "free_space_floor_gb",
-           "stats_file", "drive_capacity_gb", "cluster_publish", "cluster_promote")
+           "stats_file", "drive_capacity_gb", "host_gb", "cluster_publish", "cluster_promote")
 if not set(YOU_SET) <= set(_BY_NAME):
     raise TypeError(f"YOU_SET names no setting: {sorted(set(YOU_SET) - set(_BY_NAME))}")
 

@@ -109,10 +109,13 @@ def _create_linker(orig, server_args, params, *, backend, config, components,
 
 
 def _linker_hits_are_storage(result, self, req, *args, **kwargs):
-    """AFTER UnifiedCacheLinkerWrapper.load_back: a TuttiLinker hit came from the SSD."""
+    """AFTER UnifiedCacheLinkerWrapper.load_back: a TuttiLinker hit came from the SSD (`storage`)
+    unless every page of it comes from its DRAM tier (then SGLang's `host` stays)."""
     loaded = result[0] if isinstance(result, tuple) and result else 0
-    if loaded and type(getattr(self, "cache_linker", None)).__name__ == "TuttiLinker":
-        req.host_hit_is_storage = True
+    linker = getattr(self, "cache_linker", None)
+    if loaded and type(linker).__name__ == "TuttiLinker":
+        kv = getattr(linker, "kv", None)
+        req.host_hit_is_storage = not (kv is not None and kv.from_dram(getattr(req, "rid", None)))
     return result
 
 

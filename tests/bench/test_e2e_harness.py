@@ -164,11 +164,19 @@ def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
         assert argv[1:3] == ["-m", "sglang.launch_server"]
         ns = parser.parse_args(argv[3:])
         assert ns.max_total_tokens == 150000 and ns.page_size == e2e.PAGE
-        hier = config != "recompute" and not config.startswith("tutti-linker")
-        assert ns.enable_hierarchical_cache == hier
-        assert ns.enable_unified_cache_external_linker == config.startswith("tutti-linker")
-        if config.startswith("tutti-linker") and config != "tutti-linker-dynamic":
-            assert ns.unified_cache_external_linker_config["tutti_timeline_file"].endswith(".jsonl")
+        linker = config in configs.LINKERS
+        assert ns.enable_hierarchical_cache == (config != "recompute" and not linker)
+        assert ns.enable_unified_cache_external_linker == linker
+        if linker and config != "tutti-linker-dynamic":
+            cfg = ns.unified_cache_external_linker_config
+            assert cfg["tutti_timeline_file"].endswith(".jsonl")
+            # the SSD-only linker has no DRAM tier; the tiered one has dram's GB
+            assert cfg["tutti_host_gb"] == (args.dram_gb if config == "tutti-tiered" else 0)
+        if config == "tutti-host-readme":
+            assert ns.hicache_storage_prefetch_policy == "wait_complete" and ns.hicache_ratio == 2
+            assert ns.hicache_mem_layout == "layer_first" and not ns.hicache_size
+        if config == "tutti-host-defaults":  # SGLang's own defaults for every other flag
+            assert ns.hicache_storage_prefetch_policy == "timeout" and ns.hicache_storage_backend == "tutti"
         if config == "file":
             assert env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] == str(tmp_path / "one" / "file")
         if config == configs.CLUSTER:  # node A by default; B gets its own directories and keys

@@ -130,3 +130,40 @@ def test_linker_hits_are_reported_as_storage(sg, tmp_path):
     _linker_hits_are_storage((0, None), a.cache.linker, miss)
     assert miss.host_hit_is_storage is False
     a.close()
+
+
+def test_the_dram_tier_serves_hits_byte_exact_and_sglang_files_them_under_host(sg, tmp_path):
+    """tutti_host_gb: offloaded pages stay in the linker's DRAM tier; after the device tree is
+    flushed they load from DRAM byte-exact and the plugin's hook leaves SGLang's `host`; once the
+    DRAM tier lets them go (as after a restart) the same hit comes from the SSD: `storage`."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    from tutti_hicache.plugin import _linker_hits_are_storage
+    toks = list(range(300, 316))  # 4 pages
+    a = Rig([tmp_path], tutti_host_gb=0.01)
+    kv = a.linker.kv
+    assert kv.host is not None
+    slots = a.fill(len(toks), seed=4)
+    want = a.snapshot(slots)
+    a.insert(toks, slots)
+    a.commit_offloads(1)
+    a.cache.reset()
+    hit, failed = a.restore(toks)
+    assert hit == len(toks) and not failed
+    assert all(torch.equal(x, y) for x, y in zip(a.snapshot(a.loads[-1]), want))
+    assert kv.stats()["linker"]["load_host_pages"] == 4
+    for dram in (True, False):
+        a.cache.reset()
+        if not dram:
+            kv.host.clear()
+        req = SimpleNamespace(rid=f"q{dram}", kv=None, swa_branching_seqlen=None, last_node=None,
+                              extra_key=None, session=None, swa_host_hit_length=0,
+                              mamba_host_hit_length=0, host_hit_is_storage=False)
+        m = a.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", toks + [1, 2])), req=req))
+        req.last_node = m.last_device_node
+        result = a.cache.linker.load_back(req)
+        assert _linker_hits_are_storage(result, a.cache.linker, req) is result
+        assert result[0] == len(toks) and req.host_hit_is_storage is (not dram)
+        a.linker.cancel_queued_load(req.rid)
+    a.close()

@@ -20,9 +20,11 @@ from .e2e import PAGE
 
 
 CONFIGS = ("recompute", "dram", "file", "nixl", "tutti-host", "tutti-host-readme", "tutti-host-defaults",
-           "tutti-linker", "tutti-linker-dynamic", "tutti-mooncake")
+           "tutti-linker", "tutti-linker-dynamic", "tutti-tiered", "tutti-mooncake")
 CLUSTER = "tutti-mooncake"  # two servers: A warms (SSD + its Mooncake segment), B reads remote hits
-LINKERS = ("tutti-linker", "tutti-linker-dynamic")
+# tutti-linker(-dynamic): the SSD only (tutti_host_gb 0); tutti-tiered: the linker with its DRAM
+# tier of --dram-gb in front (the same host GB as `dram`'s pool)
+LINKERS = ("tutti-linker", "tutti-linker-dynamic", "tutti-tiered")
 # tutti-host: the harness's HiCache flags (a --host-gb pool like file and nixl); -readme: the
 # README's command exactly; -defaults: only the backend named, every other HiCache flag SGLang's
 HOSTS = ("tutti-host", "tutti-host-readme", "tutti-host-defaults")
@@ -179,7 +181,8 @@ def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dic
         cmd += ["--enable-hierarchical-cache", "--hicache-storage-backend", "tutti",
                 "--hicache-storage-backend-extra-config", json.dumps({**tutti_config(args, name), **over})]
     elif config in LINKERS:
-        cfg = {**tutti_config(args, name), **over}
+        host_gb = getattr(args, "dram_gb", 0) if config == "tutti-tiered" else 0
+        cfg = {**tutti_config(args, name), "tutti_host_gb": host_gb, **over}
         backend = "tutti"
         if config == "tutti-linker-dynamic":
             backend, cfg = "dynamic", {"linker": "TuttiLinker", "linker_module_path": "tutti_hicache.linker",

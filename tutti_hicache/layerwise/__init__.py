@@ -4,7 +4,9 @@
 At a glance:
     lw = LayerwiseKV(cfg, geometry, identity, k_bufs, v_bufs, page_size, writer, observer=None)
     lw.lookup(keys) -> n                    leading pages present (memory only)
-    lw.load(rid, keys, device_indices)      pin and queue; no I/O
+    lw.load(rid, keys, device_indices)      pin and queue; no I/O (each page from DRAM where the
+                                            DRAM tier holds it, hosttier.py; else the SSD)
+    lw.from_dram(rid) -> bool               every page of rid's queued load is in DRAM
     lw.start() -> index                     every queued page, layer by layer, on the [loader]:
         one engine stream over every layer (and staging chunk), each chunk into a pinned ring
         slot, the next layer's requests queued behind this one's (read_ahead), per-layer
@@ -39,6 +41,7 @@ import logging
 import time
 from typing import Optional
 
+import numpy as np
 import torch
 
 from ..config import TuttiConfig
@@ -46,6 +49,7 @@ from ..layout import PageGeometry
 from ..profiler import SlackTable
 from ..store import ObjectStore
 from .counter import LayerCounter
+from .hosttier import HostTier, default_bytes
 from .loader import Loader, LoadFailed
 from .observe import Observer, observer_for
 from .offloader import Offloader
@@ -87,17 +91,29 @@ class LayerwiseKV:
         self.out = Staging(self.out_pages * per_page, cfg.offload_writers + 1, self.device,
                            self.cuda)
         self.store.register_memory(self.stage.regions() + self.out.regions())
+        self.host = self._host_tier(cfg, geometry)
         self.slack = SlackTable.load(cfg.slack_table) if cfg.slack_table else None
         self.windows = Windows(cfg.write_windows, self.slack, self.times,
                                sum(geometry.object_nbytes[:geometry.objects_per_layer]) // page_size)
-        self._stats = LinkerStats(self.store, cfg.stats_file, self.windows)
+        self._stats = LinkerStats(self.store, cfg.stats_file, self.windows, self.host)
         self._loader = Loader(self.store, self.counter, self.stage, self.stage_pages, self.k_bufs,
                               self.v_bufs, page_size, self.io, cfg, self.windows, self._stats,
-                              self.observer)
+                              self.observer, self.host)
         self._offloader = Offloader(self.store, self.out, self.out_pages, self.k_bufs, self.v_bufs,
                                     page_size, self.io, writer, cfg.offload_backlog_pages,
-                                    self._stats)
+                                    self._stats, self.host)
         self._warm_kernels()
+
+    def _host_tier(self, cfg: TuttiConfig, geometry: PageGeometry) -> Optional[HostTier]:
+        """The DRAM tier (hosttier.py) of tutti_host_gb, or None (0, or no page fits)."""
+        nbytes = int(cfg.host_gb * (1 << 30)) if cfg.host_gb >= 0 else default_bytes(self.cuda)
+        per_page = self.num_layers * self.k_objs * self.obj_stride
+        if nbytes < per_page:
+            return None
+        host = HostTier(nbytes, self.num_layers, self.k_objs, self.obj_stride, self.device, self.cuda)
+        logger.info("tutti linker: DRAM tier of %.1f GB (%d pages) in front of the SSD store",
+                    host.nbytes / 1e9, host.slots)
+        return host
 
     def _io_stream(self):
         if not self.cuda:
@@ -152,13 +168,22 @@ class LayerwiseKV:
     # ------------------------------------------------------------ lookup / load
     def lookup(self, keys: list) -> int:
         t0 = now_ns()
-        n = self.store.prefix_len(list(keys))
+        keys = list(keys)
+        n = self.store.prefix_len(keys)
+        if self.host is not None and n < len(keys):  # a page may be in DRAM only (not yet written)
+            here = self.store.present(keys) | self.host.present(keys)
+            n = int(np.argmin(here)) if not here.all() else len(keys)
         self.observer.looked_up(t0, now_ns())
         return n
 
     def load(self, rid: str, keys: list, device_indices) -> bool:
         self.observer.load_called()
         return self._loader.load(rid, keys, device_indices)
+
+    def from_dram(self, rid: str) -> bool:
+        """Whether rid's queued load takes every page from the DRAM tier (SGLang then files its
+        hit under `host`; a load with any SSD page under `storage`)."""
+        return self._loader.from_dram(rid)
 
     def cancel(self, rid: str) -> bool:
         return self._loader.cancel(rid)
@@ -204,6 +229,8 @@ class LayerwiseKV:
         self._stats.dump(force=True)
         self._loader.worker.stop()
         self._offloader.close()
+        if self.host is not None:
+            self.host.close()
         self.store.close()
         self.stage.close()
         self.out.close()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from typing import Optional
 
 import numpy as np
 import torch
@@ -34,6 +35,7 @@ import torch
 from ..config import TuttiConfig
 from ..layout import runs
 from .counter import LayerCounter
+from .hosttier import HostTier
 from .observe import Observer
 from .staging import Staging
 from .stats import LinkerStats
@@ -46,11 +48,31 @@ class LoadFailed(RuntimeError):
     pass
 
 
+class _Job:
+    """One started batch: its SSD pages (pinned entries, their pool page ids) and its DRAM pages
+    (pinned slots, their pool page ids)."""
+
+    def __init__(self, entries, page_ids, slots, ssd_keys, input_tokens):
+        self.entries, self.page_ids, self.ssd_keys = entries, page_ids, ssd_keys
+        self.host_slots = np.zeros(0, dtype=np.int64)
+        self.host_page_ids = None
+        self.host_slots_dev = None
+        self.input_tokens = input_tokens
+        self.index = -1
+        self.ready = None
+
+
+class _Promote:
+    def __init__(self, keys: list):
+        self.keys = keys
+
+
 class Loader:
     def __init__(self, store, counter: LayerCounter, stage: Staging, stage_pages: int,
                  k_bufs: list, v_bufs, page_size: int, io, cfg: TuttiConfig, windows,
-                 stats: LinkerStats, observer: Observer):
+                 stats: LinkerStats, observer: Observer, host: Optional[HostTier] = None):
         self._store, self._counter, self._stage = store, counter, stage
+        self._host = host  # the DRAM tier (hosttier.py), or None
         self.stage_pages = stage_pages  # pages of one layer per ring slot
         self._k_bufs, self._v_bufs, self._page_size = k_bufs, v_bufs, page_size
         self._k_objs = 1 if v_bufs is None else 2
@@ -75,18 +97,30 @@ class Loader:
             return False
         if rid in self._queued:
             raise ValueError(f"tutti linker: request {rid} is already queued")
-        entries = self._store.pin(keys)
+        # each page from where it is fastest: DRAM where resident, else the SSD
+        slots = self._host.pin(keys) if self._host is not None else np.full(len(keys), -1, np.int64)
+        ssd_keys = [k for k, s in zip(keys, slots.tolist()) if s < 0]
+        entries = self._store.pin(ssd_keys) if ssd_keys else []
         if any(e is None for e in entries):
             self._store.unpin(entries)
+            if self._host is not None:
+                self._host.unpin(slots)
             return False
-        self._queued[rid] = (entries, device_indices)
+        self._queued[rid] = (entries, slots, device_indices, ssd_keys)
         return True
+
+    def from_dram(self, rid: str) -> bool:
+        """Whether the queued load of `rid` takes every page from the DRAM tier."""
+        item = self._queued.get(rid)
+        return item is not None and bool(len(item[1])) and bool((item[1] >= 0).all())
 
     def cancel(self, rid: str) -> bool:
         item = self._queued.pop(rid, None)
         if item is None:
             return False
         self._store.unpin(item[0])
+        if self._host is not None:
+            self._host.unpin(item[1])
         return True
 
     def cancel_all(self) -> None:
@@ -100,48 +134,128 @@ class Loader:
             return -1
         items = list(self._queued.values())
         self._queued.clear()
-        entries = [e for es, _ in items for e in es]
+        entries = [e for es, *_ in items for e in es]
         ps = self._page_size
-        page_ids = torch.cat([di[::ps] // ps for _, di in items])
-        index = self._counter.update_producer()
-        self._counter.describe(index, input_tokens, len(entries) * ps)
-        ready = None
+        pids = [di[::ps] // ps for _, _, di, _ in items]
+        slots = np.concatenate([sl for _, sl, _, _ in items])
+        page_ids = torch.cat(pids)
+        job = _Job(entries, page_ids, slots, [k for *_, ks in items for k in ks], input_tokens)
+        if (slots >= 0).any():  # some pages come from DRAM: split the batch's page ids
+            here = torch.from_numpy(slots >= 0).to(page_ids.device)
+            job.page_ids, job.host_page_ids = page_ids[~here], page_ids[here]
+            job.host_slots = slots[slots >= 0]
+        index = job.index = self._counter.update_producer()
+        self._counter.describe(index, input_tokens, len(slots) * ps)
         if self._cuda:
-            ready = torch.cuda.Event()
-            ready.record()
-        self.worker.put((index, entries, page_ids, ready, input_tokens))
+            job.ready = torch.cuda.Event()
+            job.ready.record()
+        self.worker.put(job)
         return index
 
     # --------------------------------------------------------------- [loader]
     def _run(self, job) -> None:
-        index, entries, page_ids, ready, input_tokens = job
+        if isinstance(job, _Promote):
+            self._promote(job.keys)
+            return
+        entries, index = job.entries, job.index
+        n = len(entries) + len(job.host_slots)
         t0 = time.perf_counter()
         try:
-            self._load(index, entries, page_ids, ready, input_tokens)
+            self._load(job)
             seconds = time.perf_counter() - t0  # the first read to the last layer handed over
-            self._rates.append(len(entries) * self._page_nbytes / max(seconds, 1e-9))
+            if entries and not len(job.host_slots):  # the medium's rate, for write windows
+                self._rates.append(len(entries) * self._page_nbytes / max(seconds, 1e-9))
             self._stats.first_load(seconds)
-            self._stats.add(loads=1, load_pages=len(entries),
-                            load_bytes=len(entries) * self._page_nbytes, load_seconds=seconds)
+            self._stats.add(loads=1, load_pages=n, load_bytes=n * self._page_nbytes,
+                            load_seconds=seconds, load_host_pages=len(job.host_slots))
         except BaseException as e:  # the forward must never hang; finish() reports it
-            logger.error("tutti linker: load of %d pages failed: %s", len(entries), e)
+            logger.error("tutti linker: load of %d pages failed: %s", n, e)
             self._counter.fail(index, e)
             self._stats.add(load_failures=1)
         finally:
             self._store.unpin(entries)
+            if self._host is not None:
+                self._host.unpin(job.host_slots)
+        if self._host is not None and job.ssd_keys:
+            self._queue_promotions(job.ssd_keys)
 
-    def _load(self, index, entries, page_ids, ready, input_tokens) -> None:
+    # ------------------------------------------------------------ [loader] the DRAM tier
+    def _queue_promotions(self, keys: list) -> None:
+        """Pages this load read from the SSD that the DRAM tier wants (read before): copied up
+        by jobs of at most one staging slot's pages, behind this queue's loads."""
+        want = self._host.wants(keys)
+        todo = [k for k, w in zip(keys, want.tolist()) if w]
+        step = max(1, self.stage_pages)
+        for c0 in range(0, len(todo), step):
+            self.worker.put(_Promote(todo[c0:c0 + step]))
+
+    def _promote(self, keys: list) -> None:
+        """Read pages from the SSD straight into DRAM slots (checksums verified as always)."""
+        slots = self._host.reserve(keys, hot=True)
+        idx = np.flatnonzero(slots >= 0)
+        if not len(idx):
+            return
+        keys = [keys[i] for i in idx]
+        ok = np.zeros(len(idx), dtype=bool)
+        try:
+            ok = self._store.read_pages(keys, self._host.slot_addrs(slots[idx]),
+                                        not self._store.layout.padded)
+        except Exception as e:  # noqa: BLE001 - a promotion that fails is a page left on the SSD
+            logger.warning("tutti linker: copying %d pages up to DRAM failed: %s", len(keys), e)
+        finally:
+            self._host.publish(keys, slots[idx], ok)
+        self._host.promoted(int(ok.sum()))
+
+    def _copy_host(self, job, layer: int) -> None:
+        """Layer `layer` of the batch's DRAM pages into the device pool: per staging slot's worth
+        of pages, one gather from the pinned tier (on a GPU a kernel reading host memory over the
+        bus, no host copy) and one scatter, on the I/O stream."""
+        slots = job.host_slots
+        if not len(slots):
+            return
+        step, per_layer = self.stage_pages, self._k_objs * self._obj_stride
+        if not self._cuda:
+            src = self._host.layer(layer)
+            for c0 in range(0, len(slots), step):
+                part = torch.from_numpy(slots[c0:c0 + step])
+                self._scatter(src.index_select(0, part).view(-1), layer, job.host_page_ids[c0:c0 + step])
+            return
+        src = self._host.device_layer(layer)
+        with torch.cuda.stream(self._io.stream):
+            if job.host_slots_dev is None:  # once per batch, ordered before its gathers
+                job.host_slots_dev = torch.from_numpy(slots).to(self._k_bufs[0].device)
+            for c0 in range(0, len(slots), step):
+                m = min(step, len(slots) - c0)
+                dev = self._stage.device[: m * per_layer].view(m, per_layer)
+                if src is not None:
+                    torch.index_select(src, 0, job.host_slots_dev[c0:c0 + m], out=dev)
+                else:  # not device-addressable here: a host gather, then a plain copy
+                    dev.copy_(self._host.layer(layer).index_select(0, torch.from_numpy(slots[c0:c0 + m])))
+                self._scatter(dev.view(-1), layer, job.host_page_ids[c0:c0 + m])
+
+    # ------------------------------------------------------------ [loader] one load
+    def _load(self, job) -> None:
         """Every (layer, staging chunk) of the batch is one store stream, `read_ahead` chunks at
         the devices at once (chunk i + read_ahead - 1 is admitted, into its free ring slot,
         before chunk i is waited for), so the next layer's requests wait there behind this
         layer's and the queue never drains between layers; each chunk lands, is verified,
         copied and scattered in layer order; while the reads run two layers ahead of the
         forward, a write window may follow a layer."""
+        index, entries, ready, input_tokens = job.index, job.entries, job.ready, job.input_tokens
+        page_ids = job.page_ids
         self._observer.load_begun(index)
-        plan = self._store.plan_pages(entries)
         self._windows.learn()  # the forwards that ran since the last load
         if ready is not None:
             self._io.stream.wait_event(ready)
+        if not entries:  # every page in DRAM: no read stream
+            self._observer.stream_opened(index)
+            for layer in range(self._num_layers):
+                self._copy_host(job, layer)
+                if layer + 1 == self._num_layers:
+                    self._observer.reads_final(index, 0, [], [])
+                self._counter.complete(index, layer, self._mark())
+            return
+        plan = self._store.plan_pages(entries)
         n, step = len(entries), self.stage_pages
         chunks = [(layer, slice(c0, min(n, c0 + step))) for layer in range(self._num_layers)
                   for c0 in range(0, n, step)]
@@ -159,6 +273,7 @@ class Loader:
                 self._copy_chunk(slots[i], layer, len(ok), page_ids[rows])
                 if rows.stop < n:
                     continue
+                self._copy_host(job, layer)
                 if layer + 1 == self._num_layers:  # before finish() can return
                     self._observer.reads_final(index, n, [c[0] for c in chunks], stream.done_ns())
                 self._counter.complete(index, layer, self._mark())

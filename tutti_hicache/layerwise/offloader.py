@@ -30,6 +30,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..layout import strided
@@ -58,8 +59,9 @@ class _Offload:
 
 class Offloader:
     def __init__(self, store, out: Staging, out_pages: int, k_bufs: list, v_bufs, page_size: int,
-                 io, writer: bool, max_backlog: int, stats: LinkerStats):
+                 io, writer: bool, max_backlog: int, stats: LinkerStats, host=None):
         self._store, self._out, self._out_pages = store, out, out_pages
+        self._host = host  # the DRAM tier: offloaded pages are kept there too (hosttier.py)
         self._k_bufs, self._v_bufs, self._page_size = k_bufs, v_bufs, page_size
         self._objs_per_page = len(k_bufs) * (1 if v_bufs is None else 2)
         self._obj_stride = store.layer_object_stride()
@@ -145,7 +147,7 @@ class Offloader:
                 ev.synchronize()
             step = self._out_pages
             starts = list(range(0, len(job.keys), step))
-            stage = lambda c0: self._stage.submit(self._gather_chunk, len(job.keys[c0:c0 + step]),
+            stage = lambda c0: self._stage.submit(self._gather_chunk, job.keys[c0:c0 + step],
                                                   job.page_ids[c0:c0 + step])
             ready = stage(starts[0])  # the first gather and D2H run under the reservations
             pending = self._store.begin_pages(job.keys)
@@ -181,11 +183,13 @@ class Offloader:
             self._stats.add(offloads=1, offload_pages=len(job.keys) if ok else 0,
                             offload_seconds=time.perf_counter() - t0)
 
-    def _gather_chunk(self, n: int, page_ids):
-        """[stage thread] Gather n pages into the next out slot (GPU: kernel + D2H copy, waited
-        for); returns their host addresses [n, objects]. The slot's last write has returned:
-        _run keeps at most slots - 1 writes in flight and stages one chunk ahead."""
+    def _gather_chunk(self, keys: list, page_ids):
+        """[stage thread] Gather the pages of `keys` into the next out slot (GPU: kernel + D2H
+        copy, waited for), and into DRAM slots where the DRAM tier takes them; returns their host
+        addresses [n, objects]. The slot's last write has returned: _run keeps at most slots - 1
+        writes in flight and stages one chunk ahead."""
         import tutti_kernels as tk
+        n = len(keys)
         m, stride = self._objs_per_page, self._obj_stride
         k = self._out.take()
         host = self._out.host[k][: n * m * stride]
@@ -199,7 +203,23 @@ class Offloader:
             ev.synchronize()
         else:
             tk.gather_pages_ref(host, self._k_bufs, self._v_bufs, page_ids, self._page_size, stride)
+        if self._host is not None:
+            self._keep(keys, host.view(n, m * stride))
         return strided(self._out.bufs[k].address, n * m, stride).reshape(n, m)
+
+    def _keep(self, keys: list, pages: torch.Tensor) -> None:
+        """Copy offloaded pages (staged [n, page bytes], the DRAM tier's slot layout) into DRAM
+        slots, on probation: readable from DRAM at once, before their SSD write ends."""
+        slots = self._host.reserve(keys, hot=False)
+        idx = np.flatnonzero(slots >= 0)
+        if not len(idx):
+            return
+        ok = False
+        try:
+            self._host.arena[torch.from_numpy(slots[idx])] = pages[torch.from_numpy(idx)]
+            ok = True
+        finally:
+            self._host.publish([keys[i] for i in idx], slots[idx], ok)
 
     def _land_chunk(self, pending, start: int, stop: int, addrs) -> None:
         """[write thread] Payloads of the offload's keys [start, stop) into their reserved slots

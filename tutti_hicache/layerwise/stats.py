@@ -21,11 +21,13 @@ from ..statsfile import StatsFile
 
 
 class LinkerStats:
-    def __init__(self, store, stats_file: str, windows=None):
+    def __init__(self, store, stats_file: str, windows=None, host=None):
         self._store = store
+        self._host = host  # the DRAM tier, whose counters join the linker's
         self._windows = windows
         self._lock = threading.Lock()
-        self._counts = {"loads": 0, "load_pages": 0, "load_bytes": 0, "load_seconds": 0.0,
+        self._counts = {"loads": 0, "load_pages": 0, "load_host_pages": 0, "load_bytes": 0,
+                        "load_seconds": 0.0,
                         "load_failures": 0, "first_load_seconds": None, "offloads": 0,
                         "offload_pages": 0, "offload_seconds": 0.0, "warmup_seconds": 0.0}
         self._file = StatsFile(stats_file)
@@ -48,6 +50,8 @@ class LinkerStats:
             mine = dict(self._counts)
         if self._windows is not None:
             mine["write_windows"] = self._windows.snapshot()
+        if self._host is not None:
+            mine.update(self._host.stats())
         return {**self._store.stats(), "linker": mine}
 
     def dump(self, force: bool = False) -> None:

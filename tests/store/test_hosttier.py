@@ -1,0 +1,199 @@
+"""The linker's DRAM tier (tutti_hicache/layerwise/hosttier.py): 2Q residency (probation,
+protected, ghost list), pins against eviction, failed inserts given back; and inside LayerwiseKV
+on CPU: offloaded pages served from DRAM byte-exact, a batch mixing DRAM and SSD pages, pages
+read twice from the SSD copied up, a page in DRAM only still found, and a restart that starts
+with an empty tier and loads from the SSD."""
+
+import time
+
+import numpy as np
+import pytest
+
+from tutti_hicache.layerwise.hosttier import HostTier
+
+torch = pytest.importorskip("torch")
+
+from test_layerwise import GEOM, N, PAGE, make_lw, offload_all, restore  # noqa: E402
+
+
+def tier(slots=8, layers=2):
+    per_page = layers * 2 * 4096
+    return HostTier(slots * per_page, layers, 2, 4096, torch.device("cpu"), False)
+
+
+def insert(t, keys, hot=False):
+    slots = t.reserve(keys, hot)
+    t.publish(keys, slots, True)
+    return slots
+
+
+def test_slots_and_addresses():
+    t = tier(8)
+    assert t.slots == 8 and t.page_nbytes == 2 * 2 * 4096 and t.arena.shape == (8, t.page_nbytes)
+    addrs = t.slot_addrs([0, 3])
+    assert addrs.shape == (2, 4)
+    assert int(addrs[1, 0] - addrs[0, 0]) == 3 * t.page_nbytes and int(addrs[0, 1] - addrs[0, 0]) == 4096
+    # layer l of a slot is its [k_objs * obj_stride] run at l * that
+    t.arena[3] = torch.arange(t.page_nbytes, dtype=torch.int64).to(torch.uint8)
+    assert torch.equal(t.layer(1)[3], t.arena[3, t.per_layer:])
+    with pytest.raises(ValueError, match="holds no page"):
+        HostTier(100, 2, 2, 4096, torch.device("cpu"), False)
+
+
+def test_a_reserved_page_is_invisible_until_published_and_a_failed_one_is_given_back():
+    t = tier(4)
+    s = t.reserve(["a", "b"], hot=False)
+    assert (s >= 0).all() and not t.present(["a", "b"]).any()
+    assert (t.pin(["a"]) == -1).all()  # not readable yet
+    t.publish(["a", "b"], s, [True, False])
+    assert t.present(["a", "b"]).tolist() == [True, False]
+    assert t.stats()["host_resident_pages"] == 1 and t.stats()["host_inserted_pages"] == 1
+    assert (t.reserve(["a"], hot=False) == -1).all()  # already here
+
+
+def test_scan_of_new_pages_does_not_flush_hot_ones():
+    """2Q: pages offloaded once sit on probation (a quarter of the slots); a hit moves a page to
+    protected; a scan of new pages only cycles probation."""
+    t = tier(8)
+    insert(t, ["h0", "h1", "h2", "h3"])
+    got = t.pin(["h0", "h1", "h2", "h3"])  # reused: protected
+    t.unpin(got)
+    for i in range(40):  # a scan: 40 pages seen once
+        insert(t, [f"s{i}"])
+    assert t.present(["h0", "h1", "h2", "h3"]).all()
+    st = t.stats()
+    assert st["host_protected_pages"] == 4 and st["host_probation_pages"] <= 2
+    assert st["host_evicted_pages"] >= 36
+
+
+def test_pinned_pages_are_never_evicted():
+    t = tier(2)
+    insert(t, ["a", "b"], hot=True)
+    pinned = t.pin(["a", "b"])
+    assert (t.reserve(["c"], hot=True) == -1).all() and t.stats()["host_full_pages"] == 1
+    t.unpin(pinned)
+    assert (t.reserve(["c"], hot=True) >= 0).all()
+    assert t.present(["a", "b"]).sum() == 1  # the least recently used went
+
+
+def test_ssd_reads_are_copied_up_on_the_second_read_only():
+    t = tier(8)
+    assert not t.wants(["x", "y"]).any()       # read once: remembered
+    assert t.wants(["x", "z"]).tolist() == [True, False]
+    insert(t, ["e"])  # evicted from probation later: its key is on the ghost list too
+    t.forget(["e"])
+    assert t.wants(["e"]).tolist() == [False]  # forgotten, not evicted: read once again
+
+
+# ------------------------------------------------------------------ inside LayerwiseKV
+
+
+def _pool(k, v):
+    return [t[PAGE:].clone() for t in k + v]
+
+
+def _poison(k, v):
+    for t in k + v:
+        t[PAGE:] = -7
+
+
+def _same(k, v, want):
+    return all(torch.equal(t[PAGE:], w) for t, w in zip(k + v, want))
+
+
+def test_offloaded_pages_load_from_dram_byte_exact_and_mixed_with_ssd(tmp_path):
+    lw, k, v = make_lw(tmp_path, tutti_host_gb=0.004)  # 4 MiB-ish: 131 pages of 32 KiB
+    host = lw.host
+    assert host is not None and host.slots == int(0.004 * (1 << 30)) // (GEOM.num_layers * 2 * 4096)
+    keys = [f"p{i:063d}" for i in range(N)]
+    rows = torch.arange(PAGE, PAGE * (N + 1))
+    offload_all(lw, keys, rows)
+    want = _pool(k, v)
+    resident = host.present(keys)
+    assert 0 < resident.sum() <= host.slots
+    # every page from where it is: the resident ones from DRAM, the others from the SSD
+    _poison(k, v)
+    assert restore(lw, keys, rows)
+    assert _same(k, v, want)
+    st = lw.stats()["linker"]
+    assert st["load_host_pages"] == int(resident.sum()) and st["host_hit_pages"] == int(resident.sum())
+    # a batch of DRAM pages only: no read stream at all
+    only = [i for i in range(N) if resident[i]][:20]
+    sub_keys = [keys[i] for i in only]
+    sub_rows = torch.cat([rows[i * PAGE:(i + 1) * PAGE] for i in only])
+    _poison(k, v)
+    lw.drain_loads()  # the first load's promotions (none: every SSD page was read once)
+
+    def no_reads(entries):
+        raise AssertionError("a load of DRAM pages only planned SSD reads")
+    lw.store.plan_pages = no_reads
+    assert restore(lw, sub_keys, sub_rows, rid="dram-only")
+    for t, w in zip(k + v, want):
+        for i in only:
+            assert torch.equal(t[PAGE + i * PAGE: PAGE + (i + 1) * PAGE], w[i * PAGE:(i + 1) * PAGE])
+    lw.close()
+
+
+def test_pages_read_twice_from_the_ssd_are_copied_up_and_then_served_from_dram(tmp_path):
+    lw, k, v = make_lw(tmp_path, tutti_host_gb=0.004)
+    keys = [f"p{i:063d}" for i in range(N)]
+    rows = torch.arange(PAGE, PAGE * (N + 1))
+    offload_all(lw, keys, rows)
+    want = _pool(k, v)
+    lw.host.clear()  # as after a restart: nothing in DRAM
+    few, few_rows = keys[:16], rows[:16 * PAGE]
+    for rid in ("first", "second"):  # the second SSD read of the same pages copies them up
+        _poison(k, v)
+        assert restore(lw, few, few_rows, rid=rid)
+        lw.drain_loads()
+    assert lw.host.present(few).all() and lw.stats()["linker"]["host_promoted_pages"] == 16
+    _poison(k, v)
+    before = lw.stats()["linker"]["load_host_pages"]
+    assert restore(lw, few, few_rows, rid="third")
+    assert lw.stats()["linker"]["load_host_pages"] - before == 16
+    assert all(torch.equal(t[PAGE:PAGE + 16 * PAGE], w[:16 * PAGE]) for t, w in zip(k + v, want))
+    lw.close()
+
+
+def test_a_page_only_in_dram_is_found_and_loaded(tmp_path):
+    """A page whose SSD copy is gone (its write failed, or it was dropped) but which DRAM holds
+    counts in the lookup and loads from DRAM; once DRAM lets it go it is a miss, never wrong."""
+    lw, k, v = make_lw(tmp_path, tutti_host_gb=0.004)
+    keys = [f"p{i:063d}" for i in range(8)]
+    rows = torch.arange(PAGE, PAGE * 9)
+    offload_all(lw, keys, rows)
+    want = _pool(k, v)
+    assert lw.host.present(keys).all()
+    lw.store.forget(keys[4:])
+    assert lw.lookup(keys) == 8
+    _poison(k, v)
+    assert restore(lw, keys, rows)
+    assert all(torch.equal(t[PAGE:PAGE + 8 * PAGE], w[:8 * PAGE]) for t, w in zip(k + v, want))
+    lw.host.forget(keys[4:])
+    assert lw.lookup(keys) == 4
+    assert not lw.load("gone", keys, rows)
+    lw.close()
+
+
+def test_a_restart_starts_with_an_empty_tier_and_loads_from_the_ssd(tmp_path):
+    lw, k, v = make_lw(tmp_path, tutti_host_gb=0.004)
+    keys = [f"p{i:063d}" for i in range(32)]
+    rows = torch.arange(PAGE, PAGE * 33)
+    offload_all(lw, keys, rows)
+    want = _pool(k, v)
+    lw.close()
+    lw2, k2, v2 = make_lw(tmp_path, tutti_host_gb=0.004)
+    assert not lw2.host.present(keys).any() and lw2.lookup(keys) == 32
+    assert restore(lw2, keys, rows)
+    assert all(torch.equal(t[PAGE:PAGE + 32 * PAGE], w[:32 * PAGE]) for t, w in zip(k2 + v2, want))
+    assert lw2.stats()["linker"]["load_host_pages"] == 0
+    lw2.close()
+
+
+def test_off_by_default_without_a_gpu_and_off_at_zero(tmp_path):
+    lw, _, _ = make_lw(tmp_path)
+    assert lw.host is None  # -1: an eighth of memory only where there is a GPU
+    lw.close()
+    lw, _, _ = make_lw(tmp_path, tutti_host_gb=0)
+    assert lw.host is None
+    lw.close()

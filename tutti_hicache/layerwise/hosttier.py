@@ -1,0 +1,319 @@
+"""The linker's DRAM tier: pinned host memory in front of the SSD store, one slot per page.
+
+At a glance (threads: [scheduler] SGLang's, [loader], [offloader]; every method takes the lock):
+    host = HostTier(nbytes, num_layers, k_objs, obj_stride, device, cuda)
+    host.online                             set once the memory is pinned (a thread at attach:
+                                            GBs take seconds); until then it takes nothing
+    host.present(keys) -> bool array        resident and readable (no side effect)
+    host.pin(keys) -> slots (-1: not here)  [scheduler] a load's DRAM pages, held until unpin;
+                                            a hit moves a page from probation to protected
+    host.unpin(slots)                       [loader] the load's last layer was handed over
+    host.reserve(keys, hot) -> slots        room for pages about to be written in (-1: no room
+                                            or already here); evicts clean, unpinned pages
+    host.publish(keys, slots, ok)           the bytes landed (ok) or not: readable, or given back
+    host.wants(keys) -> bool array          [loader] pages a load read from the SSD and worth
+                                            copying up (seen before: the ghost list)
+    host.forget(keys), host.clear()
+    host.layer(layer) -> [slots, per_layer] uint8 view (torch, CPU)   the layer's objects of
+                                            every slot, as the scatter kernel takes them
+    host.device_layer(layer)                the same in device address space (a mapped view of
+                                            the pinned memory), or None where there is none
+    host.slot_addrs(slots) -> uint64 [n, objects]   where each object of a slot lives (the
+                                            store's read/write address layout)
+    host.stats() -> dict
+
+Layout: slot s holds a page as the layer-wise path stages it, layer by layer, each of a layer's
+k_objs objects (K, V; MLA one) at obj_stride bytes: the bytes a load scatters for layer l are
+one [k_objs * obj_stride] run per slot, the same run an offload gathers (canonical object order).
+
+Policy (2Q; scan-resistant): a page enters on probation (a FIFO of at most a quarter of the
+slots) when it is offloaded; a DRAM hit moves it to protected (an LRU). A page read from the
+SSD whose key is on the ghost list (recently evicted from probation, or read from the SSD once
+before) is copied up into protected; a page read once is only remembered there. Eviction takes
+probation's oldest unpinned page first, then protected's least recently used. Nothing here is
+durable: every page also lives (or is being written) on the SSD, eviction frees DRAM only, and
+the tier starts empty after a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..engine import extension
+from ..layout import strided
+
+logger = logging.getLogger("tutti_hicache.linker")
+
+PROBATION_SHARE = 0.25
+
+
+def machine_bytes() -> int:
+    """Physical memory of this machine (bytes), 0 where unknown."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def default_bytes(cuda: bool) -> int:
+    """tutti_host_gb -1: an eighth of the machine's memory where there is a GPU, shared by the
+    GPUs' server processes (one per GPU: each takes its share), else none."""
+    if not cuda:
+        return 0
+    return machine_bytes() // (8 * max(1, torch.cuda.device_count()))
+
+
+class _Mapped:
+    """A device-addressable view of pinned host memory for torch (__cuda_array_interface__):
+    kernels read and write the host bytes over the bus, no copy in between."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                         "data": (ptr, False), "version": 3, "strides": None}
+
+
+class HostTier:
+    def __init__(self, nbytes: int, num_layers: int, k_objs: int, obj_stride: int,
+                 device: torch.device, cuda: bool):
+        self.num_layers, self.k_objs, self.obj_stride = num_layers, k_objs, obj_stride
+        self.per_layer = k_objs * obj_stride
+        self.page_nbytes = num_layers * self.per_layer
+        self.slots = int(nbytes // self.page_nbytes)
+        if self.slots < 1:
+            raise ValueError(f"tutti_host_gb: {nbytes / 1e9:g} GB holds no page of "
+                             f"{self.page_nbytes} bytes")
+        self.nbytes = self.slots * self.page_nbytes
+        self.cuda = cuda
+        self._buf = extension().AlignedBuffer(self.nbytes)  # mapped lazily: no memory used yet
+        self.arena = torch.frombuffer(self._buf, dtype=torch.uint8).view(self.slots, self.page_nbytes)
+        self._device_arena = None
+        self._registered = False
+        # pinning GBs takes seconds: on a thread, while the server starts; until it ends, the
+        # tier takes and serves nothing (online)
+        self.online = threading.Event()
+        if cuda:
+            self._pinning = threading.Thread(target=self._pin_memory, args=(device,), daemon=True,
+                                             name="tutti-host-pin")
+            self._pinning.start()
+        else:
+            self.online.set()
+        self._lock = threading.Lock()
+        self._slot_of: dict[str, int] = {}
+        self._key_of: list[Optional[str]] = [None] * self.slots
+        self._ready = np.zeros(self.slots, dtype=bool)  # bytes landed: readable
+        self._pins = np.zeros(self.slots, dtype=np.int32)
+        self._free = list(range(self.slots - 1, -1, -1))
+        self._probation: OrderedDict = OrderedDict()  # key -> None, oldest first
+        self._protected: OrderedDict = OrderedDict()  # key -> None, least recently used first
+        self._ghost: OrderedDict = OrderedDict()      # keys seen once, oldest first
+        self._probation_max = max(1, int(self.slots * PROBATION_SHARE))
+        self._counts = {"host_hit_pages": 0, "host_inserted_pages": 0, "host_promoted_pages": 0,
+                        "host_evicted_pages": 0, "host_full_pages": 0}
+
+    def _pin_memory(self, device) -> None:
+        try:
+            rc = torch.cuda.cudart().cudaHostRegister(self._buf.address, self.nbytes, 2)  # mapped
+            if int(getattr(rc, "value", rc)) != 0:
+                raise RuntimeError(f"cudaHostRegister returned {rc}")
+            self._registered = True
+        except Exception as e:  # noqa: BLE001 - a tier that cannot pin stays off
+            logger.warning("tutti: the DRAM tier could not pin %.1f GB (%s); it stays off",
+                           self.nbytes / 1e9, e)
+            return
+        try:
+            self._device_arena = torch.as_tensor(_Mapped(self._buf.address, self.nbytes),
+                                                 device=device).view(self.slots, self.page_nbytes)
+        except Exception as e:  # noqa: BLE001 - loads then copy through host staging
+            logger.warning("tutti: the DRAM tier is not device-addressable here (%s); its pages "
+                           "reach the GPU through a host copy", e)
+        self.online.set()
+
+    # ------------------------------------------------------------------ lookups
+    def present(self, keys: list) -> np.ndarray:
+        if not self.online.is_set():
+            return np.zeros(len(keys), dtype=bool)
+        with self._lock:
+            return np.array([(s := self._slot_of.get(k)) is not None and bool(self._ready[s])
+                             for k in keys], dtype=bool)
+
+    def pin(self, keys: list) -> np.ndarray:
+        """Slots of the resident keys, pinned (-1 where not here); each hit is touched."""
+        out = np.full(len(keys), -1, dtype=np.int64)
+        if not self.online.is_set():
+            return out
+        with self._lock:
+            for i, k in enumerate(keys):
+                s = self._slot_of.get(k)
+                if s is None or not self._ready[s]:
+                    continue
+                out[i] = s
+                self._pins[s] += 1
+                self._touch(k)
+            self._counts["host_hit_pages"] += int((out >= 0).sum())
+        return out
+
+    def unpin(self, slots) -> None:
+        slots = np.asarray(slots, dtype=np.int64)
+        slots = slots[slots >= 0]
+        with self._lock:
+            np.subtract.at(self._pins, slots, 1)
+
+    def _touch(self, key: str) -> None:
+        if key in self._probation:
+            del self._probation[key]
+            self._protected[key] = None
+        elif key in self._protected:
+            self._protected.move_to_end(key)
+
+    # ------------------------------------------------------------------ inserts
+    def wants(self, keys: list) -> np.ndarray:
+        """Of pages just read from the SSD: those to copy up (their key on the ghost list); the
+        others are put there, so a second read copies them up."""
+        out = np.zeros(len(keys), dtype=bool)
+        with self._lock:
+            for i, k in enumerate(keys):
+                if k in self._slot_of:
+                    continue
+                if k in self._ghost:
+                    del self._ghost[k]
+                    out[i] = True
+                else:
+                    self._remember(k)
+        return out
+
+    def _remember(self, key: str) -> None:
+        self._ghost[key] = None
+        self._ghost.move_to_end(key)
+        while len(self._ghost) > self.slots:
+            self._ghost.popitem(last=False)
+
+    def reserve(self, keys: list, hot: bool) -> np.ndarray:
+        """A slot per key to write its page into (pinned until publish), -1 where the key is
+        already here or no slot can be freed; hot: into protected (a promotion), else probation
+        (an offload)."""
+        out = np.full(len(keys), -1, dtype=np.int64)
+        if not self.online.is_set():
+            return out
+        with self._lock:
+            for i, k in enumerate(keys):
+                if k in self._slot_of:
+                    continue
+                s = self._take_slot()
+                if s is None:
+                    self._counts["host_full_pages"] += len(keys) - i
+                    break
+                out[i] = s
+                self._slot_of[k], self._key_of[s] = s, k
+                self._ready[s] = False
+                self._pins[s] += 1
+                (self._protected if hot else self._probation)[k] = None
+            if not hot:
+                self._trim_probation()
+        return out
+
+    def publish(self, keys: list, slots, ok) -> None:
+        """The pages of reserve() landed (ok) or not; the slots are unpinned."""
+        slots = np.asarray(slots, dtype=np.int64)
+        ok = np.broadcast_to(np.asarray(ok, dtype=bool), slots.shape)
+        with self._lock:
+            for k, s, good in zip(keys, slots.tolist(), ok.tolist()):
+                if s < 0 or self._key_of[s] != k:
+                    continue
+                self._pins[s] -= 1
+                if good:
+                    self._ready[s] = True
+                else:
+                    self._drop(k, s)
+            n = int(((slots >= 0) & ok).sum())
+            self._counts["host_inserted_pages"] += n
+
+    def promoted(self, n: int) -> None:
+        with self._lock:
+            self._counts["host_promoted_pages"] += n
+
+    def _take_slot(self) -> Optional[int]:
+        if self._free:
+            return self._free.pop()
+        for queue, ghost in ((self._probation, True), (self._protected, False)):
+            for k in queue:
+                s = self._slot_of[k]
+                if self._pins[s] == 0:
+                    self._drop(k, s)
+                    self._counts["host_evicted_pages"] += 1
+                    if ghost:
+                        self._remember(k)
+                    return self._free.pop()
+        return None
+
+    def _trim_probation(self) -> None:
+        """Probation holds at most its share: its oldest unpinned pages leave for the ghost list."""
+        over = len(self._probation) - self._probation_max
+        for k in list(self._probation)[:max(0, over)]:
+            s = self._slot_of[k]
+            if self._pins[s] == 0:
+                self._drop(k, s)
+                self._counts["host_evicted_pages"] += 1
+                self._remember(k)
+
+    def _drop(self, key: str, slot: int) -> None:
+        del self._slot_of[key]
+        self._key_of[slot] = None
+        self._ready[slot] = False
+        self._probation.pop(key, None)
+        self._protected.pop(key, None)
+        self._free.append(slot)
+
+    def forget(self, keys: list) -> int:
+        """Drop these keys' pages (unpinned ones); returns how many went."""
+        n = 0
+        with self._lock:
+            for k in keys:
+                s = self._slot_of.get(k)
+                if s is not None and self._pins[s] == 0:
+                    self._drop(k, s)
+                    n += 1
+        return n
+
+    def clear(self) -> int:
+        with self._lock:
+            keys = [k for k in self._slot_of if self._pins[self._slot_of[k]] == 0]
+        return self.forget(keys)
+
+    # ------------------------------------------------------------------ bytes
+    def layer(self, layer: int) -> torch.Tensor:
+        """[slots, k_objs * obj_stride]: layer `layer` of every slot (a strided CPU view)."""
+        return self.arena.view(self.slots, self.num_layers, self.per_layer)[:, layer]
+
+    def device_layer(self, layer: int) -> Optional[torch.Tensor]:
+        if self._device_arena is None:
+            return None
+        return self._device_arena.view(self.slots, self.num_layers, self.per_layer)[:, layer]
+
+    def slot_addrs(self, slots) -> np.ndarray:
+        """[n, num_layers * k_objs] addresses of each object of these slots."""
+        base = np.uint64(self._buf.address) + np.asarray(slots, dtype=np.uint64) * np.uint64(self.page_nbytes)
+        return strided(base, self.num_layers * self.k_objs, self.obj_stride)
+
+    def stats(self) -> dict:
+        with self._lock:
+            out = dict(self._counts)
+            out.update(host_slots=self.slots, host_resident_pages=int(self._ready.sum()),
+                       host_bytes=self.nbytes, host_probation_pages=len(self._probation),
+                       host_protected_pages=len(self._protected))
+        return out
+
+    def close(self) -> None:
+        if self.cuda:
+            self._pinning.join()
+        self.online.clear()
+        self._device_arena = None
+        if self._registered:
+            torch.cuda.cudart().cudaHostUnregister(self._buf.address)
+            self._registered = False
