@@ -26,11 +26,13 @@ Layout: slot s holds a page as the layer-wise path stages it, layer by layer, ea
 k_objs objects (K, V; MLA one) at obj_stride bytes: the bytes a load scatters for layer l are
 one [k_objs * obj_stride] run per slot, the same run an offload gathers (canonical object order).
 
-Policy (2Q; scan-resistant): a page enters on probation (a FIFO of at most a quarter of the
-slots) when it is offloaded; a DRAM hit moves it to protected (an LRU). A page read from the
-SSD whose key is on the ghost list (recently evicted from probation, or read from the SSD once
-before) is copied up into protected; a page read once is only remembered there. Eviction takes
-probation's oldest unpinned page first, then protected's least recently used. Nothing here is
+Policy (2Q; scan-resistant): a page enters on probation (a FIFO) when it is offloaded; a DRAM
+hit moves it to protected (an LRU). A page read from the SSD whose key is on the ghost list
+(evicted from probation, or read from the SSD once before) is copied up into protected; a page
+read once is only remembered there. Free slots are taken first (a working set that fits stays
+whole); then eviction takes probation's oldest unpinned page, and protected's least recently
+used only when probation has none: a scan of new pages cycles through probation and costs the
+hot pages at most the one slot it found. Nothing here is
 durable: every page also lives (or is being written) on the SSD, eviction frees DRAM only, and
 the tier starts empty after a restart.
 """
@@ -50,8 +52,6 @@ from ..engine import extension
 from ..layout import strided
 
 logger = logging.getLogger("tutti_hicache.linker")
-
-PROBATION_SHARE = 0.25
 
 
 def machine_bytes() -> int:
@@ -113,7 +113,6 @@ class HostTier:
         self._probation: OrderedDict = OrderedDict()  # key -> None, oldest first
         self._protected: OrderedDict = OrderedDict()  # key -> None, least recently used first
         self._ghost: OrderedDict = OrderedDict()      # keys seen once, oldest first
-        self._probation_max = max(1, int(self.slots * PROBATION_SHARE))
         self._counts = {"host_hit_pages": 0, "host_inserted_pages": 0, "host_promoted_pages": 0,
                         "host_evicted_pages": 0, "host_full_pages": 0}
 
@@ -214,8 +213,6 @@ class HostTier:
                 self._ready[s] = False
                 self._pins[s] += 1
                 (self._protected if hot else self._probation)[k] = None
-            if not hot:
-                self._trim_probation()
         return out
 
     def publish(self, keys: list, slots, ok) -> None:
@@ -251,16 +248,6 @@ class HostTier:
                         self._remember(k)
                     return self._free.pop()
         return None
-
-    def _trim_probation(self) -> None:
-        """Probation holds at most its share: its oldest unpinned pages leave for the ghost list."""
-        over = len(self._probation) - self._probation_max
-        for k in list(self._probation)[:max(0, over)]:
-            s = self._slot_of[k]
-            if self._pins[s] == 0:
-                self._drop(k, s)
-                self._counts["host_evicted_pages"] += 1
-                self._remember(k)
 
     def _drop(self, key: str, slot: int) -> None:
         del self._slot_of[key]
