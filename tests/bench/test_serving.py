@@ -161,7 +161,7 @@ def _args(tmp_path, **kw):
                 one_dir_note="", cuda_graph_max_bs=0, prefill_graphs=False, weights="dummy",
                 dram_gb=1, host_gb=1, capacity_configs="tutti-linker", max_total_tokens=10000,
                 client="bench-serving", fractions=[0.9], layers=2,
-                phases="warm,reuse,check,rates,capacity")
+                phases="warm,reuse,check,again,rates,capacity", no_restart=False)
     base.update(kw)
     return type("Args", (), base)()
 
@@ -199,10 +199,12 @@ def test_a_storage_configuration_warms_restarts_reuses_checks_and_sweeps_rates(t
     run = e2e_sglang.run_config(args, "tutti-linker", e2e.Workload([4096], 2), {"raw_read_GBps": 1.0},
                                 float("inf"))
     assert "error" not in run, run.get("error")
-    assert list(run["phases"]) == ["warm", "reuse", "check", "rate0.5", "rate1", "rate2", "capwarm", "capacity"]
+    assert list(run["phases"]) == ["warm", "reuse", "check", "again", "rate0.5", "rate1", "rate2", "capwarm",
+                                   "capacity"]
     assert len(FakeServer.starts) == 2  # the restart between warm and reuse
     names = [c[0] for c in faked]
-    assert names[:2] == ["bs-tutti-linker-warm.jsonl", "bs-tutti-linker-reuse.jsonl"]
+    assert names[:3] == ["bs-tutti-linker-warm.jsonl", "bs-tutti-linker-reuse.jsonl", "bs-tutti-linker-again.jsonl"]
+    assert faked[2][3]  # again: the device cache flushed first
     rate_calls = [c for c in faked if c[0].startswith("bs-tutti-linker-rate")]
     assert [c[1] for c in rate_calls] == [0.5, 1.0, 2.0]  # stops at the first rate over the SLO
     assert all(c[3] and c[2] == 8 and c[4].requests == 4 for c in rate_calls)  # flushed, paced
@@ -230,7 +232,7 @@ def test_dram_and_recompute_never_restart_and_dram_never_flushes(tmp_path, faked
         FakeServer.starts = []
         run = e2e_sglang.run_config(args, config, e2e.Workload([4096], 2), {}, float("inf"))
         assert "error" not in run and len(FakeServer.starts) == 1
-        assert list(run["phases"])[:3] == ["warm", "reuse", "check"]
+        assert list(run["phases"])[:4] == ["warm", "reuse", "check", "again"]
         if config == "dram":  # a flush would empty its host tier
             assert not any(r["flushed"] for r in run["phases"]["check"])
     assert not [c for c in faked if "rate" in c[0] and c[3]]  # neither flushes before a rate phase
@@ -262,3 +264,10 @@ def test_the_readme_host_command_is_the_harness_configuration():
             assert (want[i], want[i + 1]) in pairs, want[i]
         else:
             assert want[i] in flags
+
+
+def test_no_restart_keeps_the_server_for_the_hot_set(tmp_path, faked):
+    run = e2e_sglang.run_config(_args(tmp_path, rates=[], no_restart=True), "tutti-tiered",
+                                e2e.Workload([4096], 2), {}, float("inf"))
+    assert "error" not in run and len(FakeServer.starts) == 1
+    assert list(run["phases"])[:4] == ["warm", "reuse", "check", "again"]

@@ -172,7 +172,7 @@ def own_phases(args, sess: Session, wl: e2e.Workload, deadline: float, store_fro
     srv = sess.srv
     if base != "recompute" and not store_from:
         record_phase(run, "warm", run_sequential(srv, wl.warm(), args.max_new))
-    if base in configs.PERSISTENT and not store_from:
+    if base in configs.PERSISTENT and not store_from and not args.no_restart:
         srv = sess.restart(wl)
     record_phase(run, "first", [one_request(srv, wl.first(), args.max_new)])
     sweep = e2e.sweep_requests(wl, args.fractions)
@@ -240,7 +240,9 @@ def serving_phases(args, sess: Session, deadline: float, store_from: str, capaci
     storage configurations then restart on a dropped page cache; `reuse`: the same requests again
     (the first restore after the start, then the later ones); `check`: the same prompts from the
     harness's own client with top-k logprobs, device cache flushed before each (not `dram`), for
-    the output check; `rate<R>` for each --rates, ascending, new questions on the documents at R/s
+    the output check; `again`: the reuse requests a third time, device cache flushed first (the
+    tiered linker's pages read twice from the SSD now come from DRAM); `rate<R>` for each --rates,
+    ascending, new questions on the documents at R/s
     after a flush, until the mean TTFT reaches --slo-s; `capwarm` + `capacity`: a working set of
     3x --dram-gb written, then Zipf(--zipf-alpha) reuse --capacity-concurrency at a time.
     --phases picks among them."""
@@ -250,13 +252,15 @@ def serving_phases(args, sess: Session, deadline: float, store_from: str, capaci
     want = set(args.phases.split(","))
     if not store_from and "warm" in want:
         serving_phase(args, run, srv, "warm", shape, "warm", [0] * shape.requests)
-        if base in configs.PERSISTENT:
+        if base in configs.PERSISTENT and not args.no_restart:
             srv = sess.restart(None)
     if "reuse" in want:
         serving_phase(args, run, srv, "reuse", shape, "reuse", pages)
     if "check" in want:
         checks = serving.check_requests(shape, serving.prompts(shape, args.model))
         record_phase(run, "check", run_sequential(srv, checks, args.max_new, flush=base != "dram"))
+    if "again" in want:  # a third pass: the tiered linker's pages read twice are now in DRAM
+        serving_phase(args, run, srv, "again", shape, "again", pages, flush=base not in ("dram", "recompute"))
     points = {}
     for rate in sorted(args.rates) if "rates" in want else ():
         if time.time() > deadline - 30:
@@ -447,7 +451,10 @@ def main(description: str = __doc__):
                          "rates, capacity); bench-serving: SGLang's bench_serving sends the warm, "
                          "reuse, rate and capacity phases (generated-shared-prefix, --tokenize-prompt) "
                          "and the harness's client only the output check (serving_config)")
-    ap.add_argument("--phases", default="warm,reuse,check,rates,capacity",
+    ap.add_argument("--no-restart", action="store_true",
+                    help="storage configurations keep their server after the warm phase (the DRAM "
+                         "tiers stay warm: the hot-set figure); default: restart on a dropped page cache")
+    ap.add_argument("--phases", default="warm,reuse,check,again,rates,capacity",
                     help="bench-serving: the phases to run, in their fixed order (a configuration "
                          "that restarts does so only after a warm phase)")
     ap.add_argument("--question-tokens", type=int, default=256,
