@@ -6,7 +6,9 @@ stores pages continuously into a small store that evicts all the time:
                     directories, now and then a clear();
   - mode "storage": TuttiStorage.batch_set_v1 from a real SGLang MHA host pool (layer_first,
                     page_first_direct, page_first, page_head, and an unaligned head_dim that
-                    takes the bounce path), like SGLang's backup thread.
+                    takes the bounce path), like SGLang's backup thread;
+  - mode "linker":  LayerwiseKV.offload (gather, begin/land/publish) from a CPU pool, with the
+                    DRAM tier on (offloads complete before their SSD writes end).
 The parent kills it with SIGKILL 1-200 ms after it started writing, reopens the store over
 the same directories with the same identity, and reads back every key the index reports
 present. A page's bytes are a function of its key (page_content), so the parent knows what
@@ -243,6 +245,58 @@ def _storage_check(dirs, t: Trial) -> None:
         st.close()
 
 
+# ----------------------------------------------------------------------------- mode "linker"
+LINKER_PAGES = 16  # pool pages (and keys per offload at most)
+
+
+def _linker(dirs):
+    """A LayerwiseKV on CPU over mode "store"'s geometry, identity and store settings, with a
+    DRAM tier (offloads complete once off the device, before their SSD writes end)."""
+    import torch
+
+    from tutti_hicache.layerwise import LayerwiseKV
+    cfg = TuttiConfig.from_sources({**{f"tutti_{k}": v for k, v in dataclass_items(_store_cfg(dirs))},
+                                    "tutti_host_gb": 64 * 36864 / 2**30, "tutti_stage_mb": 1}, env={})
+    rows = (LINKER_PAGES + 1) * GEOM.page_size
+    heads = 2
+    k = [torch.zeros(rows, heads, 64, dtype=torch.bfloat16) for _ in range(GEOM.num_layers)]
+    v = [torch.zeros_like(t) for t in k]
+    return LayerwiseKV(cfg, GEOM, STORE_IDENT, k, v, GEOM.page_size), k, v
+
+
+def dataclass_items(cfg):
+    from tutti_hicache.config import SETTINGS
+    return [(x.name, getattr(cfg, x.name)) for x in SETTINGS if getattr(cfg, x.name) != x.default]
+
+
+def _linker_child(dirs, trial: int, rng: random.Random, progress, started_w) -> None:
+    """Pool pages filled with each key's page_content (its objects in on-disk order: K and V of
+    layer 0, then layer 1, ...), offloaded, the next batch once the offload completed."""
+    import torch
+    torch.set_num_threads(1)
+    lw, k, v = _linker(dirs)
+    obj, ps = GEOM.object_nbytes[0], GEOM.page_size
+    os.write(started_w, b"s")
+    batch, n = 0, 0
+    while True:
+        keys, n = _batch_keys(rng, trial, n, range(trial))
+        keys = list(dict.fromkeys(keys))  # one page per key in a batch
+        for i, key in enumerate(keys):
+            data = torch.from_numpy(page_content(key, len(GEOM.object_nbytes) * obj))
+            r = slice((i + 1) * ps, (i + 2) * ps)
+            for layer in range(GEOM.num_layers):
+                k[layer][r] = data[2 * layer * obj:(2 * layer + 1) * obj].view(torch.bfloat16).view(ps, 2, 64)
+                v[layer][r] = data[(2 * layer + 1) * obj:(2 * layer + 2) * obj].view(torch.bfloat16).view(ps, 2, 64)
+        rows = torch.arange(ps, (len(keys) + 1) * ps)
+        while not lw.offload(keys, rows, []):
+            time.sleep(0.001)
+        while lw.num_completed() < 1:
+            time.sleep(0.0005)
+        ok = lw.pop_completed()
+        batch += 1
+        _report(progress, len(keys) if ok else 0, batch)
+
+
 # ------------------------------------------------------------------------------ the harness
 def _report(progress, pages: int, batch: int) -> None:
     written = struct.unpack_from("<q", progress, 0)[0]
@@ -255,7 +309,7 @@ def run_trial(mode: str, dirs, trial: int, seed: int, errdir: str) -> Trial:
     progress = mmap.mmap(-1, 16)  # MAP_SHARED|MAP_ANONYMOUS: the child's counters
     r, w = os.pipe()
     errfile = os.path.join(errdir, f"child-{mode}-{trial}.txt")
-    child = _store_child if mode == "store" else _storage_child
+    child = {"store": _store_child, "storage": _storage_child, "linker": _linker_child}[mode]
     pid = os.fork()
     if pid == 0:  # the writer: everything here, then os._exit, whatever happens
         code = 1
@@ -290,12 +344,12 @@ def run_trial(mode: str, dirs, trial: int, seed: int, errdir: str) -> Trial:
             t.error = f"writer exited with status {status}" if started else \
                 "writer did not start writing within 30 s"
         return t
-    (_store_check if mode == "store" else _storage_check)(dirs, t)
+    (_storage_check if mode == "storage" else _store_check)(dirs, t)  # linker: the store it wrote
     return t
 
 
 def run_trials(mode: str, base: str, trials: int, seed: int, verbose=False) -> list[Trial]:
-    dirs = [os.path.join(base, "a"), os.path.join(base, "b")] if mode == "store" \
+    dirs = [os.path.join(base, "a"), os.path.join(base, "b")] if mode != "storage" \
         else [os.path.join(base, "s")]
     out = []
     with tempfile.TemporaryDirectory(prefix="tutti-crash-err-") as errdir:
@@ -337,6 +391,15 @@ if pytest is not None:
     @pytest.mark.slow
     def test_crash_store_write_pages(store_dirs):
         results = run_trials("store", str(store_dirs[0]), TRIALS, SEED)
+        print("\n" + summary(results))
+        _check(results, SEED)
+
+    @pytest.mark.slow
+    def test_crash_linker_offload_through_the_dram_tier(store_dirs):
+        """The linker's offload path (begin/land/publish) with its DRAM tier, which completes
+        offloads before their SSD writes end: a SIGKILL loses the pages not yet published, never
+        a present page's bytes."""
+        results = run_trials("linker", str(store_dirs[0]), max(10, TRIALS // 2), SEED)
         print("\n" + summary(results))
         _check(results, SEED)
 
@@ -406,7 +469,7 @@ if pytest is not None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=TRIALS, help="trials per mode")
-    ap.add_argument("--mode", choices=["store", "storage", "both"], default="both")
+    ap.add_argument("--mode", choices=["store", "storage", "linker", "both"], default="both")
     ap.add_argument("--dir", help="base directory (default: a temp dir under /tmp, removed)")
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--quiet", action="store_true", help="only the summary")

@@ -201,3 +201,28 @@ def test_off_by_default_without_a_gpu_and_off_at_zero(tmp_path):
     lw, _, _ = make_lw(tmp_path, tutti_host_gb=0)
     assert lw.host is None
     lw.close()
+
+
+def test_with_the_tier_an_offload_completes_off_the_device_and_a_failed_write_is_a_dram_page(tmp_path):
+    """The offload completes once its pages are off the device; an SSD write that then fails
+    leaves them in DRAM (served byte-exact, counted as a write failure), and once DRAM lets them
+    go they are misses, never wrong bytes."""
+    lw, k, v = make_lw(tmp_path, tutti_host_gb=0.004)
+    keys = [f"p{i:063d}" for i in range(8)]
+    rows = torch.arange(PAGE, PAGE * 9)
+
+    def broken(*a, **kw):
+        raise OSError(5, "injected write failure")
+    lw.store.land_pages = broken
+    offload_all(lw, keys, rows)  # reported done: the pages left the device
+    lw._offloader.worker.drain()
+    st = lw.stats()["linker"]
+    assert st["offload_write_failures"] == 1 and st["offload_backlog_pages"] == 0
+    assert not lw.store.present(keys).any() and lw.lookup(keys) == 8
+    want = _pool(k, v)
+    _poison(k, v)
+    assert restore(lw, keys, rows)
+    assert all(torch.equal(t[PAGE:PAGE + 8 * PAGE], w[:8 * PAGE]) for t, w in zip(k + v, want))
+    lw.host.clear()
+    assert lw.lookup(keys) == 0 and not lw.load("gone", keys, rows)
+    lw.close()

@@ -137,8 +137,11 @@ class LayerwiseKV:
 
     def stats(self) -> dict:
         """The store's counters plus the linker's: loads (pages, bytes, seconds from the first read
-        to the last layer handed to the GPU, failures, the first load after start), offloads."""
-        return self._stats.snapshot()
+        to the last layer handed to the GPU, failures, the first load after start), offloads, the
+        pages offloaded and not yet durable (offload_backlog_pages), the DRAM tier's counters."""
+        out = self._stats.snapshot()
+        out["linker"]["offload_backlog_pages"] = self._offloader.backlog
+        return out
 
     @property
     def k_objs(self) -> int:

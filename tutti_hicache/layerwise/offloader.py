@@ -10,7 +10,9 @@ At a glance ([scheduler] = SGLang's scheduler thread; [offloader] = this module'
         slots - 1 (tutti_offload_writers) at once (on idle directories the store's scheduler lets a younger one's chunks join the older
         one's last within the bytes the queues hold, on the engine's write rings; under reads
         it runs one chunk per directory and keeps them off directories a load is reading);
-        once every chunk has landed, one store.publish_pages writes all their headers
+        once every chunk has landed, one store.publish_pages writes all their headers; with the
+        DRAM tier the offload completes once every chunk is off the device (its pages in DRAM
+        or staged), before its SSD writes end: off.backlog counts the pages not yet durable
     off.num_completed() / off.pop_completed() -> ok            [scheduler] FIFO results
     off.backlog                                                pages queued and not yet written
     off.clear_results(), off.worker (drain, thread), off.close()
@@ -161,6 +163,11 @@ class Offloader:
                                                    c0 + len(addrs), addrs))
                 if i + 1 < len(starts):  # the next chunk's gather and D2H run under the writes
                     ready = stage(starts[i + 1])
+            ready = None
+            if self._host is not None:
+                # every page is off the device (in DRAM, or staged for its write): SGLang may
+                # free the device pages now; the SSD writes go on (durable once published)
+                job.finish(True)
             while writes:
                 writes.popleft().result()
         except BaseException as e:
@@ -179,7 +186,10 @@ class Offloader:
                 ok = False
             with self._lock:
                 self._backlog -= len(job.keys)
-            job.finish(ok)
+            if not job.done:
+                job.finish(ok)
+            elif not ok:
+                self._stats.add(offload_write_failures=1)
             self._stats.add(offloads=1, offload_pages=len(job.keys) if ok else 0,
                             offload_seconds=time.perf_counter() - t0)
 
