@@ -135,11 +135,11 @@ def test_an_offload_failing_mid_way_publishes_what_landed_and_leaks_no_slot(tmp_
     rows = torch.arange(PAGE, PAGE * (N + 1))
     off, orig, calls = lw._offloader, lw._offloader._gather_chunk, []
 
-    def flaky(n, page_ids):
-        calls.append(n)
+    def flaky(keys, page_ids, job=None):
+        calls.append(len(keys))
         if len(calls) == 3:
             raise RuntimeError("injected gather failure")
-        return orig(n, page_ids)
+        return orig(keys, page_ids, job)
     off._gather_chunk = flaky
     assert lw.offload(keys, rows, [])
     while lw.num_completed() < 1:

@@ -10,7 +10,9 @@ At a glance (threads: [scheduler] SGLang's, [loader], [offloader]; every method 
     host.unpin(slots)                       [loader] the load's last layer was handed over
     host.reserve(keys, hot) -> slots        room for pages about to be written in (-1: no room
                                             or already here); evicts clean, unpinned pages
-    host.publish(keys, slots, ok)           the bytes landed (ok) or not: readable, or given back
+    host.publish(keys, slots, ok, keep_pinned=False)   the bytes landed (ok) or not: readable
+                                            (an offload's pages stay pinned until written), or
+                                            given back
     host.wants(keys) -> bool array          [loader] pages a load read from the SSD and worth
                                             copying up (seen before: the ghost list)
     host.forget(keys), host.clear()
@@ -215,18 +217,22 @@ class HostTier:
                 (self._protected if hot else self._probation)[k] = None
         return out
 
-    def publish(self, keys: list, slots, ok) -> None:
-        """The pages of reserve() landed (ok) or not; the slots are unpinned."""
+    def publish(self, keys: list, slots, ok, keep_pinned: bool = False) -> None:
+        """The pages of reserve() landed (ok) or not; the slots are unpinned, or with
+        keep_pinned (an offload's pages, until their SSD write publishes) stay pinned when ok:
+        the caller unpins them."""
         slots = np.asarray(slots, dtype=np.int64)
         ok = np.broadcast_to(np.asarray(ok, dtype=bool), slots.shape)
         with self._lock:
             for k, s, good in zip(keys, slots.tolist(), ok.tolist()):
                 if s < 0 or self._key_of[s] != k:
                     continue
-                self._pins[s] -= 1
                 if good:
                     self._ready[s] = True
+                    if not keep_pinned:
+                        self._pins[s] -= 1
                 else:
+                    self._pins[s] -= 1
                     self._drop(k, s)
             n = int(((slots >= 0) & ok).sum())
             self._counts["host_inserted_pages"] += n

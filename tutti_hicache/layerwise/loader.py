@@ -182,10 +182,11 @@ class Loader:
     # ------------------------------------------------------------ [loader] the DRAM tier
     def _queue_promotions(self, keys: list) -> None:
         """Pages this load read from the SSD that the DRAM tier wants (read before): copied up
-        by jobs of at most one staging slot's pages, behind this queue's loads."""
+        by jobs of at most one staging slot's bytes (whole pages: tens of ms of reads), behind
+        this queue's loads, so a load that arrives meanwhile waits for one job at most."""
         want = self._host.wants(keys)
         todo = [k for k, w in zip(keys, want.tolist()) if w]
-        step = max(1, self.stage_pages)
+        step = max(1, self._stage.slot_bytes // self._page_nbytes)
         for c0 in range(0, len(todo), step):
             self.worker.put(_Promote(todo[c0:c0 + step]))
 

@@ -53,6 +53,8 @@ class _Offload:
     def __init__(self, keys, page_ids, events):
         self.keys, self.page_ids, self.events = keys, page_ids, events
         self.ok, self.done = False, False
+        self.dirty: list = []      # DRAM slots holding this job's pages until their write publishes
+        self.all_in_dram = True    # every page got a DRAM slot (else completion waits for the SSD)
 
     def finish(self, ok: bool) -> None:
         self.ok = ok
@@ -150,7 +152,7 @@ class Offloader:
             step = self._out_pages
             starts = list(range(0, len(job.keys), step))
             stage = lambda c0: self._stage.submit(self._gather_chunk, job.keys[c0:c0 + step],
-                                                  job.page_ids[c0:c0 + step])
+                                                  job.page_ids[c0:c0 + step], job)
             ready = stage(starts[0])  # the first gather and D2H run under the reservations
             pending = self._store.begin_pages(job.keys)
             for i, c0 in enumerate(starts):
@@ -164,9 +166,9 @@ class Offloader:
                 if i + 1 < len(starts):  # the next chunk's gather and D2H run under the writes
                     ready = stage(starts[i + 1])
             ready = None
-            if self._host is not None:
-                # every page is off the device (in DRAM, or staged for its write): SGLang may
-                # free the device pages now; the SSD writes go on (durable once published)
+            if self._host is not None and job.all_in_dram:
+                # every page is off the device and readable from DRAM, held there until its
+                # write publishes: SGLang may free the device pages now; the SSD writes go on
                 job.finish(True)
             while writes:
                 writes.popleft().result()
@@ -184,6 +186,8 @@ class Offloader:
                 logger.error("tutti linker: publishing %d offloaded pages failed: %s",
                              len(job.keys), e)
                 ok = False
+            for slots in job.dirty:  # durable (or failed): DRAM may let these go now
+                self._host.unpin(slots)
             with self._lock:
                 self._backlog -= len(job.keys)
             if not job.done:
@@ -193,7 +197,7 @@ class Offloader:
             self._stats.add(offloads=1, offload_pages=len(job.keys) if ok else 0,
                             offload_seconds=time.perf_counter() - t0)
 
-    def _gather_chunk(self, keys: list, page_ids):
+    def _gather_chunk(self, keys: list, page_ids, job=None):
         """[stage thread] Gather the pages of `keys` into the next out slot (GPU: kernel + D2H
         copy, waited for), and into DRAM slots where the DRAM tier takes them; returns their host
         addresses [n, objects]. The slot's last write has returned: _run keeps at most slots - 1
@@ -213,14 +217,18 @@ class Offloader:
             ev.synchronize()
         else:
             tk.gather_pages_ref(host, self._k_bufs, self._v_bufs, page_ids, self._page_size, stride)
-        if self._host is not None:
-            self._keep(keys, host.view(n, m * stride))
+        if self._host is not None and job is not None:
+            self._keep(keys, host.view(n, m * stride), job)
         return strided(self._out.bufs[k].address, n * m, stride).reshape(n, m)
 
-    def _keep(self, keys: list, pages: torch.Tensor) -> None:
+    def _keep(self, keys: list, pages: torch.Tensor, job: _Offload) -> None:
         """Copy offloaded pages (staged [n, page bytes], the DRAM tier's slot layout) into DRAM
-        slots, on probation: readable from DRAM at once, before their SSD write ends."""
+        slots, on probation: readable from DRAM at once, and held there (pinned) until their
+        SSD write has published, so a page is never in neither tier."""
         slots = self._host.reserve(keys, hot=False)
+        here = self._host.present(keys)
+        if not ((slots >= 0) | here).all():
+            job.all_in_dram = False  # DRAM is full of pinned pages: complete after the write
         idx = np.flatnonzero(slots >= 0)
         if not len(idx):
             return
@@ -229,7 +237,11 @@ class Offloader:
             self._host.arena[torch.from_numpy(slots[idx])] = pages[torch.from_numpy(idx)]
             ok = True
         finally:
-            self._host.publish([keys[i] for i in idx], slots[idx], ok)
+            self._host.publish([keys[i] for i in idx], slots[idx], ok, keep_pinned=True)
+            if ok:
+                job.dirty.append(slots[idx])
+            else:
+                job.all_in_dram = False
 
     def _land_chunk(self, pending, start: int, stop: int, addrs) -> None:
         """[write thread] Payloads of the offload's keys [start, stop) into their reserved slots
