@@ -8,6 +8,7 @@ wait_until(l) before layer l's attention exactly as SGLang's KV pool does. Confi
   compute-only  the prefix is already in the device pool (lower bound)
   dram          prefix KV in pinned host memory, copied layer by layer (HiCache L2 best case)
   tutti:<medium> LayerwiseKV (the TuttiLinker pipeline) restoring from the store on <medium>
+  tutti-tiered:<medium>  the same with its DRAM tier (--host-gb): the prefix restored from DRAM
 Reported per (medium, C, h): TTFT, bubble (time the forward waits in wait_until, from CUDA
 events), I/O-only restore time and bandwidth, engine syscalls and CPU seconds per request, and
 the medium's raw O_DIRECT read (same run), and per run the load's own times from its trace
@@ -84,7 +85,8 @@ def fill_prefix(model, rows: int) -> None:
         b[page:page + rows] = torch.randn(b[page:page + rows].shape, generator=g, device=model.device).to(b.dtype)
 
 
-def make_tutti(model, dirs, cap_gb: float, read_ahead: int, observer=None) -> LayerwiseKV:
+def make_tutti(model, dirs, cap_gb: float, read_ahead: int, observer=None,
+               host_gb: float = 0) -> LayerwiseKV:
     s = model.s
     kb = s["kv_heads"] * s["head_dim"] * 2
     g = PageGeometry("mha", s["layers"], s["page"], kb, kb)
@@ -92,7 +94,7 @@ def make_tutti(model, dirs, cap_gb: float, read_ahead: int, observer=None) -> La
                                     "tutti_threads": THREADS, "tutti_queue_depth": 1024,
                                     "tutti_engine": ENGINE, "tutti_verify": VERIFY,
                                     "tutti_stage_depth": STAGE_DEPTH, "tutti_read_ahead": read_ahead,
-                                    "tutti_host_gb": 0})  # the SSD path: no DRAM tier in front
+                                    "tutti_host_gb": host_gb})  # 0: the SSD path alone
     ident = {"bench": "llama-shaped", "layers": s["layers"], "page": s["page"]}
     return LayerwiseKV(cfg, g, ident, model.k, model.v, s["page"], observer=observer)
 
@@ -244,7 +246,41 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
             info["write_windows"] = lw.windows.snapshot()
         lw.close()
     info["arms"] = arm_medians(info["runs"])
+    if args.host_gb:
+        info.update(bench_tiered(args, model, name, dirs, cap_gb, keys, grid, max_pages, prefix_kv))
     return info
+
+
+def bench_tiered(args, model, name, dirs, cap_gb, keys, grid, max_pages, prefix_kv) -> dict:
+    """The linker with its DRAM tier (tutti_host_gb) over the store the arms wrote: the prefix
+    read twice from the SSD (the second read copies it up: hosttier.py's 2Q), then every point
+    restored from DRAM. Its runs are `tutti-tiered:<medium>`."""
+    page = model.s["page"]
+    trace = Trace()
+    lw = make_tutti(model, dirs, cap_gb, args.read_ahead[-1], trace, host_gb=args.host_gb)
+    out = {"tiered_runs": []}
+    try:
+        if lw.host is None or not lw.host.online.wait(300):
+            return {"tiered_error": "the DRAM tier did not come up"}
+        for _ in range(2):
+            io_only(lw, model, keys, max_pages)
+            lw.drain_loads()
+        out["tiered_resident_pages"] = lw.host.stats()["host_resident_pages"]
+        print(f"[{name}] DRAM tier: {out['tiered_resident_pages']} of {max_pages} pages resident",
+              flush=True)
+        warm = max(1, min(max_pages // 2, 64))
+        prefill(model, warm * page * 2, warm * page, restore_fn(lw, model, keys, warm), lw.counter)
+        for c, h in grid:
+            for rep in range(args.repeats):
+                r = dict(config=f"tutti-tiered:{name}", repeat=rep,
+                         **run_point(lw, trace, model, keys, c, h, prefix_kv))
+                out["tiered_runs"].append(r)
+                print_run(name + " tiered", r)
+        out["tiered_stats"] = {k: v for k, v in lw.stats()["linker"].items() if k.startswith(("host", "load"))}
+    finally:
+        lw.close()
+    out["tiered_arms"] = arm_medians(out["tiered_runs"])
+    return out
 
 
 def print_run(name: str, r: dict) -> None:
@@ -345,6 +381,10 @@ def main():
     ap.add_argument("--offload-stream", type=int, default=0, metavar="PAGES",
                     help="also TTFT at the largest C, h=0.9 with a continuous offload stream (at most PAGES "
                          "pages per request): scheduler off, on, on with online write windows")
+    ap.add_argument("--host-gb", type=float, default=0,
+                    help="also every point through the linker's DRAM tier of this many GiB "
+                         "(tutti-tiered: the prefix copied up after two SSD reads, then restored "
+                         "from DRAM), beside --baselines' dram")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
     global ENGINE, VERIFY, STAGE_DEPTH, THREADS

@@ -34,3 +34,21 @@ def test_the_dry_run_restores_byte_exact_for_every_arm_and_reports_their_medians
     for ra, a in arms.items():
         ttfts = sorted(r["ttft_s"] for r in runs if r["read_ahead"] == ra)
         assert a["ttft_s"] == sum(ttfts) / 2  # the median of two
+
+
+@pytest.mark.slow
+def test_the_dry_run_through_the_dram_tier_restores_byte_exact_from_dram(tmp_path):
+    """--host-gb: the prefix, read twice from the store, is copied up; every point then restores
+    from DRAM (no engine call), byte-exact (the dry run's own comparison)."""
+    out = tmp_path / "out.json"
+    argv = [sys.executable, str(SCRIPT), "--dry-run", "--medium", f"m={tmp_path}",
+            "--contexts", "256", "--hits", "0.5,0.99", "--host-gb", "0.01", "--json", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    med = json.loads(out.read_text())["media"]["m"]
+    assert med["tiered_resident_pages"] == 256 // 16
+    runs = med["tiered_runs"]
+    assert [r["config"] for r in runs] == ["tutti-tiered:m"] * 2
+    assert all(r["enter_calls"] == 0 for r in runs)  # nothing read from the store
+    st = med["tiered_stats"]
+    assert st["host_promoted_pages"] == 16 and st["load_host_pages"] > 0
