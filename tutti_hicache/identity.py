@@ -1,6 +1,8 @@
 """The identity of a store namespace: what makes two processes' pages interchangeable.
 
-    identity_for(cfg, pool, geometry, model, pp, cp, tp) -> dict   of a KV pool (host or device)
+    identity_for(cfg, pool, geometry, model, pp, cp, tp, kv_cache_dtype) -> dict   of a KV pool
+                                                 (host or device)
+    kv_dtype(pool_dtype, kv_cache_dtype) -> str  the dtype it names (a byte pool: the server's)
     is_writer(kind, tp_rank) -> bool             whether this rank writes pages (the MLA rule)
     make_identity(cfg, model, geometry, dtype, pp, cp, tp, heads) -> dict
     with_geometry(identity, geometry) -> dict    what the store fingerprints: identity + geometry
@@ -36,11 +38,33 @@ def pool_heads(pool, kind: str) -> Optional[list]:
     return [pool.head_num, pool.head_dim, getattr(pool, "v_head_dim", pool.head_dim)]
 
 
+# SGLang's --kv-cache-dtype values whose KV its pools hold as bytes, and the torch dtype each is
+# (the name a device pool reports, so both seams name the same KV alike)
+BYTE_KV_DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
+                  "fp4_e2m1": "float4_e2m1fn_x2"}
+
+
+def kv_dtype(pool_dtype, kv_cache_dtype: Optional[str] = None) -> str:
+    """The KV dtype an identity names. SGLang's host pools hold fp8 (and fp4) KV as bytes:
+    their dtype is uint8 whether the server runs fp8_e4m3 or fp8_e5m2, whose bytes mean other
+    numbers. A byte pool is therefore named by the server's --kv-cache-dtype (kv_cache_dtype),
+    so the two never share a namespace; device pools report the real dtype already."""
+    name = str(pool_dtype).replace("torch.", "")
+    if name != "uint8":
+        return name
+    s = str(kv_cache_dtype or "").lower().replace("torch.", "")
+    if s in BYTE_KV_DTYPES:
+        return BYTE_KV_DTYPES[s]
+    return f"uint8:{s}" if s and s != "auto" else "uint8"
+
+
 def identity_for(cfg: TuttiConfig, pool, geometry: PageGeometry, *, model: str, pp: tuple,
-                 cp: tuple, tp: tuple) -> dict:
-    """The identity of an SGLang KV pool (its dtype and heads) at these rank coordinates."""
-    return make_identity(cfg, model=model, geometry=geometry, dtype=pool.dtype, pp=pp, cp=cp,
-                         tp=tp, heads=pool_heads(pool, geometry.kind))
+                 cp: tuple, tp: tuple, kv_cache_dtype: Optional[str] = None) -> dict:
+    """The identity of an SGLang KV pool (its dtype and heads) at these rank coordinates;
+    kv_cache_dtype: the server's --kv-cache-dtype, which names a byte pool's KV (kv_dtype)."""
+    return make_identity(cfg, model=model, geometry=geometry,
+                         dtype=kv_dtype(pool.dtype, kv_cache_dtype), pp=pp, cp=cp, tp=tp,
+                         heads=pool_heads(pool, geometry.kind))
 
 
 def make_identity(cfg: TuttiConfig, *, model: str, geometry: PageGeometry, dtype, pp: tuple,

@@ -23,3 +23,16 @@ def test_identity_of_a_pool():
     ident = identity_for(cfg, mla, PageGeometry("mla", 2, 16, 1152, 0), model="m", pp=(0, 1),
                          cp=(0, 1), tp=(1, 2))
     assert "heads" not in ident and "tp" not in ident  # the same latent KV on every rank
+
+
+def test_a_byte_pool_is_named_by_the_servers_kv_cache_dtype():
+    """SGLang's host pools hold fp8 KV as uint8: fp8_e4m3 and fp8_e5m2 (the same bytes per
+    token, other numbers) must not share a namespace, and the host tier names them as the
+    linker's device pools do."""
+    from tutti_hicache.identity import kv_dtype
+    assert kv_dtype("torch.uint8", "fp8_e4m3") == "float8_e4m3fn" == kv_dtype("torch.float8_e4m3fn")
+    assert kv_dtype("torch.uint8", "fp8_e5m2") == "float8_e5m2"
+    assert kv_dtype("torch.uint8", "fp8_e4m3") != kv_dtype("torch.uint8", "fp8_e5m2")
+    assert kv_dtype("torch.bfloat16", "fp8_e4m3") == "bfloat16"  # a pool that says what it holds
+    assert kv_dtype("torch.uint8", None) == "uint8" == kv_dtype("torch.uint8", "auto")
+    assert kv_dtype("torch.uint8", "int4") == "uint8:int4"

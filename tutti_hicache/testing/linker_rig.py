@@ -1,7 +1,9 @@
 """A TuttiLinker rank built from real SGLang 0.5.23 objects on CPU (tests and CPU checks).
 
-    rig = Rig(dirs, mla=False, **tutti_settings)    device pool + allocator + UnifiedRadixCache +
-                                                    TuttiLinker (through `dynamic`) over dirs
+    rig = Rig(dirs, mla=False, dtype=torch.bfloat16, page=4, **tutti_settings)
+                                                    device pool (fp8 dtypes: SGLang stores bytes)
+                                                    + allocator + UnifiedRadixCache + TuttiLinker
+                                                    (through `dynamic`) over dirs
     slots = rig.fill(n_tokens, seed); rig.snapshot(slots); rig.insert(tokens, slots)
     rig.commit_offloads(n); rig.restore(tokens) -> (host hit length, failed requests); rig.close()
 
@@ -24,7 +26,7 @@ P, LAYERS = 4, 4
 class Rig:
     """One rank: device pool + allocator + UnifiedRadixCache + TuttiLinker over `dirs`."""
 
-    def __init__(self, dirs, mla=False, **extra):
+    def __init__(self, dirs, mla=False, dtype=torch.bfloat16, page=P, **extra):
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
@@ -36,21 +38,21 @@ class Rig:
                "linker_extra_config": {"tutti_dirs": [str(d) for d in dirs],
                                        "tutti_capacity_gb": 0.02, "tutti_stage_mb": 1, **extra}}
         self.override = get_context().override_server_args(
-            model_path="dummy", page_size=P, enable_unified_cache_external_linker=True,
+            model_path="dummy", page_size=page, enable_unified_cache_external_linker=True,
             unified_cache_external_linker_backend="dynamic", unified_cache_external_linker_config=cfg)
         self.override.install()
         if mla:
-            self.pool = MLATokenToKVPool(size=256, page_size=P, dtype=torch.bfloat16, kv_lora_rank=16,
+            self.pool = MLATokenToKVPool(size=256, page_size=page, dtype=dtype, kv_lora_rank=16,
                                          qk_rope_head_dim=8, layer_num=LAYERS, device="cpu",
                                          enable_memory_saver=False)
         else:
-            self.pool = MHATokenToKVPool(size=256, page_size=P, dtype=torch.bfloat16, head_num=2,
+            self.pool = MHATokenToKVPool(size=256, page_size=page, dtype=dtype, head_num=2,
                                          head_dim=8, layer_num=LAYERS, device="cpu",
                                          enable_memory_saver=False, enable_alt_stream=False)
-        self.alloc = PagedTokenToKVPoolAllocator(256, P, torch.bfloat16, "cpu", self.pool, need_sort=False)
+        self.alloc = PagedTokenToKVPoolAllocator(256, page, dtype, "cpu", self.pool, need_sort=False)
         r2t = ReqToTokenPool(size=8, max_context_len=512, device="cpu", enable_memory_saver=False)
         params = CacheInitParams(disable=False, req_to_token_pool=r2t, token_to_kv_pool_allocator=self.alloc,
-                                 page_size=P, tree_components=(ComponentType.FULL,))
+                                 page_size=page, tree_components=(ComponentType.FULL,))
         self.cache = UnifiedRadixCache(params)
         self.linker = create_unified_cache_linker(None, params, backend="dynamic", config=cfg,
                                                   components=set(self.cache.components), forward_stream=None)
@@ -69,7 +71,10 @@ class Rig:
         slots = self.alloc.alloc(n_tokens)
         for l in range(LAYERS):
             for b in self.buffers(l):
-                b[slots] = torch.randn(b[slots].shape, generator=g).to(b.dtype)
+                if b.dtype == torch.uint8:  # an fp8 pool's storage: any bytes
+                    b[slots] = torch.randint(0, 256, b[slots].shape, generator=g, dtype=torch.uint8)
+                else:
+                    b[slots] = torch.randn(b[slots].shape, generator=g).to(b.dtype)
         return slots
 
     def snapshot(self, slots):

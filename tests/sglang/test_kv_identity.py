@@ -1,0 +1,162 @@
+"""What a store holds is never served to a server whose KV differs: fp8 vs bf16 pools, MHA vs
+MLA, page sizes, through both seams with real SGLang 0.5.23 classes on CPU. And fp8 pools work
+through both: the host tier's TuttiStorage (MHA and MLA host pools, fp8_e4m3) and the linker
+(fp8 device pools, SGLang storing them as bytes) restore byte-exact, and MLA's fp8 latent is
+still written once per model (rank 0) and read by the others.
+
+A server started with another --kv-cache-dtype, geometry or page size attaches to another
+namespace (identity.py: dtype, geometry and page size are part of it), so its lookups miss; the
+pages of the first stay on disk and serve it again when it comes back."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from tutti_hicache.testing.linker_rig import Rig  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.fixture
+def sg(sglang):
+    if sglang.sglang_version() < "0.5.23":
+        pytest.skip("the UnifiedCacheLinker path needs SGLang 0.5.23")
+    return sglang
+
+
+def _write(rig, toks, seed):
+    slots = rig.fill(len(toks), seed=seed)
+    want = rig.snapshot(slots)
+    rig.insert(toks, slots)
+    rig.commit_offloads(1)
+    rig.cache.reset()
+    return want
+
+
+def _restores(rig, toks, want) -> bool:
+    hit, failed = rig.restore(toks)
+    return hit == len(toks) and not failed and all(
+        torch.equal(x, y) for x, y in zip(rig.snapshot(rig.loads[-1]), want))
+
+
+# ------------------------------------------------------------------------------- the linker
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+def test_linker_fp8_pools_restore_byte_exact_and_never_meet_bf16_pages(sg, tmp_path, mla):
+    toks = list(range(100, 124))  # 6 pages of 4 tokens
+    a = Rig([tmp_path], mla=mla, dtype=FP8)
+    assert a.pool.dtype == FP8 and a.buffers(0)[0].dtype == torch.uint8  # SGLang stores bytes
+    want8 = _write(a, toks, seed=1)
+    assert _restores(a, toks, want8)
+    a.close()
+    b = Rig([tmp_path], mla=mla)  # --kv-cache-dtype auto (bf16) on the same directories
+    assert b.restore(toks)[0] == 0  # a miss, never fp8 bytes read as bf16
+    want16 = _write(b, toks, seed=2)
+    assert _restores(b, toks, want16)
+    b.close()
+    c = Rig([tmp_path], mla=mla, dtype=FP8)  # back to fp8: its own pages, still there
+    assert _restores(c, toks, want8)
+    c.close()
+
+
+def test_linker_mha_and_mla_and_page_sizes_keep_apart(sg, tmp_path):
+    toks = list(range(200, 232))  # 8 pages of 4, 4 of 8
+    a = Rig([tmp_path])
+    want = _write(a, toks, seed=3)
+    a.close()
+    for other in (dict(mla=True), dict(page=8), dict(mla=True, dtype=FP8)):
+        r = Rig([tmp_path], **other)
+        assert r.restore(toks)[0] == 0, other
+        r.close()
+    a = Rig([tmp_path])
+    assert _restores(a, toks, want)
+    a.close()
+
+
+# ----------------------------------------------------------------------------- the host tier
+PAGE = 16
+
+
+def _storage(h, dirs, kind, dtype, page=PAGE, tp_rank=0, tp_size=1, kv=None):
+    """A TuttiStorage on a real host pool of this dtype, attached as in a server started with
+    --kv-cache-dtype kv (published in SGLang's runtime context while it attaches)."""
+    from sglang.srt.runtime_context import get_context
+
+    from tutti_hicache.storage import TuttiStorage
+    if kv is None:
+        kv = "fp8_e4m3" if dtype == FP8 else "auto"
+    if kind == "mha":
+        pool = h.make_mha_host_pool("layer_first", 2, 2, 64, page, dtype, 24)
+    else:
+        pool = h.make_mla_host_pool("layer_first", 2, 32, 16, page, dtype, 24)
+    cfg = {"tutti_dirs": [str(d) for d in dirs], "tutti_capacity_gb": 0.1, "tutti_segment_gb": 1 / 64,
+           "tutti_rescan_interval_s": 0.0}
+    sc = h.make_storage_config(tp_rank=tp_rank, tp_size=tp_size, is_mla=kind == "mla", extra_config=cfg)
+    st = TuttiStorage(sc, {})
+    override = get_context().override_server_args(model_path="dummy", kv_cache_dtype=kv)
+    override.install()
+    try:
+        st.register_mem_pool_host(pool)
+    finally:
+        override.restore()
+    return st, pool
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+def test_host_tier_fp8_pools_roundtrip_and_never_meet_bf16_pages(sglang, tmp_path, kind):
+    h = sglang
+    keys = h.make_page_keys(8, seed=21)
+    st, pool = _storage(h, [tmp_path], kind, FP8)
+    assert pool.dtype == torch.uint8  # SGLang's host pools hold fp8 KV as bytes
+    assert st.store.identity["dtype"] == "float8_e4m3fn"  # named by --kv-cache-dtype
+    src, dst = pool.alloc(8 * PAGE), pool.alloc(8 * PAGE)
+    h.fill_random(pool, src, seed=22)
+    want = h.page_bytes(pool, src)
+    assert all(st.batch_set_v1(keys, src))
+    st.close()
+    for dtype, kv in ((torch.bfloat16, "auto"), (FP8, "fp8_e5m2")):  # other --kv-cache-dtypes
+        st, pool = _storage(h, [tmp_path], kind, dtype, kv=kv)  # e5m2: the same bytes per token
+        assert st.batch_exists(keys) == 0, kv
+        st.close()
+    st, pool = _storage(h, [tmp_path], kind, FP8)  # a restart with the same one
+    assert st.batch_exists(keys) == 8
+    dst = pool.alloc(8 * PAGE)
+    assert all(st.batch_get_v1(keys, dst))
+    assert h.page_bytes(pool, dst) == want
+    st.close()
+
+
+def test_host_tier_page_sizes_and_kinds_keep_apart(sglang, tmp_path):
+    h = sglang
+    keys = h.make_page_keys(4, seed=31)
+    st, pool = _storage(h, [tmp_path], "mha", torch.bfloat16, page=32)
+    src = pool.alloc(4 * 32)
+    h.fill_random(pool, src, seed=32)
+    assert all(st.batch_set_v1(keys, src))
+    st.close()
+    for kind, page in (("mha", 64), ("mla", 32)):
+        st, _ = _storage(h, [tmp_path], kind, torch.bfloat16, page=page)
+        assert st.batch_exists(keys) == 0, (kind, page)
+        st.close()
+    st, _ = _storage(h, [tmp_path], "mha", torch.bfloat16, page=32)
+    assert st.batch_exists(keys) == 4
+    st.close()
+
+
+def test_host_tier_mla_fp8_is_written_once_and_read_by_every_rank(sglang, tmp_path):
+    """MLA's latent is the same on every TP rank, fp8 too: rank 0 writes, rank 1 (same
+    directories) finds and reads rank 0's pages and writes none of its own."""
+    h = sglang
+    keys = h.make_page_keys(6, seed=41)
+    st0, pool0 = _storage(h, [tmp_path], "mla", FP8, tp_rank=0, tp_size=2)
+    src = pool0.alloc(6 * PAGE)
+    h.fill_random(pool0, src, seed=42)
+    want = h.page_bytes(pool0, src)
+    assert all(st0.batch_set_v1(keys, src))
+    st1, pool1 = _storage(h, [tmp_path], "mla", FP8, tp_rank=1, tp_size=2)
+    assert st1.batch_exists(keys) == 6
+    dst = pool1.alloc(6 * PAGE)
+    assert all(st1.batch_get_v1(keys, dst))
+    assert h.page_bytes(pool1, dst) == want
+    assert st1.batch_set_v1(h.make_page_keys(2, seed=43), dst[:2 * PAGE]) == [False, False]
+    st1.close()
+    st0.close()
