@@ -20,7 +20,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, port: int, dirs: list, mla: bool, q) -> None:
+def _rank(rank: int, port: int, dirs: list, mla: bool, q, fp8: bool = False) -> None:
     try:
         import torch
         import torch.distributed as dist
@@ -30,7 +30,8 @@ def _rank(rank: int, port: int, dirs: list, mla: bool, q) -> None:
         from tutti_hicache.testing.linker_rig import Rig
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
         toks = list(range(100, 124))  # 6 pages
-        a = Rig(dirs, mla=mla)
+        dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+        a = Rig(dirs, mla=mla, dtype=dtype)
         slots = a.fill(len(toks), seed=0 if mla else 1 + rank)  # MLA: the same latent on both ranks
         want = a.snapshot(slots)
         a.insert(toks, slots)
@@ -39,7 +40,7 @@ def _rank(rank: int, port: int, dirs: list, mla: bool, q) -> None:
         written = a.linker.store.stats()["write_pages"]
         dist.barrier()  # both ranks' offloads are on disk
         a.close()
-        b = Rig(dirs, mla=mla)  # a restart of the rank over the same directories
+        b = Rig(dirs, mla=mla, dtype=dtype)  # a restart of the rank over the same directories
         hit, failed = b.restore(toks)
         exact = bool(b.loads) and all(torch.equal(x, y) for x, y in zip(b.snapshot(b.loads[-1]), want))
         ident = b.linker.store.identity
@@ -47,16 +48,16 @@ def _rank(rank: int, port: int, dirs: list, mla: bool, q) -> None:
         dist.barrier()
         dist.destroy_process_group()
         q.put((rank, dict(writer=writer, written=written, hit=hit, failed=len(failed), exact=exact,
-                          tp=ident.get("tp"))))
+                          tp=ident.get("tp"), dtype=ident.get("dtype"))))
     except BaseException as e:  # report instead of leaving the parent waiting
         q.put((rank, repr(e)))
         raise
 
 
-def _run_ranks(tmp_path, mla: bool) -> dict:
+def _run_ranks(tmp_path, mla: bool, fp8: bool = False) -> dict:
     ctx = mp.get_context("spawn")
     q, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, [str(tmp_path)], mla, q)) for r in (0, 1)]
+    procs = [ctx.Process(target=_rank, args=(r, port, [str(tmp_path)], mla, q, fp8)) for r in (0, 1)]
     for p in procs:
         p.start()
     try:
@@ -82,10 +83,12 @@ def test_mha_tp_ranks_restore_their_own_heads(sglang, tmp_path):
         assert out[r]["tp"] == [r, 2]
 
 
-def test_mla_rank0_writes_rank1_reads(sglang, tmp_path):
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8_e4m3"])
+def test_mla_rank0_writes_rank1_reads(sglang, tmp_path, fp8):
     if sglang.sglang_version() < "0.5.23":
         pytest.skip("the UnifiedCacheLinker path needs SGLang 0.5.23")
-    out = _run_ranks(tmp_path, mla=True)
+    out = _run_ranks(tmp_path, mla=True, fp8=fp8)
+    assert out[0]["dtype"] == out[1]["dtype"] == ("float8_e4m3fn" if fp8 else "bfloat16")
     assert out[0]["writer"] and out[0]["written"] == 6
     assert not out[1]["writer"] and out[1]["written"] == 0
     for r in (0, 1):
