@@ -121,7 +121,11 @@ class HostTier:
     def _pin_memory(self, device) -> None:
         try:
             rc = torch.cuda.cudart().cudaHostRegister(self._buf.address, self.nbytes, 2)  # mapped
-            if int(getattr(rc, "value", rc)) != 0:
+            try:
+                code = int(rc)
+            except (TypeError, ValueError):
+                code = int(getattr(rc, "value", 0))
+            if code != 0:
                 raise RuntimeError(f"cudaHostRegister returned {rc}")
             self._registered = True
         except Exception as e:  # noqa: BLE001 - a tier that cannot pin stays off
