@@ -133,8 +133,14 @@ class HostTier:
                            self.nbytes / 1e9, e)
             return
         try:
-            self._device_arena = torch.as_tensor(_Mapped(self._buf.address, self.nbytes),
-                                                 device=device).view(self.slots, self.page_nbytes)
+            view = torch.as_tensor(_Mapped(self._buf.address, self.nbytes),
+                                   device=device).view(self.slots, self.page_nbytes)
+            # a kernel must read what the CPU wrote: checked once on the last slot's first bytes
+            probe = torch.arange(min(4096, self.page_nbytes), dtype=torch.int64).remainder_(251)
+            self.arena[-1, :probe.numel()] = probe.to(torch.uint8)
+            if not torch.equal(view[-1, :probe.numel()].clone().cpu(), self.arena[-1, :probe.numel()]):
+                raise RuntimeError("a kernel read other bytes than the CPU wrote")
+            self._device_arena = view
         except Exception as e:  # noqa: BLE001 - loads then copy through host staging
             logger.warning("tutti: the DRAM tier is not device-addressable here (%s); its pages "
                            "reach the GPU through a host copy", e)
