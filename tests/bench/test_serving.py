@@ -176,7 +176,7 @@ def faked(monkeypatch):
                 for k, g in enumerate(i % shape.groups for i in range(shape.requests))]
 
     def fake_run(srv, shape, tokenizer_dir, out_file, rate=math.inf, concurrency=1, flush=False,
-                 timeout_s=900.0, log_path=None):
+                 timeout_s=900.0, log_path=None, client=None):
         calls.append((os.path.basename(out_file), rate, concurrency, flush, shape))
         n = shape.requests
         return _result(n, ttft=ttft_by_rate.get(rate, 0.25), lens=[shape.system + shape.question] * n)
@@ -271,3 +271,84 @@ def test_no_restart_keeps_the_server_for_the_hot_set(tmp_path, faked):
                                 e2e.Workload([4096], 2), {}, float("inf"))
     assert "error" not in run and len(FakeServer.starts) == 1
     assert list(run["phases"])[:4] == ["warm", "reuse", "check", "again"]
+
+
+# ------------------------------------------------------------------ one bench_serving process
+FAKE_WORKER = '''
+import json, os, sys, time
+fd = int(sys.argv[1])
+os.write(fd, b"ready\\n")
+for line in sys.stdin:
+    if not line.strip():
+        break
+    args = json.loads(line)
+    out = args[args.index("--output-file") + 1]
+    if "--seed" in args and args[args.index("--seed") + 1] == "99":
+        time.sleep(30)  # a phase that hangs
+    n = int(args[args.index("--num-prompts") + 1])
+    with open(out, "a") as f:
+        f.write(json.dumps({"completed": n, "ttfts": [0.1] * n, "pid": os.getpid()}) + "\\n")
+    os.write(fd, b"0\\n")
+'''
+
+
+class _Srv:
+    url = "http://127.0.0.1:1"
+
+    def __init__(self):
+        self.up = True
+
+    def alive(self):
+        return self.up
+
+
+def test_one_client_process_serves_every_phase_and_dies_with_the_server(tmp_path):
+    (tmp_path / "fakeworker.py").write_text(FAKE_WORKER)
+    client = serving.Client(str(tmp_path / "bs.log"), cwd=str(tmp_path), module="fakeworker")
+    client.start()
+    srv = _Srv()
+    a = serving.run(srv, SHAPE, "/m", str(tmp_path / "a.jsonl"), client=client)
+    b = serving.run(srv, SHAPE.with_(per_group=2), "/m", str(tmp_path / "b.jsonl"), client=client)
+    assert a["completed"] == 3 and b["completed"] == 6 and a["pid"] == b["pid"]  # one process
+    with pytest.raises(RuntimeError, match="out of time"):  # a phase past its limit: killed
+        serving.run(srv, SHAPE.with_(seed=99), "/m", str(tmp_path / "c.jsonl"), client=client,
+                    timeout_s=1.0)
+    assert client.proc is None
+    c = serving.run(srv, SHAPE, "/m", str(tmp_path / "d.jsonl"), client=client)  # a new process
+    assert c["pid"] != a["pid"]
+    srv.up = False
+    with pytest.raises(RuntimeError, match="server process died"):
+        serving.run(srv, SHAPE.with_(seed=99), "/m", str(tmp_path / "e.jsonl"), client=client)
+    client.close()
+
+
+def test_the_worker_runs_bench_serving_once_per_line(monkeypatch, tmp_path):
+    """serving_worker.main: SGLang's cli_main per line on its own argv, the tokenizer loaded once
+    per path, an exit code per run (a failed run does not end the worker)."""
+    import io
+    import os
+    import sys
+    import types
+
+    from tutti_hicache.benchmarks import serving_worker
+    seen, loads = [], []
+    fake = types.ModuleType("sglang.benchmark.serving")
+
+    def get_tokenizer(path):
+        loads.append(path)
+        return object()
+
+    def cli_main():
+        fake.get_tokenizer("/m")
+        seen.append(list(sys.argv[1:]))
+        if "--boom" in sys.argv:
+            raise SystemExit(2)
+    fake.get_tokenizer, fake.cli_main = get_tokenizer, cli_main
+    monkeypatch.setitem(sys.modules, "sglang.benchmark.serving", fake)
+    monkeypatch.setattr(sys, "stdin", io.StringIO('["--a", "1"]\n["--boom"]\n["--b"]\n\n'))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    r, w = os.pipe()
+    assert serving_worker.main([str(w)]) == 0
+    os.close(w)
+    assert os.read(r, 100).decode().split() == ["ready", "0", "2", "0"]
+    assert seen == [["--a", "1"], ["--boom"], ["--b"]] and loads == ["/m"]

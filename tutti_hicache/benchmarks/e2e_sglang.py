@@ -224,7 +224,8 @@ def serving_phase(args, run: dict, srv: Server, name: str, shape: serving.Shape,
     t0 = time.time()
     result = serving.run(srv, shape, args.model, os.path.join(args.out_dir, f"bs-{run['config']}-{name}.jsonl"),
                          rate=rate, concurrency=concurrency, flush=flush,
-                         log_path=os.path.join(args.out_dir, f"bs-{run['config']}.log"))
+                         log_path=os.path.join(args.out_dir, f"bs-{run['config']}.log"),
+                         client=getattr(args, "bs_client", None))
     run.setdefault("serving", {})[name] = {"rate": None if math.isinf(rate) else rate,
                                            "max_concurrency": concurrency, "flush": flush,
                                            "shape": dataclasses.asdict(shape), **serving.summary(result)}
@@ -488,6 +489,10 @@ def main(description: str = __doc__):
         configs.write_model(args.model, args.layers, args.weights, args.weights_seed)
     deadline = t_start + args.deadline_s if args.deadline_s else float("inf")
     wl = e2e.Workload([int(c) for c in args.contexts.split(",")], args.docs)
+    args.bs_client = None
+    if args.client == "bench-serving":  # its imports run while the media are read and servers start
+        args.bs_client = serving.Client(os.path.join(args.out_dir, "bench-serving.log"), cwd=args.out_dir)
+        args.bs_client.start()
     raw = {"raw_read_GBps": raw_read_dirs(args.tutti_dirs.split(","), 4 << 30)["raw_read_GBps"],
            "raw_read_one_dir_GBps": raw_read_dirs([args.one_dir], 4 << 30, threads=16)["raw_read_GBps"]}
     print("raw O_DIRECT read:", json.dumps(raw), flush=True)
@@ -528,6 +533,8 @@ def main(description: str = __doc__):
     if args.reference and not any(r.get("config") == "recompute" for r in results):
         with open(args.reference) as f:
             refs = [r for r in json.load(f) if r.get("config") == "recompute"]
+    if args.bs_client is not None:
+        args.bs_client.close()
     eq = e2e.outputs_vs(results + refs, tol=args.logprob_tol)
     for run in results:  # the output check, in the JSON beside each run
         run["outputs_vs_recompute"] = eq.get(f"{run['config']}@{run.get('medium', '')}")

@@ -11,8 +11,9 @@ At a glance:
                                            (SGLang's own generator, in-process; it caches them
                                            where the client then reads them)
     argv(shape, url, tokenizer_dir, out_file, rate, concurrency, flush) -> [str]
-    run(srv, shape, tokenizer_dir, out_file, ...) -> dict      its JSON line (details included);
-                                           stops at once when the server process dies
+    Client(log_path, cwd).start()          one bench_serving process for every phase (serving_worker)
+    run(srv, shape, tokenizer_dir, out_file, ..., client=None) -> dict    its JSON line (details
+                                           included); stops at once when the server process dies
     records(result, prompts, ids, cached) -> [record]          per request, in the harness's record
                                            format (e2e.summarize, the report tables)
     summary(result) -> dict                what it reports, under its own names
@@ -129,22 +130,114 @@ def argv(shape: Shape, url: str, tokenizer_dir: str, out_file: str, rate: float 
     return cmd
 
 
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+class Client:
+    """bench_serving in one long-lived process (serving_worker.py): its imports paid once, at
+    start() (call it early: they overlap the server's start), not per phase. A phase that
+    outlives its server or its time limit kills the process; the next phase starts another."""
+
+    def __init__(self, log_path: str, cwd: Optional[str] = None, python: str = sys.executable,
+                 module: str = "tutti_hicache.benchmarks.serving_worker"):
+        self.log_path, self.cwd, self.python, self.module = log_path, cwd, python, module
+        self.proc: Optional[subprocess.Popen] = None
+        self._fd, self._buf, self._ready = -1, b"", False
+
+    def start(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        r, w = os.pipe()
+        with open(self.log_path, "a") as log:
+            self.proc = subprocess.Popen(
+                [self.python, "-m", self.module, str(w)],
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, pass_fds=(w,),
+                cwd=self.cwd, env={**os.environ, **OFFLINE}, text=True)
+        os.close(w)
+        self._fd, self._buf, self._ready = r, b"", False
+
+    def _line(self, srv, deadline: float) -> str:
+        """The worker's next status line; raises when the server or the worker died, or at the
+        deadline (the worker is then killed)."""
+        import select
+        while b"\n" not in self._buf:
+            if srv is not None and not srv.alive():
+                self.close()
+                raise RuntimeError("bench_serving stopped: the server process died")
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("bench_serving stopped: out of time")
+            ready, _, _ = select.select([self._fd], [], [], 0.2)
+            if ready:
+                chunk = os.read(self._fd, 4096)
+                if not chunk:  # the worker is gone
+                    code = self.proc.wait() if self.proc is not None else None
+                    self.close()
+                    raise RuntimeError(f"bench_serving's process exited ({code}; its output: "
+                                       f"{self.log_path})")
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode().strip()
+
+    def run(self, srv, args: list, timeout_s: float) -> int:
+        """One bench_serving run with these arguments; its exit code."""
+        deadline = time.monotonic() + timeout_s
+        self.start()
+        if not self._ready:
+            if self._line(srv, deadline) != "ready":
+                self.close()
+                raise RuntimeError(f"bench_serving's process did not start (see {self.log_path})")
+            self._ready = True
+        with open(self.log_path, "a") as log:
+            log.write("== bench_serving " + " ".join(args) + "\n")
+        self.proc.stdin.write(json.dumps(args) + "\n")
+        self.proc.stdin.flush()
+        return int(self._line(srv, deadline))
+
+    def close(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            try:
+                self.proc.stdin.close()
+            except OSError:  # a pipe whose reader was killed
+                pass
+            self.proc = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 def run(srv, shape: Shape, tokenizer_dir: str, out_file: str, rate: float = math.inf,
         concurrency: int = 1, flush: bool = False, timeout_s: float = 900.0,
-        log_path: Optional[str] = None) -> dict:
+        log_path: Optional[str] = None, client: Optional[Client] = None) -> dict:
     """One bench_serving phase against `srv` (benchmarks.server.Server); its JSON line with the
-    per-request details. The client is killed when the server process dies or after timeout_s,
-    and the phase then raises (the harness records the error and goes on)."""
+    per-request details. In `client` (one process for every phase) or else a process of its
+    own; either is killed when the server process dies or after timeout_s, and the phase then
+    raises (the harness records the error and goes on)."""
     if os.path.exists(out_file):
         os.unlink(out_file)  # bench_serving appends
     cmd = argv(shape, srv.url, tokenizer_dir, out_file, rate, concurrency, flush)
+    if client is not None:
+        code = client.run(srv, cmd[3:], timeout_s)
+    else:
+        code = _run_process(srv, cmd, timeout_s, log_path)
+    if code != 0 or not os.path.exists(out_file):
+        where = client.log_path if client is not None else log_path
+        raise RuntimeError(f"bench_serving exited with {code}" + (f" (its output: {where})" if where else ""))
+    with open(out_file) as f:
+        lines = [ln for ln in f if ln.strip()]
+    return json.loads(lines[-1])
+
+
+def _run_process(srv, cmd: list, timeout_s: float, log_path: Optional[str]) -> int:
     log = open(log_path, "a") if log_path else subprocess.DEVNULL
     try:
         if log_path:
             log.write("== " + " ".join(cmd) + "\n")
             log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **OFFLINE})
         t0 = time.monotonic()
         while proc.poll() is None:
             if not srv.alive() or time.monotonic() - t0 > timeout_s:
@@ -153,15 +246,10 @@ def run(srv, shape: Shape, tokenizer_dir: str, out_file: str, rate: float = math
                 why = "the server process died" if not srv.alive() else f"over {timeout_s:g} s"
                 raise RuntimeError(f"bench_serving stopped: {why}")
             time.sleep(0.2)
+        return proc.returncode
     finally:
         if log_path:
             log.close()
-    if proc.returncode != 0 or not os.path.exists(out_file):
-        raise RuntimeError(f"bench_serving exited with {proc.returncode}"
-                           + (f" (its output: {log_path})" if log_path else ""))
-    with open(out_file) as f:
-        lines = [ln for ln in f if ln.strip()]
-    return json.loads(lines[-1])
 
 
 def records(result: dict, prompts_ids: list, ids: list, cached: list) -> list:
