@@ -419,3 +419,31 @@ def test_timeline_files_from_before_seq_match_forwards_only_where_no_index_repea
     b = tmp_path / "b.jsonl"
     b.write_text("\n".join(json.dumps(r) for r in [{"index": 0, "start_ns": 1}, {"index": 1, "start_ns": 2}, fwd]))
     assert [("forward" in r) for r in timeline.read([b])] == [True, False]
+
+
+def test_model_shapes_their_kv_bytes_and_server_flags(tmp_path):
+    """configs.MODELS: the issue-33 geometries. Their KV bytes per token (GQA: K and V of the KV
+    heads; MLA: one latent of kv_lora_rank + rope dims; fp8: a byte per element), their
+    config.json with --layers, seeded weights for Llama shapes only, and --kv-cache-dtype /
+    --attention-backend on every configuration's server."""
+    assert configs.kv_bytes_per_token("llama3-8b", 32) == e2e.bytes_per_token(32) == 131072
+    assert configs.kv_bytes_per_token("llama3-70b", 80) == 2 * 8 * 128 * 2 * 80
+    assert configs.kv_bytes_per_token("qwen3-30b-a3b", 48) == 2 * 4 * 128 * 2 * 48
+    assert configs.kv_bytes_per_token("deepseek-v2-lite", 27) == (512 + 64) * 2 * 27
+    assert configs.kv_bytes_per_token("llama3-8b", 32, "fp8_e4m3") == 65536
+    configs.write_model(str(tmp_path / "ds"), 4, shape="deepseek-v2-lite")
+    cfg = json.loads((tmp_path / "ds" / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 4 and cfg["kv_lora_rank"] == 512 and cfg["model_type"] == "deepseek_v2"
+    with pytest.raises(ValueError, match="Llama-shaped"):
+        configs.write_model(str(tmp_path / "q"), 4, weights="seeded", shape="qwen3-30b-a3b")
+    with pytest.raises(ValueError, match="model shape"):
+        configs.write_model(str(tmp_path / "x"), 4, shape="gpt2")
+    args = argparse.Namespace(model=str(tmp_path / "ds"), max_total_tokens=1000, kv_cache_dtype="fp8_e4m3",
+                              attention_backend="flashinfer", tutti_dirs=str(tmp_path), capacity_gb=1,
+                              out_dir=str(tmp_path), dram_gb=1, host_gb=1, one_dir=str(tmp_path))
+    for config in ("recompute", "tutti-linker", "tutti-host"):
+        argv, _ = configs.server_cmd(args, config, 30000)
+        assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
+        assert argv[argv.index("--attention-backend") + 1] == "flashinfer"
+    args.kv_cache_dtype = "auto"
+    assert "--kv-cache-dtype" not in configs.server_cmd(args, "recompute", 30000)[0]

@@ -98,8 +98,8 @@ def test_write_model_and_the_server_flag(tmp_path, monkeypatch):
     configs.write_model(str(tmp_path / "d"), 2)
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["config.json", "tokenizer.json",
                                                                    "tokenizer_config.json"]
-    monkeypatch.setattr(configs, "LLAMA3_8B", dict(configs.LLAMA3_8B, **{k: v for k, v in TINY.items()
-                                                                          if k != "num_hidden_layers"}))
+    monkeypatch.setitem(configs.MODELS, "llama3-8b", dict(configs.LLAMA3_8B, **{
+        k: v for k, v in TINY.items() if k != "num_hidden_layers"}))
     configs.write_model(str(tmp_path / "s"), 2, weights="seeded", seed=3)
     cfg = json.loads((tmp_path / "s" / "config.json").read_text())
     assert cfg["enable_lm_head_output_fp32"] and cfg["num_hidden_layers"] == 2

@@ -161,7 +161,8 @@ def _args(tmp_path, **kw):
                 one_dir_note="", cuda_graph_max_bs=0, prefill_graphs=False, weights="dummy",
                 dram_gb=1, host_gb=1, capacity_configs="tutti-linker", max_total_tokens=10000,
                 client="bench-serving", fractions=[0.9], layers=2,
-                phases="warm,reuse,check,again,rates,capacity", no_restart=False)
+                phases="warm,reuse,check,again,rates,capacity", no_restart=False,
+                model_shape="llama3-8b", kv_cache_dtype="auto", attention_backend="triton")
     base.update(kw)
     return type("Args", (), base)()
 

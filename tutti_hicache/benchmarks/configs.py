@@ -3,8 +3,10 @@
 At a glance:
     CONFIGS, LINKERS, PERSISTENT, TUTTI, CLUSTER       the configuration names and their kinds
     split_config("tutti-linker+tutti_threads=4") -> ("tutti-linker", {"tutti_threads": "4"})
-    write_model(path, layers, weights="dummy")         a Llama-3-8B-shaped config.json (and with
-                                                       weights "seeded", its weights: weights.py)
+    MODELS, kv_bytes_per_token(shape, layers, kv_cache_dtype)   model shapes (Llama-3-8B/70B, Qwen3
+                                                       MoE, DeepSeek-V2-Lite MLA) and their KV
+    write_model(path, layers, weights="dummy", shape)  a config.json of a shape (and with weights
+                                                       "seeded", its weights: weights.py)
     graph_flags(max_bs) / tutti_config(args, config)   CUDA graph flags; tutti's settings of a run
     server_cmd(args, config, port) -> (argv, env)      one configuration's server
 """
@@ -81,17 +83,66 @@ LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidd
              "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}
 
 
+# The geometries issue-33-style runs use (the public configurations' shapes; weights dummy or,
+# for the Llama shapes, seeded): dense GQA, a 70B-class layer, GQA + MoE, MLA + MoE
+MODELS = {
+    "llama3-8b": LLAMA3_8B,
+    "llama3-70b": dict(LLAMA3_8B, hidden_size=8192, intermediate_size=28672, num_attention_heads=64,
+                       num_key_value_heads=8),
+    "qwen3-30b-a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+        "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+        "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "attention_bias": False, "torch_dtype": "bfloat16", "hidden_act": "silu",
+        "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2},
+    "deepseek-v2-lite": {
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 2048,
+        "intermediate_size": 10944, "moe_intermediate_size": 1408, "n_routed_experts": 64,
+        "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+        "n_group": 1, "topk_group": 1, "topk_method": "greedy", "norm_topk_prob": False,
+        "scoring_func": "softmax", "routed_scaling_factor": 1.0, "num_attention_heads": 16,
+        "num_key_value_heads": 16, "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 102400, "max_position_embeddings": 163840,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000,
+        "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                         "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+        "attention_bias": False, "torch_dtype": "bfloat16", "hidden_act": "silu",
+        "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2},
+}
+FP8_KV = ("fp8_e4m3", "fp8_e5m2")
+
+
+def kv_bytes_per_token(shape: str, layers: int, kv_cache_dtype: str = "auto") -> int:
+    """KV bytes per token of a model shape with `layers` layers: K and V of its KV heads (GQA),
+    or MLA's one latent (kv_lora_rank + rope dims); fp8 KV: one byte per element."""
+    cfg = MODELS[shape]
+    elem = 1 if kv_cache_dtype in FP8_KV else 2
+    if "kv_lora_rank" in cfg:
+        return (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * elem * layers
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return 2 * cfg["num_key_value_heads"] * hd * elem * layers
+
+
 WEIGHTS = ("dummy", "seeded")
 
 
-def write_model(path: str, layers: int, weights: str = "dummy", seed: int = 0) -> None:
-    """A Llama-3-8B-shaped config.json with `layers` layers. weights "dummy": nothing else (the
-    server draws SGLang's dummy weights, --load-format dummy); "seeded": a safetensors checkpoint
-    of seeded HF-style random weights beside it (weights.py), which the server loads."""
+def write_model(path: str, layers: int, weights: str = "dummy", seed: int = 0,
+                shape: str = "llama3-8b") -> None:
+    """The config.json of a model shape (MODELS) with `layers` layers. weights "dummy": nothing
+    else (the server draws SGLang's dummy weights, --load-format dummy); "seeded": a safetensors
+    checkpoint of seeded HF-style random weights beside it (weights.py, Llama shapes), which the
+    server loads."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights: one of {', '.join(WEIGHTS)}, not {weights!r}")
+    if shape not in MODELS:
+        raise ValueError(f"model shape: one of {', '.join(MODELS)}, not {shape!r}")
+    if weights == "seeded" and MODELS[shape]["model_type"] != "llama":
+        raise ValueError(f"--weights seeded writes Llama-shaped checkpoints only; {shape} runs with "
+                         "--weights dummy")
     os.makedirs(path, exist_ok=True)
-    cfg = dict(LLAMA3_8B, num_hidden_layers=layers)
+    cfg = dict(MODELS[shape], num_hidden_layers=layers)
     if weights == "seeded":  # fp32 logits: no bf16 rounding of the logits (1/32 near the top) to
         cfg.update(initializer_range=0.02, enable_lm_head_output_fp32=True)  # hide small changes
     with open(os.path.join(path, "config.json"), "w") as f:
@@ -146,8 +197,10 @@ def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dic
     # with write_model's tokenizer the server streams text (what bench_serving times); without
     # one it sends ids only
     tok = [] if os.path.exists(os.path.join(args.model, "tokenizer.json")) else ["--skip-tokenizer-init"]
+    kv = getattr(args, "kv_cache_dtype", "auto")
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model,
-           *load, *tok, "--attention-backend", "triton",
+           *load, *tok, "--attention-backend", getattr(args, "attention_backend", "triton"),
+           *(["--kv-cache-dtype", kv] if kv != "auto" else []),
            "--sampling-backend", "pytorch", "--page-size", str(PAGE),
            "--mem-fraction-static", "0.5", "--max-total-tokens", str(args.max_total_tokens),
            "--port", str(port), "--enable-metrics", "--enable-cache-report"]

@@ -107,6 +107,8 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
     port = 30000 + configs.CONFIGS.index(base)
     clear_storage(args, config, keep_tutti=bool(store_from))
     run = {"config": config, "medium": args.medium, **raw, "layers": args.layers, "page_bytes": args.bpt * e2e.PAGE,
+           "model_shape": args.model_shape, "kv_cache_dtype": args.kv_cache_dtype,
+           "attention_backend": args.attention_backend,
            "one_dir": args.one_dir_note, "cuda_graph_max_bs": args.cuda_graph_max_bs,
            "prefill_graphs": args.prefill_graphs, "weights": args.weights, "top_logprobs": args.top_logprobs,
            "phases": {}, "summaries": {}, "start_s": [], "store_from": store_from or None, "salt": wl.salt,
@@ -415,6 +417,11 @@ def main(description: str = __doc__):
     ap.add_argument("--logprob-tol", type=float, default=e2e.LOGPROB_TOL,
                     help="largest top-k logprob difference from recompute still counted equal")
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--model-shape", choices=tuple(configs.MODELS), default="llama3-8b",
+                    help="the model's geometry (configs.MODELS); --layers of it")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", *configs.FP8_KV),
+                    help="SGLang's --kv-cache-dtype, every configuration")
+    ap.add_argument("--attention-backend", default="triton", help="SGLang's --attention-backend")
     ap.add_argument("--medium", required=True, help="name of the medium, for the report")
     ap.add_argument("--tutti-dirs", required=True, help="comma-separated: tutti stripes over them")
     ap.add_argument("--one-dir", required=True, help="one directory on the same devices, for file / nixl")
@@ -478,7 +485,7 @@ def main(description: str = __doc__):
     args = ap.parse_args()
     args.fractions = [float(x) for x in args.fractions.split(",")]
     args.rates = [float(x) for x in args.rates.split(",") if x]
-    args.bpt = e2e.bytes_per_token(args.layers)
+    args.bpt = configs.kv_bytes_per_token(args.model_shape, args.layers, args.kv_cache_dtype)
     for config in args.configs.split(","):
         configs.split_config(config)  # an unknown configuration or a bad variant fails here, not later
     if args.docs < 2 and any(configs.misplaced(c) for c in args.configs.split(",")):
@@ -486,7 +493,7 @@ def main(description: str = __doc__):
     os.makedirs(args.out_dir, exist_ok=True)
     t_start = time.time()  # the deadline counts the model's writing (--weights seeded: seconds)
     if args.write_model:
-        configs.write_model(args.model, args.layers, args.weights, args.weights_seed)
+        configs.write_model(args.model, args.layers, args.weights, args.weights_seed, args.model_shape)
     deadline = t_start + args.deadline_s if args.deadline_s else float("inf")
     wl = e2e.Workload([int(c) for c in args.contexts.split(",")], args.docs)
     args.bs_client = None
