@@ -36,6 +36,13 @@ def test_slots_and_addresses():
     # layer l of a slot is its [k_objs * obj_stride] run at l * that
     t.arena[3] = torch.arange(t.page_nbytes, dtype=torch.int64).to(torch.uint8)
     assert torch.equal(t.layer(1)[3], t.arena[3, t.per_layer:])
+    # the device view's 8-byte words hold the same bytes (checked on the CPU arena itself)
+    assert t.device_layer(1) is None
+    t._device_arena = t.arena
+    words = t.device_layer(1)
+    assert words.dtype == torch.int64 and words.shape == (8, t.per_layer // 8)
+    assert torch.equal(words[3].contiguous().view(torch.uint8), t.layer(1)[3])
+    t._device_arena = None
     with pytest.raises(ValueError, match="holds no page"):
         HostTier(100, 2, 2, 4096, torch.device("cpu"), False)
 

@@ -295,9 +295,13 @@ class HostTier:
         return self.arena.view(self.slots, self.num_layers, self.per_layer)[:, layer]
 
     def device_layer(self, layer: int) -> Optional[torch.Tensor]:
+        """layer(layer) in device address space, as int64 words [slots, per_layer / 8]: a
+        gather's loads over the bus are then 8 bytes per thread (a warp: 256 contiguous bytes),
+        not one. None where the tier is not device-addressable."""
         if self._device_arena is None:
             return None
-        return self._device_arena.view(self.slots, self.num_layers, self.per_layer)[:, layer]
+        words = self._device_arena.view(torch.int64).view(self.slots, self.num_layers, self.per_layer // 8)
+        return words[:, layer]
 
     def slot_addrs(self, slots) -> np.ndarray:
         """[n, num_layers * k_objs] addresses of each object of these slots."""

@@ -227,12 +227,14 @@ class Loader:
                 job.host_slots_dev = torch.from_numpy(slots).to(self._k_bufs[0].device)
             for c0 in range(0, len(slots), step):
                 m = min(step, len(slots) - c0)
-                dev = self._stage.device[: m * per_layer].view(m, per_layer)
-                if src is not None:
-                    torch.index_select(src, 0, job.host_slots_dev[c0:c0 + m], out=dev)
+                dev = self._stage.device[: m * per_layer]
+                if src is not None:  # 8-byte words (hosttier.device_layer)
+                    torch.index_select(src, 0, job.host_slots_dev[c0:c0 + m],
+                                       out=dev.view(torch.int64).view(m, per_layer // 8))
                 else:  # not device-addressable here: a host gather, then a plain copy
-                    dev.copy_(self._host.layer(layer).index_select(0, torch.from_numpy(slots[c0:c0 + m])))
-                self._scatter(dev.view(-1), layer, job.host_page_ids[c0:c0 + m])
+                    dev.view(m, per_layer).copy_(
+                        self._host.layer(layer).index_select(0, torch.from_numpy(slots[c0:c0 + m])))
+                self._scatter(dev, layer, job.host_page_ids[c0:c0 + m])
 
     # ------------------------------------------------------------ [loader] one load
     def _load(self, job) -> None:
