@@ -70,7 +70,7 @@ def store_config(a) -> TuttiConfig:
         {"tutti_dirs": [os.path.join(a.dir, f"d{i}") for i in range(a.dirs)],
          "tutti_capacity_gb": a.capacity_mb / 1024, "tutti_segment_gb": a.segment_mb / 1024,
          "tutti_rescan_interval_s": a.rescan_s, "tutti_verify": not a.no_verify,
-         "tutti_engine": a.engine}, env={})
+         "tutti_engine": a.engine, "tutti_host_gb": getattr(a, "host_mb", 0) / 1024}, env={})
 
 
 def key_of(worker: int, gen: int, n: int) -> str:
@@ -400,6 +400,8 @@ def main(argv=None) -> int:
     ap.add_argument("--readers", type=int, default=1, help="reader threads per process")
     ap.add_argument("--linker", type=int, default=0,
                     help="layer-wise threads per process (LayerwiseKV loads and offloads on CPU pools)")
+    ap.add_argument("--host-mb", type=float, default=0,
+                    help="the linker threads' DRAM tier (tutti_host_gb), MiB per LayerwiseKV")
     ap.add_argument("--batch", type=int, default=32, help="max pages per operation")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--page-size", type=int, default=16)
