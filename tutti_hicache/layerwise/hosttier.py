@@ -97,15 +97,7 @@ class HostTier:
         self.arena = torch.frombuffer(self._buf, dtype=torch.uint8).view(self.slots, self.page_nbytes)
         self._device_arena = None
         self._registered = False
-        # pinning GBs takes seconds: on a thread, while the server starts; until it ends, the
-        # tier takes and serves nothing (online)
         self.online = threading.Event()
-        if cuda:
-            self._pinning = threading.Thread(target=self._pin_memory, args=(device,), daemon=True,
-                                             name="tutti-host-pin")
-            self._pinning.start()
-        else:
-            self.online.set()
         self._lock = threading.Lock()
         self._slot_of: dict[str, int] = {}
         self._key_of: list[Optional[str]] = [None] * self.slots
@@ -117,6 +109,14 @@ class HostTier:
         self._ghost: OrderedDict = OrderedDict()      # keys seen once, oldest first
         self._counts = {"host_hit_pages": 0, "host_inserted_pages": 0, "host_promoted_pages": 0,
                         "host_evicted_pages": 0, "host_full_pages": 0}
+        # pinning GBs takes seconds: on a thread, while the server starts; until it ends, the
+        # tier takes and serves nothing (online)
+        if cuda:
+            self._pinning = threading.Thread(target=self._pin_memory, args=(device,), daemon=True,
+                                             name="tutti-host-pin")
+            self._pinning.start()
+        else:
+            self.online.set()
 
     def _pin_memory(self, device) -> None:
         try:
@@ -135,10 +135,11 @@ class HostTier:
         try:
             view = torch.as_tensor(_Mapped(self._buf.address, self.nbytes),
                                    device=device).view(self.slots, self.page_nbytes)
-            # a kernel must read what the CPU wrote: checked once on the last slot's first bytes
-            probe = torch.arange(min(4096, self.page_nbytes), dtype=torch.int64).remainder_(251)
-            self.arena[-1, :probe.numel()] = probe.to(torch.uint8)
-            if not torch.equal(view[-1, :probe.numel()].clone().cpu(), self.arena[-1, :probe.numel()]):
+            # the loads' own gather must read what the CPU wrote: checked once, on the last slot
+            self.arena[-1] = torch.arange(self.page_nbytes, dtype=torch.int64).remainder_(251).to(torch.uint8)
+            words = view.view(torch.int64).view(self.slots, self.page_nbytes // 8)
+            row = torch.index_select(words, 0, torch.tensor([self.slots - 1], device=view.device))
+            if not torch.equal(row.cpu().view(torch.uint8).view(-1), self.arena[-1]):
                 raise RuntimeError("a kernel read other bytes than the CPU wrote")
             self._device_arena = view
         except Exception as e:  # noqa: BLE001 - loads then copy through host staging
