@@ -248,7 +248,7 @@ def test_a_misplace_variant_swaps_between_warm_and_restart(tmp_path, faked, monk
     monkeypatch.setattr(e2e_sglang.misplace, "misplace_docs", fake_misplace)
     run = e2e_sglang.run_config(_args(tmp_path, rates=[]), "tutti-linker+misplace",
                                 e2e.Workload([4096], 2), {}, float("inf"))
-    assert run["misplaced"]["swapped"] == 1
+    assert run["misplaced"]["swapped"] == 1 and run["misplaced"]["context"] == 4096
     assert seen["page"] == 4096 // e2e.PAGE // 2 and seen["ids"] == ["gsp/4096/0", "gsp/4096/1"]
     assert seen["docs"][0][:4096] != seen["docs"][1][:4096]
 

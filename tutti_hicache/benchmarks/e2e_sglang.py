@@ -303,8 +303,9 @@ def misplace_control(args, wl: Optional[e2e.Workload]) -> dict:
         if wl is None:  # bench_serving's documents 0 and 1; the check phase's requests
             shape = main_shape(args)
             sent = serving.prompts(shape, args.model)
-            out = misplace.misplace_docs(sent[:2], shape.system // e2e.PAGE // 2, dirs, args.capacity_gb,
-                                         serving.check_requests(shape, sent))
+            out = {"context": shape.system, "documents": [0, 1],
+                   **misplace.misplace_docs(sent[:2], shape.system // e2e.PAGE // 2, dirs, args.capacity_gb,
+                                            serving.check_requests(shape, sent))}
         else:
             later = [wl.first(), *e2e.sweep_requests(wl, args.fractions),
                      *(r for rate in args.rates for r in wl.rates(rate, args.rate_requests))]
