@@ -14,6 +14,7 @@ The tokenizer is loaded once per path (bench_serving loads it per run).
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import os
 import sys
@@ -22,7 +23,7 @@ import sys
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     fd = int(argv[0])
-    import sglang.benchmark.serving as bs
+    bs = importlib.import_module("sglang.benchmark.serving")
     bs.get_tokenizer = functools.lru_cache(maxsize=4)(bs.get_tokenizer)
     os.write(fd, b"ready\n")
     for line in sys.stdin:
