@@ -162,7 +162,7 @@ def _args(tmp_path, **kw):
                 dram_gb=1, host_gb=1, capacity_configs="tutti-linker", max_total_tokens=10000,
                 client="bench-serving", fractions=[0.9], layers=2,
                 phases="warm,reuse,check,again,rates,capacity", no_restart=False,
-                model_shape="llama3-8b", kv_cache_dtype="auto", attention_backend="triton")
+                model_shape="llama3-8b", kv_cache_dtype="auto", attention_backend="triton", page_size=64)
     base.update(kw)
     return type("Args", (), base)()
 
@@ -242,8 +242,8 @@ def test_dram_and_recompute_never_restart_and_dram_never_flushes(tmp_path, faked
 def test_a_misplace_variant_swaps_between_warm_and_restart(tmp_path, faked, monkeypatch):
     seen = {}
 
-    def fake_misplace(docs, page, dirs, cap, requests, keys=None):
-        seen.update(docs=docs, page=page, ids=[r.id for r in requests])
+    def fake_misplace(docs, page, dirs, cap, requests, keys=None, page_size=64):
+        seen.update(docs=docs, page=page, ids=[r.id for r in requests], page_size=page_size)
         return {"swapped": 1, "affected": [r.id for r in requests]}
     monkeypatch.setattr(e2e_sglang.misplace, "misplace_docs", fake_misplace)
     run = e2e_sglang.run_config(_args(tmp_path, rates=[]), "tutti-linker+misplace",
@@ -353,3 +353,15 @@ def test_the_worker_runs_bench_serving_once_per_line(monkeypatch, tmp_path):
     os.close(w)
     assert os.read(r, 100).decode().split() == ["ready", "0", "2", "0"]
     assert seen == [["--a", "1"], ["--boom"], ["--b"]] and loads == ["/m"]
+
+
+def test_a_page_size_reaches_the_servers_and_the_cached_prefixes(tmp_path, faked):
+    """--page-size 32: every server runs with it, and a prompt's cached share is counted in its
+    pages (the whole prompt short of its last token, cut to 32-token pages)."""
+    args = _args(tmp_path, rates=[], page_size=32, question_tokens=80)
+    run = e2e_sglang.run_config(args, "tutti-linker", e2e.Workload([4096], 2), {}, float("inf"))
+    assert "error" not in run and run["page_size"] == 32
+    assert all(cmd[cmd.index("--page-size") + 1] == "32" for cmd in FakeServer.starts)
+    assert [r["cached"] for r in run["phases"]["reuse"]] == [(4096 + 80 - 1) // 32 * 32] * 2 == [4160] * 2
+    assert [r.cached for r in serving.check_requests(SHAPE, [[1] * 1070], 32)] == [1056]
+    assert [r.cached for r in serving.check_requests(SHAPE, [[1] * 1070])] == [1024]  # 64-token pages

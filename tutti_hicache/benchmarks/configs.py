@@ -201,7 +201,7 @@ def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dic
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model,
            *load, *tok, "--attention-backend", getattr(args, "attention_backend", "triton"),
            *(["--kv-cache-dtype", kv] if kv != "auto" else []),
-           "--sampling-backend", "pytorch", "--page-size", str(PAGE),
+           "--sampling-backend", "pytorch", "--page-size", str(getattr(args, "page_size", PAGE)),
            "--mem-fraction-static", "0.5", "--max-total-tokens", str(args.max_total_tokens),
            "--port", str(port), "--enable-metrics", "--enable-cache-report"]
     cmd += graph_flags(getattr(args, "cuda_graph_max_bs", 0), prefill=getattr(args, "prefill_graphs", False))

@@ -106,7 +106,8 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
     base = configs.split_config(config)[0]  # a variant (+tutti_KEY=VALUE) runs as its base
     port = 30000 + configs.CONFIGS.index(base)
     clear_storage(args, config, keep_tutti=bool(store_from))
-    run = {"config": config, "medium": args.medium, **raw, "layers": args.layers, "page_bytes": args.bpt * e2e.PAGE,
+    run = {"config": config, "medium": args.medium, **raw, "layers": args.layers,
+           "page_size": args.page_size, "page_bytes": args.bpt * args.page_size,
            "model_shape": args.model_shape, "kv_cache_dtype": args.kv_cache_dtype,
            "attention_backend": args.attention_backend,
            "one_dir": args.one_dir_note, "cuda_graph_max_bs": args.cuda_graph_max_bs,
@@ -212,10 +213,10 @@ def main_shape(args) -> serving.Shape:
                          question=args.question_tokens, output=args.max_new, seed=args.serving_seed)
 
 
-def cached_pages(prompt_tokens: int) -> int:
+def cached_pages(prompt_tokens: int, page: int = e2e.PAGE) -> int:
     """The most of a prompt SGLang can take from a cache: its whole pages short of the last token
     (which the prefill must compute to sample from)."""
-    return (prompt_tokens - 1) // e2e.PAGE * e2e.PAGE
+    return (prompt_tokens - 1) // page * page
 
 
 def serving_phase(args, run: dict, srv: Server, name: str, shape: serving.Shape, prefix: str,
@@ -251,7 +252,8 @@ def serving_phases(args, sess: Session, deadline: float, store_from: str, capaci
     --phases picks among them."""
     run, base, srv = sess.out, configs.split_config(sess.config)[0], sess.srv
     shape = main_shape(args)
-    pages = [cached_pages(shape.system + shape.question)] * shape.requests
+    ps = args.page_size
+    pages = [cached_pages(shape.system + shape.question, ps)] * shape.requests
     want = set(args.phases.split(","))
     if not store_from and "warm" in want:
         serving_phase(args, run, srv, "warm", shape, "warm", [0] * shape.requests)
@@ -260,7 +262,7 @@ def serving_phases(args, sess: Session, deadline: float, store_from: str, capaci
     if "reuse" in want:
         serving_phase(args, run, srv, "reuse", shape, "reuse", pages)
     if "check" in want:
-        checks = serving.check_requests(shape, serving.prompts(shape, args.model))
+        checks = serving.check_requests(shape, serving.prompts(shape, args.model), ps)
         record_phase(run, "check", run_sequential(srv, checks, args.max_new, flush=base != "dram"))
     if "again" in want:  # a third pass: the tiered linker's pages read twice are now in DRAM
         serving_phase(args, run, srv, "again", shape, "again", pages, flush=base not in ("dram", "recompute"))
@@ -270,7 +272,7 @@ def serving_phases(args, sess: Session, deadline: float, store_from: str, capaci
             run["skipped"] = f"rates from {rate:g} on: out of time"
             break
         rshape = shape.with_(per_group=max(1, -(-args.rate_requests // shape.groups)))
-        doc_pages = shape.system // e2e.PAGE * e2e.PAGE  # a new question on a stored document
+        doc_pages = shape.system // ps * ps  # a new question on a stored document
         res = serving_phase(args, run, srv, f"rate{rate:g}", rshape, f"rate{rate:g}",
                             [doc_pages] * rshape.requests, rate=rate, concurrency=args.rate_concurrency,
                             flush=base not in ("dram", "recompute"))
@@ -285,7 +287,7 @@ def serving_phases(args, sess: Session, deadline: float, store_from: str, capaci
         cshape = serving.Shape(groups=cap_docs, per_group=1, system=args.capacity_context,
                                question=args.question_tokens, output=args.max_new,
                                seed=args.serving_seed + 1)
-        cpages = cached_pages(args.capacity_context + args.question_tokens)
+        cpages = cached_pages(args.capacity_context + args.question_tokens, ps)
         serving_phase(args, run, srv, "capwarm", cshape, "capwarm", [0] * cshape.requests)
         zshape = cshape.with_(per_group=max(1, -(-args.capacity_requests // cap_docs)), zipf=args.zipf_alpha)
         serving_phase(args, run, srv, "capacity", zshape, "cap", [cpages] * zshape.requests,
@@ -303,9 +305,10 @@ def misplace_control(args, wl: Optional[e2e.Workload]) -> dict:
         if wl is None:  # bench_serving's documents 0 and 1; the check phase's requests
             shape = main_shape(args)
             sent = serving.prompts(shape, args.model)
+            ps = args.page_size
             out = {"context": shape.system, "documents": [0, 1],
-                   **misplace.misplace_docs(sent[:2], shape.system // e2e.PAGE // 2, dirs, args.capacity_gb,
-                                            serving.check_requests(shape, sent))}
+                   **misplace.misplace_docs(sent[:2], shape.system // ps // 2, dirs, args.capacity_gb,
+                                            serving.check_requests(shape, sent, ps), page_size=ps)}
         else:
             later = [wl.first(), *e2e.sweep_requests(wl, args.fractions),
                      *(r for rate in args.rates for r in wl.rates(rate, args.rate_requests))]
@@ -327,7 +330,8 @@ def run_cluster(args, config: str, wl: e2e.Workload, raw: dict) -> dict:
     clear_storage(args, config, tutti_names=("tutti-a", "tutti-b"))
     run = {"config": config, "medium": args.medium, **raw, "layers": args.layers,
            "cuda_graph_max_bs": args.cuda_graph_max_bs, "prefill_graphs": args.prefill_graphs,
-           "page_bytes": args.bpt * e2e.PAGE, "phases": {}, "summaries": {}, "start_s": [],
+           "page_bytes": args.bpt * getattr(args, "page_size", e2e.PAGE), "phases": {}, "summaries": {},
+           "start_s": [],
            "host_pool_gb": args.host_gb, "store_from": None, "salt": wl.salt,
            "note": "B's hits come from A's Mooncake segment over loopback TCP"}
 
@@ -423,6 +427,8 @@ def main(description: str = __doc__):
     ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", *configs.FP8_KV),
                     help="SGLang's --kv-cache-dtype, every configuration")
     ap.add_argument("--attention-backend", default="triton", help="SGLang's --attention-backend")
+    ap.add_argument("--page-size", type=int, default=e2e.PAGE,
+                    help="SGLang's --page-size, every configuration (--client own: 64 only)")
     ap.add_argument("--medium", required=True, help="name of the medium, for the report")
     ap.add_argument("--tutti-dirs", required=True, help="comma-separated: tutti stripes over them")
     ap.add_argument("--one-dir", required=True, help="one directory on the same devices, for file / nixl")
@@ -486,6 +492,9 @@ def main(description: str = __doc__):
     args = ap.parse_args()
     args.fractions = [float(x) for x in args.fractions.split(",")]
     args.rates = [float(x) for x in args.rates.split(",") if x]
+    if args.page_size < 1 or (args.client == "own" and args.page_size != e2e.PAGE):
+        ap.error(f"--page-size: a positive size, and {e2e.PAGE} with --client own (its workload's "
+                 "prefixes are cut to 64-token pages)")
     args.bpt = configs.kv_bytes_per_token(args.model_shape, args.layers, args.kv_cache_dtype)
     for config in args.configs.split(","):
         configs.split_config(config)  # an unknown configuration or a bad variant fails here, not later

@@ -121,16 +121,17 @@ def misplace(wl, tutti_dirs: list, capacity_gb: float, requests: list, keys=page
 
 
 def misplace_docs(docs: list, page: int, tutti_dirs: list, capacity_gb: float, requests: list,
-                  keys=page_keys) -> dict:
+                  keys=page_keys, page_size: int = PAGE) -> dict:
     """Swap page `page` of two documents (token id lists that differ within their first
     page+1 pages) in the tutti store of tutti_dirs; "affected": the ids of `requests` whose
     cached prefix holds that page of either document (each must come out different from its
-    recomputed twin). keys: page_keys (a stand-in for tests without SGLang's hash module)."""
-    end = (page + 1) * PAGE
+    recomputed twin). keys: page_keys (a stand-in for tests without SGLang's hash module);
+    page_size: tokens per page (the server's --page-size)."""
+    end = (page + 1) * page_size
     heads = [list(d[:end]) for d in docs]
     if len(heads) != 2 or min(map(len, heads)) < end or heads[0] == heads[1]:
         raise ValueError(f"misplace needs two documents of at least {end} tokens that differ there")
-    ka, kb = (keys(h)[page] for h in heads)
+    ka, kb = (keys(h, page_size)[page] for h in heads)
     affected = [r.id for r in requests
                 if r.cached >= end and any(list(r.ids[:end]) == h for h in heads)]
     info = swap_pages(tutti_dirs, ka, kb, capacity_gb)

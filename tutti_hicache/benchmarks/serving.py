@@ -309,8 +309,9 @@ def gsp_ids(prefix: str, shape: Shape) -> list:
             for g in range(shape.groups) for p in range(shape.per_group)]
 
 
-def check_requests(shape: Shape, all_prompts: list) -> list:
+def check_requests(shape: Shape, all_prompts: list, page: int = e2e.PAGE) -> list:
     """The output check's requests: a uniform shape's prompts sent again (e2e.Request; cached =
-    the prompt's whole pages short of its last token, which the warm phase stored)."""
-    return [e2e.Request(rid, list(ids), shape.system, (len(ids) - 1) // e2e.PAGE * e2e.PAGE)
+    the prompt's whole pages of `page` tokens short of its last token, which the warm phase
+    stored)."""
+    return [e2e.Request(rid, list(ids), shape.system, (len(ids) - 1) // page * page)
             for rid, ids in zip(gsp_ids("gsp", shape), all_prompts)]
