@@ -1,6 +1,7 @@
 """SGLang's settings that cut or time out the host tier's hits, found once at attach.
 
 At a glance:
+    server_args() -> (memory, model) | None   the server's settings in this process
     server_settings() -> dict | None      SGLang's HiCache settings in effect in this process
                                           (None outside a server: nothing to check)
     cuts(settings, host_tokens, device_tokens, bytes_per_token) -> [str]
@@ -33,10 +34,10 @@ logger = logging.getLogger("tutti_hicache.storage")
 _TIMEOUT_BASE_S, _TIMEOUT_PER_KI_S = 1.0, 0.25  # SGLang's defaults for the timeout policy
 
 
-def server_settings() -> Optional[dict]:
-    """The HiCache settings of the server in this process: 0.5.23's runtime context, else
-    0.5.17's global server args; None when no server published them (a test, a tool)."""
-    bag = None
+def server_args() -> Optional[tuple]:
+    """(memory settings, model settings) of the server in this process: 0.5.23's runtime
+    context bags, else 0.5.17's global server args (both); None when no server published them
+    (a test, a tool)."""
     try:
         from sglang.srt.runtime_context import get_memory, get_model
         bag, model = get_memory(), get_model()
@@ -48,8 +49,15 @@ def server_settings() -> Optional[dict]:
             return None
     except (ValueError, RuntimeError):  # not published in this process
         return None
-    if bag is None:
+    return None if bag is None else (bag, model)
+
+
+def server_settings() -> Optional[dict]:
+    """The HiCache settings of the server in this process; None when no server published them."""
+    found = server_args()
+    if found is None:
         return None
+    bag, model = found
     extra = getattr(bag, "hicache_storage_backend_extra_config", None)
     try:
         extra = json.loads(extra) if isinstance(extra, str) and not extra.startswith("@") else {}

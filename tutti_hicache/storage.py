@@ -36,7 +36,7 @@ from .config import TuttiConfig
 from .store.namespace import check_dirs
 from .hostmap import HostMap
 from . import hashwarm
-from .prefetch import warn_cuts
+from .prefetch import server_args, warn_cuts
 from .identity import identity_for, is_writer
 from .statsfile import StatsFile
 from .store import ObjectStore
@@ -61,29 +61,16 @@ def is_storage_writer(sc: HiCacheStorageConfig) -> bool:
     return is_writer("mla" if sc.is_mla_model else "mha", sc.tp_rank)
 
 
-def server_kv_cache_dtype() -> Optional[str]:
-    """This process's server's --kv-cache-dtype (0.5.23's runtime context, 0.5.17's global
-    server args), or None where no server published it (a test, a tool)."""
-    try:
-        from sglang.srt.runtime_context import get_model
-        return getattr(get_model(), "kv_cache_dtype", None)
-    except ImportError:  # 0.5.17
-        try:
-            from sglang.srt.server_args import get_global_server_args
-            return getattr(get_global_server_args(), "kv_cache_dtype", None)
-        except Exception:  # noqa: BLE001 - not published in this process
-            return None
-    except Exception:  # noqa: BLE001 - not published in this process
-        return None
-
-
 def identity_of(cfg: TuttiConfig, sc: HiCacheStorageConfig, hm: HostMap) -> dict:
     """The namespace identity of a host pool under SGLang's storage config (a byte pool's KV
     dtype from the server's --kv-cache-dtype: identity.kv_dtype)."""
-    kv = server_kv_cache_dtype() if str(hm.pool.dtype).endswith("uint8") else None
-    if str(hm.pool.dtype).endswith("uint8") and not kv:
-        logger.warning("tutti: the host pool holds its KV as bytes and the server's "
-                       "--kv-cache-dtype is not known here: the store's identity names it uint8")
+    kv = None
+    if str(hm.pool.dtype).endswith("uint8"):
+        found = server_args()
+        kv = getattr(found[1], "kv_cache_dtype", None) if found else None
+        if not kv:
+            logger.warning("tutti: the host pool holds its KV as bytes and the server's "
+                           "--kv-cache-dtype is not known here: the store's identity names it uint8")
     return identity_for(cfg, hm.pool, hm.geometry, model=sc.model_name or "",
                         pp=(sc.pp_rank, sc.pp_size), cp=(sc.attn_cp_rank, sc.attn_cp_size),
                         tp=(sc.tp_rank, sc.tp_size), kv_cache_dtype=kv)
