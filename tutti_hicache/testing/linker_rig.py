@@ -111,3 +111,4 @@ class Rig:
 
     def close(self):
         self.cache.release_host_resources() if hasattr(self.cache, "release_host_resources") else self.linker.close()
+        self.override.restore()  # the server args it published go with it (later tests see none)
