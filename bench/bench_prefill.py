@@ -229,15 +229,9 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
             info.update(raw, write_GBps=max_pages * page_bytes / write_s / 1e9)
             print(f"[{name}] wrote {max_pages} pages at {info['write_GBps']:.2f} GB/s; raw read {raw}",
                   flush=True)
-        warm = max(1, min(max_pages // 2, 64))  # first use: kernel compiles, cuBLAS/SDPA setup
-        io_only(lw, model, keys, warm)
-        prefill(model, warm * page * 2, warm * page, restore_fn(lw, model, keys, warm), lw.counter)
-        for c, h in grid:
-            for rep in range(args.repeats):
-                r = dict(config=f"tutti:{name}", repeat=rep,
-                         **run_point(lw, trace, model, keys, c, h, prefix_kv))
-                info["runs"].append(r)
-                print_run(name, r)
+        io_only(lw, model, keys, max(1, min(max_pages // 2, 64)))  # the I/O path's first use
+        info["runs"] += run_grid(args, lw, trace, model, keys, grid, max_pages, prefix_kv,
+                                 f"tutti:{name}", name)
         if arm + 1 == len(args.read_ahead):
             if args.offload_stream:
                 c = max(contexts)
@@ -251,11 +245,26 @@ def bench_medium(args, model, name, dirs, contexts, hits, max_pages, prefix_kv) 
     return info
 
 
+def run_grid(args, lw: LayerwiseKV, trace: Trace, model, keys: list, grid: list, max_pages: int,
+             prefix_kv, config: str, label: str) -> list:
+    """One warm-up prefill behind a restore (first use: kernel compiles, cuBLAS/SDPA setup),
+    then every (C, h) point --repeats times, each printed; the runs, tagged `config`."""
+    page = model.s["page"]
+    warm = max(1, min(max_pages // 2, 64))
+    prefill(model, warm * page * 2, warm * page, restore_fn(lw, model, keys, warm), lw.counter)
+    runs = []
+    for c, h in grid:
+        for rep in range(args.repeats):
+            r = dict(config=config, repeat=rep, **run_point(lw, trace, model, keys, c, h, prefix_kv))
+            runs.append(r)
+            print_run(label, r)
+    return runs
+
+
 def bench_tiered(args, model, name, dirs, cap_gb, keys, grid, max_pages, prefix_kv) -> dict:
     """The linker with its DRAM tier (tutti_host_gb) over the store the arms wrote: the prefix
     read twice from the SSD (the second read copies it up: hosttier.py's 2Q), then every point
     restored from DRAM. Its runs are `tutti-tiered:<medium>`."""
-    page = model.s["page"]
     trace = Trace()
     lw = make_tutti(model, dirs, cap_gb, args.read_ahead[-1], trace, host_gb=args.host_gb)
     out = {"tiered_runs": []}
@@ -268,14 +277,8 @@ def bench_tiered(args, model, name, dirs, cap_gb, keys, grid, max_pages, prefix_
         out["tiered_resident_pages"] = lw.host.stats()["host_resident_pages"]
         print(f"[{name}] DRAM tier: {out['tiered_resident_pages']} of {max_pages} pages resident",
               flush=True)
-        warm = max(1, min(max_pages // 2, 64))
-        prefill(model, warm * page * 2, warm * page, restore_fn(lw, model, keys, warm), lw.counter)
-        for c, h in grid:
-            for rep in range(args.repeats):
-                r = dict(config=f"tutti-tiered:{name}", repeat=rep,
-                         **run_point(lw, trace, model, keys, c, h, prefix_kv))
-                out["tiered_runs"].append(r)
-                print_run(name + " tiered", r)
+        out["tiered_runs"] = run_grid(args, lw, trace, model, keys, grid, max_pages, prefix_kv,
+                                      f"tutti-tiered:{name}", name + " tiered")
         out["tiered_stats"] = {k: v for k, v in lw.stats()["linker"].items() if k.startswith(("host", "load"))}
     finally:
         lw.close()
