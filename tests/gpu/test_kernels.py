@@ -276,3 +276,54 @@ def test_cpu_tensors_need_the_interpreter():
     k = pool("NHD", torch.bfloat16, "cpu")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         tk.scatter_layer(torch.zeros(128, dtype=torch.uint8), k, None, torch.tensor([1]), 4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["NHD", "MLA"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.uint8], ids=str)
+@pytest.mark.parametrize("pad", [0, 48])
+def test_scatter_rows_reads_each_page_from_its_row(device, layout, dtype, pad):
+    """The DRAM tier's path: page i's objects from row rows[i] of a larger source (a row holds several
+    layers; the source starts at one layer's offset), straight into the pool."""
+    page_size, n, n_rows, layers, layer = 4, 9, 16, 3, 1
+    bufs = [pool(layout, dtype, device) for _ in range(1 if layout == "MLA" else 2)]
+    obj_bytes = page_bytes(bufs[0], page_size).shape[1]
+    stride = obj_bytes + pad
+    per_layer = len(bufs) * stride
+    row_stride = layers * per_layer
+    arena = random_bytes(n_rows * row_stride, seed=11).to(device)
+    src = arena[layer * per_layer:]  # as the loader passes one layer of the tier
+    gen = torch.Generator().manual_seed(5)
+    rows = torch.randperm(n_rows, generator=gen)[:n].to(device)
+    ids = page_ids(n, torch.int64, device, seed=3)
+    k_buf, v_buf = bufs[0], (bufs[1] if len(bufs) == 2 else None)
+    ref_bufs = [b.clone() for b in bufs]
+    args = (ids, page_size, stride if pad else None)
+    tk.scatter_rows(src, rows, row_stride, k_buf, v_buf, *args)
+    tk.scatter_rows_ref(src, rows, row_stride, ref_bufs[0], ref_bufs[1] if len(bufs) == 2 else None, *args)
+    flat = arena.cpu()
+    for slot, (buf, ref) in enumerate(zip(bufs, ref_bufs)):
+        assert_same_bytes(buf, ref)
+        pages = page_bytes(buf, page_size)
+        for page, row in zip(ids.tolist(), rows.tolist()):
+            start = row * row_stride + layer * per_layer + slot * stride
+            assert torch.equal(pages[page], flat[start:start + obj_bytes]), f"page {page} (row {row})"
+        untouched = torch.ones(TOTAL_PAGES, dtype=torch.bool)
+        untouched[ids.cpu()] = False
+        assert bool((pages[untouched] == SENTINEL).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scatter_rows_rejects_rows_outside_the_source(device):
+    page_size = 4
+    k, v = pool("NHD", torch.bfloat16, device), pool("NHD", torch.bfloat16, device)
+    obj_bytes = page_bytes(k, page_size).shape[1]
+    src = random_bytes(4 * 2 * obj_bytes, seed=1).to(device)  # 4 rows
+    ids = torch.tensor([1, 2], device=device)
+    with pytest.raises(ValueError, match=r"rows must lie in \[0, 4\)"):
+        tk.scatter_rows(src, torch.tensor([0, 4], device=device), 2 * obj_bytes, k, v, ids, page_size,
+                        check_bounds=True)
+    with pytest.raises(ValueError, match="row_stride"):
+        tk.scatter_rows(src, torch.tensor([0, 1], device=device), obj_bytes, k, v, ids, page_size)
+    with pytest.raises(ValueError, match="3 rows for 2 page ids"):
+        tk.scatter_rows(src, torch.tensor([0, 1, 2], device=device), 2 * obj_bytes, k, v, ids, page_size)

@@ -36,12 +36,12 @@ def test_slots_and_addresses():
     # layer l of a slot is its [k_objs * obj_stride] run at l * that
     t.arena[3] = torch.arange(t.page_nbytes, dtype=torch.int64).to(torch.uint8)
     assert torch.equal(t.layer(1)[3], t.arena[3, t.per_layer:])
-    # the device view's 8-byte words hold the same bytes (checked on the CPU arena itself)
-    assert t.device_layer(1) is None
-    t._device_arena = t.arena
-    words = t.device_layer(1)
-    assert words.dtype == torch.int64 and words.shape == (8, t.per_layer // 8)
-    assert torch.equal(words[3].contiguous().view(torch.uint8), t.layer(1)[3])
+    # scatter_rows' source: slot s's layer-1 run starts s * page_nbytes bytes into rows(1)
+    src = t.rows(1)
+    assert torch.equal(src[3 * t.page_nbytes:3 * t.page_nbytes + t.per_layer], t.layer(1)[3])
+    assert t.device_rows(1) is None  # not device-addressable: no mapped view
+    t._device_arena = t.arena.view(-1)
+    assert t.device_rows(1).data_ptr() == src.data_ptr()
     t._device_arena = None
     with pytest.raises(ValueError, match="holds no page"):
         HostTier(100, 2, 2, 4096, torch.device("cpu"), False)

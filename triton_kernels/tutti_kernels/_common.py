@@ -3,7 +3,7 @@
 Primitives at a glance:
 
 * ``plan_layer`` / ``plan_pages``: check a launcher's inputs (raising ``ValueError``) and return a ``Plan``
-  with word-typed views, sizes in words, grid and meta-parameters.
+  with word-typed views, sizes in words, grid and meta-parameters; ``plan_rows`` likewise for ``scatter_rows``.
 * ``launch_layer`` / ``launch_pages``: launch a scatter or gather kernel (both share one signature) from a plan.
 * ``staging_objects`` / ``pool_pages``: byte views used by the plain-torch references.
 
@@ -188,6 +188,65 @@ def plan_pages(where: str, staging, layers: Sequence, page_ids, page_size, obj_s
     if not is_interpreted(kernel) or staging.device.type == "cpu":
         plan = plan._replace(table=_TABLES.get(plan.bufs))
     return plan
+
+
+class RowsPlan(NamedTuple):
+    """A checked ``scatter_rows`` launch: ``staging`` is the word view of the whole source, ``rows`` the row
+    index per page (on the device), sizes in words."""
+
+    staging: torch.Tensor
+    rows: torch.Tensor
+    num_rows: int
+    row_stride_words: int
+    bufs: tuple
+    page_ids: torch.Tensor
+    num_pages: int
+    obj_words: int
+    stride_words: int
+    chunks: int
+    block: int
+    num_warps: int
+
+
+def plan_rows(where: str, src, rows, row_stride, bufs: Sequence, page_ids, page_size, obj_stride, check_bounds,
+              kernel) -> RowsPlan:
+    """Check a rows launch (page i's objects at byte ``rows[i] * row_stride`` of ``src``); return a RowsPlan or
+    raise ValueError."""
+    if not isinstance(src, torch.Tensor):
+        _fail(where, f"src must be a torch.Tensor, got {type(src).__name__}")
+    if not src.is_contiguous():
+        _fail(where, f"src must be contiguous, got strides {src.stride()}")
+    bufs = tuple(bufs)
+    obj_bytes, num_pages = _check_pool(where, [bufs], page_size, src.device)
+    page_ids = _check_page_ids(where, page_ids, src.device, num_pages, check_bounds)
+    stride = _check_staging(where, src, len(bufs), obj_bytes, obj_stride) if page_ids.numel() else \
+        (obj_stride or obj_bytes)
+    need = (len(bufs) - 1) * stride + obj_bytes
+    if not isinstance(row_stride, int) or row_stride < need:
+        _fail(where, f"row_stride must be an int >= a row's {need} B, got {row_stride!r}")
+    if not isinstance(rows, torch.Tensor) or rows.dtype not in PAGE_ID_DTYPES or rows.dim() != 1:
+        _fail(where, f"rows must be a 1-D int32 or int64 tensor, got {getattr(rows, 'dtype', rows)!r}")
+    if rows.device != src.device:
+        _fail(where, f"rows is on {rows.device}, src on {src.device}")
+    if rows.numel() != page_ids.numel():
+        _fail(where, f"{rows.numel()} rows for {page_ids.numel()} page ids")
+    nbytes = src.numel() * src.element_size()
+    num_rows = (nbytes - need) // row_stride + 1 if nbytes >= need else 0
+    if rows.numel() and (check_bounds or rows.device.type == "cpu"):
+        low, high = int(rows.min()), int(rows.max())
+        if low < 0 or high >= num_rows:
+            _fail(where, f"rows must lie in [0, {num_rows}), got min {low} max {high}")
+    if src.device.type == "cpu" and not is_interpreted(kernel):
+        _fail(where, "CPU tensors need Triton's interpreter (set TRITON_INTERPRET=1 before importing triton)")
+    ptrs = [src.data_ptr()] + [b.data_ptr() for b in bufs]
+    word = _word_bytes((obj_bytes, stride, row_stride), ptrs)
+    block, num_warps, chunks = _launch_shape(obj_bytes // word, word)
+    if page_ids.numel() * chunks > MAX_PROGRAMS:
+        _fail(where, f"{page_ids.numel()} pages is too many for one launch")
+    words = as_words(src, nbytes // word * word, word)
+    return RowsPlan(words, rows.contiguous(), num_rows, row_stride // word,
+                    (tuple(as_words(b, num_pages * obj_bytes, word) for b in bufs),), page_ids, num_pages,
+                    obj_bytes // word, stride // word, chunks, block, num_warps)
 
 
 class _TableCache:

@@ -6,7 +6,9 @@ Primitives at a glance:
   MLA: ``v_buf=None`` and ``k_buf`` is the ``[rows, 1, kv_cache_dim]`` buffer (one object per page).
 * ``scatter_pages(staging, k_bufs, v_bufs, page_ids, page_size)``: every layer in one launch, staging in the
   on-disk order (page-major, then layer, then K before V); ``v_bufs=None`` for MLA.
-* ``scatter_layer_ref`` / ``scatter_pages_ref``: the same in plain torch, same arguments.
+* ``scatter_rows(src, rows, row_stride, k_buf, v_buf, page_ids, page_size)``: one layer straight from rows of a
+  larger source (the linker's pinned DRAM tier, mapped into the device's address space), no staging.
+* ``scatter_layer_ref`` / ``scatter_pages_ref`` / ``scatter_rows_ref``: the same in plain torch, same arguments.
 
 Staging holds object j (0-based, in the order above) at byte ``j * obj_stride``; ``obj_stride`` defaults to the
 object size ``page_size * H * D * itemsize`` and may be larger (a multiple of 16, e.g. objects padded to 4 KiB).
@@ -20,11 +22,12 @@ otherwise the kernel skips them (nothing written).
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from ._common import (launch_layer, launch_pages, layer_tuples, plan_layer, plan_pages, pool_pages, staging_objects,
-                      table_pointer)
+from ._common import (launch_layer, launch_pages, layer_tuples, plan_layer, plan_pages, plan_rows, pool_pages,
+                      staging_objects, table_pointer)
 
 
 @triton.jit
@@ -98,3 +101,54 @@ def scatter_pages_ref(staging, k_bufs, v_bufs, page_ids, page_size: int, obj_str
 def scatter_layer_ref(staging, k_buf, v_buf, page_ids, page_size: int, obj_stride=None) -> None:
     """Plain-torch ``scatter_layer`` (``v_buf=None``: MLA)."""
     scatter_pages_ref(staging, [k_buf], None if v_buf is None else [v_buf], page_ids, page_size, obj_stride)
+
+
+@triton.jit
+def _scatter_rows_kernel(src_ptr, rows_ptr, k_ptr, v_ptr, page_ids_ptr, num_pages, num_rows, obj_words,
+                         obj_stride_words, row_stride_words, chunks, OBJS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program = (page i, chunk c): copy words [c*BLOCK, (c+1)*BLOCK) of row ``rows[i]``'s K (and V) object."""
+    pid = tl.program_id(0).to(tl.int64)
+    i = pid // chunks
+    offs = (pid % chunks) * BLOCK + tl.arange(0, BLOCK)
+    page = tl.load(page_ids_ptr + i).to(tl.int64)
+    row = tl.load(rows_ptr + i).to(tl.int64)
+    valid = (page >= 0) & (page < num_pages) & (row >= 0) & (row < num_rows)
+    mask = offs < tl.where(valid, obj_words, 0)  # invalid page or row: copy nothing
+    src = src_ptr + row * row_stride_words + offs
+    dst = page * obj_words + offs
+    tl.store(k_ptr + dst, tl.load(src, mask=mask), mask=mask)
+    if OBJS == 2:
+        tl.store(v_ptr + dst, tl.load(src + obj_stride_words, mask=mask), mask=mask)
+
+
+def scatter_rows(src, rows, row_stride: int, k_buf, v_buf, page_ids, page_size: int, obj_stride=None, *,
+                 check_bounds=False):
+    """``scatter_layer`` from rows of a larger source, no staging: page i's K object is at byte
+    ``rows[i] * row_stride`` of ``src`` and its V object ``obj_stride`` bytes after (MLA, ``v_buf=None``: one
+    object). ``src`` is any contiguous tensor the kernel can read, e.g. pinned host memory mapped into the
+    device's address space; its rows lie ``row_stride`` bytes apart (a multiple of 16, or of the word).
+    Rows outside ``src`` are skipped like invalid page ids (ValueError when checked). Returns None."""
+    bufs = (k_buf,) if v_buf is None else (k_buf, v_buf)
+    plan = plan_rows("scatter_rows", src, rows, row_stride, bufs, page_ids, page_size, obj_stride, check_bounds,
+                     _scatter_rows_kernel)
+    n = plan.page_ids.numel()
+    if n == 0:
+        return
+    _scatter_rows_kernel[(n * plan.chunks,)](
+        plan.staging, plan.rows, plan.bufs[0][0], plan.bufs[0][-1], plan.page_ids, plan.num_pages, plan.num_rows,
+        plan.obj_words, plan.stride_words, plan.row_stride_words, plan.chunks,
+        OBJS=len(bufs), BLOCK=plan.block, num_warps=plan.num_warps)
+
+
+def scatter_rows_ref(src, rows, row_stride: int, k_buf, v_buf, page_ids, page_size: int, obj_stride=None) -> None:
+    """Plain-torch ``scatter_rows``: each object's rows selected from a strided byte view of ``src``."""
+    bufs = (k_buf,) if v_buf is None else (k_buf, v_buf)
+    obj_bytes = pool_pages(k_buf, page_size).shape[1]
+    stride = obj_stride or obj_bytes
+    need = (len(bufs) - 1) * stride + obj_bytes  # a row's bytes that the copy reads
+    flat = src.reshape(-1).view(torch.uint8)
+    n_rows = (flat.numel() - need) // row_stride + 1 if flat.numel() >= need else 0
+    rows, ids = rows.long().to(flat.device), page_ids.long()
+    for j, buf in enumerate(bufs):
+        objs = flat.as_strided((n_rows, obj_bytes), (row_stride, 1), flat.storage_offset() + j * stride)
+        pool_pages(buf, page_size).index_copy_(0, ids, objs.index_select(0, rows))

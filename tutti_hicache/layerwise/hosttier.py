@@ -17,9 +17,12 @@ At a glance (threads: [scheduler] SGLang's, [loader], [offloader]; every method 
                                             copying up (seen before: the ghost list)
     host.forget(keys), host.clear()
     host.layer(layer) -> [slots, per_layer] uint8 view (torch, CPU)   the layer's objects of
-                                            every slot, as the scatter kernel takes them
-    host.device_layer(layer)                the same in device address space (a mapped view of
-                                            the pinned memory), or None where there is none
+                                            every slot
+    host.rows(layer), host.device_rows(layer)   the arena from the layer's first object on, on
+                                            the CPU and in device address space (a mapped view
+                                            of the pinned memory, or None where there is none):
+                                            tutti_kernels.scatter_rows' source, rows page_nbytes
+                                            apart
     host.slot_addrs(slots) -> uint64 [n, objects]   where each object of a slot lives (the
                                             store's read/write address layout)
     host.stats() -> dict
@@ -320,14 +323,17 @@ class HostTier:
         """[slots, k_objs * obj_stride]: layer `layer` of every slot (a strided CPU view)."""
         return self.arena.view(self.slots, self.num_layers, self.per_layer)[:, layer]
 
-    def device_layer(self, layer: int) -> Optional[torch.Tensor]:
-        """layer(layer) in device address space, as int64 words [slots, per_layer / 8]: a
-        gather's loads over the bus are then 8 bytes per thread (a warp: 256 contiguous bytes),
-        not one. None where the tier is not device-addressable."""
+    def rows(self, layer: int) -> torch.Tensor:
+        """The arena's bytes from layer `layer` of slot 0 on: slot s's objects of that layer
+        start `s * page_nbytes` bytes in (tutti_kernels.scatter_rows' source)."""
+        return self.arena.view(-1)[layer * self.per_layer:]
+
+    def device_rows(self, layer: int) -> Optional[torch.Tensor]:
+        """rows(layer) in the device's address space (pinned, mapped): a kernel reads it over
+        the bus. None where the tier is not device-addressable."""
         if self._device_arena is None:
             return None
-        words = self._device_arena.view(torch.int64).view(self.slots, self.num_layers, self.per_layer // 8)
-        return words[:, layer]
+        return self._device_arena.view(-1)[layer * self.per_layer:]
 
     def slot_addrs(self, slots) -> np.ndarray:
         """[n, num_layers * k_objs] addresses of each object of these slots."""

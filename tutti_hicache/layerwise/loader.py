@@ -24,6 +24,7 @@ the load queue is a Queue.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -208,32 +209,32 @@ class Loader:
         self._host.promoted(int(ok.sum()))
 
     def _copy_host(self, job, layer: int) -> None:
-        """Layer `layer` of the batch's DRAM pages into the device pool: per staging slot's worth
-        of pages, one gather from the pinned tier (on a GPU a kernel reading host memory over the
-        bus, no host copy) and one scatter, on the I/O stream."""
+        """Layer `layer` of the batch's DRAM pages into the device pool. On a GPU one kernel reads
+        each page's objects straight from its slot of the pinned tier over the bus (mapped into
+        the device's address space) and writes them into the pool: no staging, no host copy.
+        Where the tier is not device-addressable: per staging slot's worth of pages, a host
+        gather, a plain copy and the scatter."""
         slots = job.host_slots
         if not len(slots):
             return
-        step, per_layer = self.stage_pages, self._k_objs * self._obj_stride
-        if not self._cuda:
-            src = self._host.layer(layer)
-            for c0 in range(0, len(slots), step):
-                part = torch.from_numpy(slots[c0:c0 + step])
-                self._scatter(src.index_select(0, part).view(-1), layer, job.host_page_ids[c0:c0 + step])
+        import tutti_kernels as tk
+        v_buf = None if self._v_bufs is None else self._v_bufs[layer]
+        rows = self._host.device_rows(layer) if self._cuda else self._host.rows(layer)
+        if rows is not None:
+            with torch.cuda.stream(self._io.stream) if self._cuda else contextlib.nullcontext():
+                if job.host_slots_dev is None:  # once per batch, ordered before its copies
+                    job.host_slots_dev = torch.from_numpy(slots).to(self._k_bufs[0].device)
+                fn = tk.scatter_rows if self._cuda else tk.scatter_rows_ref
+                fn(rows, job.host_slots_dev, self._host.page_nbytes, self._k_bufs[layer], v_buf,
+                   job.host_page_ids, self._page_size, self._obj_stride)
             return
-        src = self._host.device_layer(layer)
+        step, per_layer = self.stage_pages, self._k_objs * self._obj_stride
         with torch.cuda.stream(self._io.stream):
-            if job.host_slots_dev is None:  # once per batch, ordered before its gathers
-                job.host_slots_dev = torch.from_numpy(slots).to(self._k_bufs[0].device)
             for c0 in range(0, len(slots), step):
                 m = min(step, len(slots) - c0)
                 dev = self._stage.device[: m * per_layer]
-                if src is not None:  # 8-byte words (hosttier.device_layer)
-                    torch.index_select(src, 0, job.host_slots_dev[c0:c0 + m],
-                                       out=dev.view(torch.int64).view(m, per_layer // 8))
-                else:  # not device-addressable here: a host gather, then a plain copy
-                    dev.view(m, per_layer).copy_(
-                        self._host.layer(layer).index_select(0, torch.from_numpy(slots[c0:c0 + m])))
+                dev.view(m, per_layer).copy_(
+                    self._host.layer(layer).index_select(0, torch.from_numpy(slots[c0:c0 + m])))
                 self._scatter(dev, layer, job.host_page_ids[c0:c0 + m])
 
     # ------------------------------------------------------------ [loader] one load
