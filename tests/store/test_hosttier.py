@@ -256,3 +256,32 @@ def test_a_clean_shutdown_writes_every_page_it_reported_done(tmp_path):
     assert restore(lw2, keys, rows)
     assert all(torch.equal(t[PAGE:PAGE + 48 * PAGE], w[:48 * PAGE]) for t, w in zip(k2 + v2, want))
     lw2.close()
+
+
+def test_copy_in_copies_rows_into_slots_byte_exact_and_checks_its_input():
+    t = tier(8)
+    pages = torch.randint(0, 256, (3, t.page_nbytes), dtype=torch.uint8)
+    t.copy_in(np.array([5, 1]), pages, np.array([2, 0]))
+    assert torch.equal(t.arena[5], pages[2]) and torch.equal(t.arena[1], pages[0])
+    assert not t.arena[0].any() and not t.arena[2].any()  # no other slot written
+    with pytest.raises(ValueError, match="out of range"):
+        t.copy_in(np.array([8]), pages, np.array([0]))
+    with pytest.raises(ValueError, match="out of range"):
+        t.copy_in(np.array([0]), pages, np.array([3]))
+    with pytest.raises(ValueError, match="contiguous CPU uint8"):
+        t.copy_in(np.array([0]), pages[:, :-1], np.array([0]))
+    t.copy_in(np.array([], dtype=np.int64), pages, np.array([], dtype=np.int64))  # nothing to do
+
+
+def test_when_online_runs_now_or_as_the_tier_comes_online():
+    t = tier(2)
+    assert t.online.is_set()  # CPU: online at once
+    calls = []
+    t.when_online(lambda: calls.append("now"))
+    assert calls == ["now"]
+    t.online.clear()  # as on a GPU, before the pinning thread ends
+    t.when_online(lambda: calls.append("later"))
+    t.when_online(lambda: 1 / 0)  # a failing warm-up is logged, not raised
+    assert calls == ["now"]
+    t._go_online()
+    assert calls == ["now", "later"] and t.online.is_set()

@@ -134,6 +134,8 @@ class LayerwiseKV:
             self._loader.warm(dev)
         self.io.stream.synchronize()
         self._stats.add(warmup_seconds=time.perf_counter() - t0)
+        if self.host is not None:  # its kernel once its memory is pinned (a thread)
+            self.host.when_online(self._loader.warm_host)
 
     def stats(self) -> dict:
         """The store's counters plus the linker's: loads (pages, bytes, seconds from the first read

@@ -96,12 +96,14 @@ class HostTier:
                              f"{self.page_nbytes} bytes")
         self.nbytes = self.slots * self.page_nbytes
         self.cuda = cuda
+        self.copy_threads = max(1, min(4, (os.cpu_count() or 1) // 4))  # copy_in's memcpy threads
         self._buf = extension().AlignedBuffer(self.nbytes)  # mapped lazily: no memory used yet
         self.arena = torch.frombuffer(self._buf, dtype=torch.uint8).view(self.slots, self.page_nbytes)
         self._device_arena = None
         self._registered = False
         self.online = threading.Event()
         self._lock = threading.Lock()
+        self._on_online: list = []  # when_online's callables, run as the tier comes online
         self._slot_of: dict[str, int] = {}
         self._key_of: list[Optional[str]] = [None] * self.slots
         self._ready = np.zeros(self.slots, dtype=bool)  # bytes landed: readable
@@ -149,7 +151,27 @@ class HostTier:
         except Exception as e:  # noqa: BLE001 - loads then copy through host staging
             logger.warning("tutti: the DRAM tier is not device-addressable here (%s); its pages "
                            "reach the GPU through a host copy", e)
-        self.online.set()
+        self._go_online()
+
+    def _go_online(self) -> None:
+        with self._lock:
+            hooks, self._on_online = self._on_online, []
+            self.online.set()
+        for fn in hooks:
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - a warm-up only
+                logger.warning("tutti: the DRAM tier's warm-up failed (%s); the first load from "
+                               "DRAM pays it", e)
+
+    def when_online(self, fn) -> None:
+        """Call fn() once the tier is online: now if it is, else on the pinning thread (the
+        loader loads the tier's kernel there, so the first DRAM load compiles nothing)."""
+        with self._lock:
+            if not self.online.is_set():
+                self._on_online.append(fn)
+                return
+        fn()
 
     def _measure(self, words) -> None:
         """The gather's rate over the bus beside a plain H2D copy of the same bytes (~64 MiB,
@@ -322,6 +344,28 @@ class HostTier:
     def layer(self, layer: int) -> torch.Tensor:
         """[slots, k_objs * obj_stride]: layer `layer` of every slot (a strided CPU view)."""
         return self.arena.view(self.slots, self.num_layers, self.per_layer)[:, layer]
+
+    def copy_in(self, slots, pages: torch.Tensor, rows) -> None:
+        """Row rows[i] of `pages` (contiguous CPU [n, page_nbytes]) into slot slots[i]: C++
+        memcpy on `copy_threads` threads, the GIL released (a torch index assignment copies
+        uint8 rows at ~1 GB/s, which held each offload's completion for seconds)."""
+        if pages.device.type != "cpu" or not pages.is_contiguous() or pages.dim() != 2 \
+                or pages.shape[1] != self.page_nbytes or pages.dtype != torch.uint8:
+            raise ValueError(f"copy_in takes contiguous CPU uint8 [n, {self.page_nbytes}] pages, "
+                             f"got {pages.dtype} {tuple(pages.shape)} on {pages.device}")
+        slots = np.asarray(slots, dtype=np.uint64)
+        rows = np.asarray(rows, dtype=np.uint64)
+        if len(slots) != len(rows):
+            raise ValueError(f"{len(slots)} slots for {len(rows)} rows")
+        if not len(slots):
+            return
+        if int(slots.max()) >= self.slots or int(rows.max()) >= pages.shape[0]:
+            raise ValueError("copy_in: a slot or row out of range")
+        size = np.uint64(self.page_nbytes)
+        extension().memcpy_batch(np.uint64(self._buf.address) + slots * size,
+                                 np.uint64(pages.data_ptr()) + rows * size,
+                                 np.full(len(slots), self.page_nbytes, dtype=np.int64),
+                                 self.copy_threads)
 
     def rows(self, layer: int) -> torch.Tensor:
         """The arena's bytes from layer `layer` of slot 0 on: slot s's objects of that layer

@@ -345,6 +345,23 @@ class Loader:
         for layer in range(self._num_layers):
             self._scatter(dev[layer * per_layer:(layer + 1) * per_layer], layer, ids)
 
+    def warm_host(self) -> None:
+        """Load the DRAM tier's kernel (scatter_rows) as the tier comes online, so the first
+        load from DRAM compiles nothing: one launch per layer whose only page id is -1 (the
+        kernel's mask skips it: no byte of the pool changes), on the I/O stream."""
+        import tutti_kernels as tk
+        if not self._cuda or self._host.device_rows(0) is None:
+            return
+        device = self._k_bufs[0].device
+        rows = torch.zeros(1, dtype=torch.int64, device=device)
+        none = torch.full((1,), -1, dtype=torch.int64, device=device)
+        with torch.cuda.device(device), torch.cuda.stream(self._io.stream):  # a thread of its own
+            for layer in range(self._num_layers):
+                v_buf = None if self._v_bufs is None else self._v_bufs[layer]
+                tk.scatter_rows(self._host.device_rows(layer), rows, self._host.page_nbytes,
+                                self._k_bufs[layer], v_buf, none, self._page_size, self._obj_stride)
+        self._io.stream.synchronize()
+
     def _scatter(self, staging, layer: int, page_ids) -> None:
         import tutti_kernels as tk
         v_buf = None if self._v_bufs is None else self._v_bufs[layer]

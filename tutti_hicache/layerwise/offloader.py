@@ -234,7 +234,7 @@ class Offloader:
             return
         ok = False
         try:
-            self._host.arena[torch.from_numpy(slots[idx])] = pages[torch.from_numpy(idx)]
+            self._host.copy_in(slots[idx], pages, idx)
             ok = True
         finally:
             self._host.publish([keys[i] for i in idx], slots[idx], ok, keep_pinned=True)
