@@ -4,11 +4,13 @@
 #   .mooncake/mooncake.tar.xz  optional: the trimmed Mooncake client and master (bench/build_mooncake_payload.sh)
 #   .client/*.whl      optional: what SGLang's bench_serving needs there (bench/build_client_payload.sh;
 #                      e2e --client bench-serving)
+#   .lmc/lmcache.tar.xz  optional: LMCache and what its daemon needs, for e2e's lmcache-* configurations
+#                      (bench/build_lmcache_payload.sh)
 # Unpacks them into /tmp/site (first on PYTHONPATH), builds and installs tutti_hicache for the
 # machine's Python, and sets what SGLang 0.5.23 needs on torch 2.11 (see the overlay's notes).
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TVM_FFI_CACHE_DIR=/tmp/tvmffi
 export OUT=${OUT:-/tmp/tutti-out}; mkdir -p "$OUT"
-for t in .sgl/site.tar.xz .nixl/nixl.tar.xz .mooncake/mooncake.tar.xz; do
+for t in .sgl/site.tar.xz .nixl/nixl.tar.xz .mooncake/mooncake.tar.xz .lmc/lmcache.tar.xz; do
   stamp=/tmp/site/.unpacked-$(basename "$(dirname "$t")")
   if [ -f "$t" ] && [ ! -f "$stamp" ]; then
     mkdir -p /tmp/site && tar -C /tmp/site -xJf "$t" && touch "$stamp"

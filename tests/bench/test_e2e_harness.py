@@ -165,7 +165,12 @@ def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
         ns = parser.parse_args(argv[3:])
         assert ns.max_total_tokens == 150000 and ns.page_size == e2e.PAGE
         linker = config in configs.LINKERS
-        assert ns.enable_hierarchical_cache == (config != "recompute" and not linker)
+        lmc = config in configs.LMCACHE
+        assert ns.enable_hierarchical_cache == (config != "recompute" and not linker and not lmc)
+        assert ns.enable_lmcache == lmc
+        if lmc:  # SGLang dials the harness's daemon, whose port the YAML names
+            with open(ns.lmcache_config_file) as f:
+                assert f"mp_port: {configs.lmcache_port(30000)}" in f.read()
         assert ns.enable_unified_cache_external_linker == linker
         if linker and config != "tutti-linker-dynamic":
             cfg = ns.unified_cache_external_linker_config
@@ -447,3 +452,51 @@ def test_model_shapes_their_kv_bytes_and_server_flags(tmp_path):
         assert argv[argv.index("--attention-backend") + 1] == "flashinfer"
     args.kv_cache_dtype = "auto"
     assert "--kv-cache-dtype" not in configs.server_cmd(args, "recompute", 30000)[0]
+
+
+def test_lmcache_daemon_commands_and_why_it_cannot_start_here(tmp_path):
+    import socket
+    import sys
+
+    from tutti_hicache.benchmarks import lmcache_daemon as lmc
+    one = str(tmp_path / "one")
+    dram = lmc.daemon_cmd("lmcache-dram", 35011, 36011, one, 30)
+    assert dram[1:4] == ["-m", "lmcache.cli.main", "server"] and "--gds-l1-path" not in dram
+    assert dram[dram.index("--l1-size-gb") + 1] == "30" and dram[dram.index("--port") + 1] == "35011"
+    assert dram[dram.index("--http-host") + 1] == "127.0.0.1"  # LMCache's default is 0.0.0.0
+    ssd = lmc.daemon_cmd("lmcache-ssd", 35012, 36012, one, 30)
+    adapter = json.loads(ssd[ssd.index("--l2-adapter") + 1])
+    assert adapter == {"type": "fs_native", "base_path": f"{one}/lmc", "num_workers": 16, "use_odirect": True}
+    assert ssd[ssd.index("--l1-size-gb") + 1] == "2"  # hits come from the SSD, not its L1
+    gds = lmc.daemon_cmd("lmcache-gds", 35013, 36013, one, 30)
+    assert gds[gds.index("--gds-l1-path") + 1] == f"{one}/lmc-gds"
+    with pytest.raises(ValueError, match="unknown LMCache configuration"):
+        lmc.daemon_cmd("lmcache", 1, 2, one, 1)
+    # not installed here (CI): the reason names what SGLang needs, and the harness records it
+    if __import__("importlib").util.find_spec("lmcache") is None:
+        why = lmc.unavailable()
+        assert "not installed" in why and "0.5.6" in why
+        args = argparse.Namespace(out_dir=str(tmp_path), one_dir=one, dram_gb=4, start_timeout=5)
+        from tutti_hicache.benchmarks import e2e_sglang
+        run = e2e_sglang.with_lmcache(args, "lmcache-ssd", {"phases": {}}, 30012,
+                                      lambda: pytest.fail("no phase runs without LMCache"))
+        assert run["skipped"] == why
+    # a daemon that dies: its log's last lines in the error; one that listens: ready
+    dead = lmc.Daemon([sys.executable, "-c", "import sys; print('cuda_ops: undefined symbol'); sys.exit(3)"],
+                      str(tmp_path / "dead.log"), 1)
+    with pytest.raises(RuntimeError, match="exited with 3: .*undefined symbol"):
+        dead.wait_ready(30)
+    dead.stop()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = (f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); "
+            "time.sleep(60)")
+    up = lmc.Daemon([sys.executable, "-c", code], str(tmp_path / "up.log"), port)
+    try:
+        assert up.wait_ready(30) >= 0
+    finally:
+        up.stop()
+    assert not up.alive()
+    with open(lmc.write_client_config(str(tmp_path / "c.yaml"), 35011)) as f:
+        assert "mp_port: 35011" in f.read()

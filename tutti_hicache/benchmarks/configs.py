@@ -9,6 +9,7 @@ At a glance:
                                                        "seeded", its weights: weights.py)
     graph_flags(max_bs) / tutti_config(args, config)   CUDA graph flags; tutti's settings of a run
     server_cmd(args, config, port) -> (argv, env)      one configuration's server
+    lmcache_port(port)                                 the LMCache daemon's port beside it
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import sys
 from typing import Optional
 
 from .e2e import PAGE
+from .lmcache_daemon import CONFIGS as LMCACHE
+from .lmcache_daemon import write_client_config
 
 
 CONFIGS = ("recompute", "dram", "file", "nixl", "tutti-host", "tutti-host-readme", "tutti-host-defaults",
-           "tutti-linker", "tutti-linker-dynamic", "tutti-tiered", "tutti-mooncake")
+           "tutti-linker", "tutti-linker-dynamic", "tutti-tiered", "tutti-mooncake", *LMCACHE)
 CLUSTER = "tutti-mooncake"  # two servers: A warms (SSD + its Mooncake segment), B reads remote hits
 # tutti-linker(-dynamic): the SSD only (tutti_host_gb 0); tutti-tiered: the linker with its DRAM
 # tier of --dram-gb in front (the same host GB as `dram`'s pool)
@@ -30,7 +33,8 @@ LINKERS = ("tutti-linker", "tutti-linker-dynamic", "tutti-tiered")
 # tutti-host: the harness's HiCache flags (a --host-gb pool like file and nixl); -readme: the
 # README's command exactly; -defaults: only the backend named, every other HiCache flag SGLang's
 HOSTS = ("tutti-host", "tutti-host-readme", "tutti-host-defaults")
-PERSISTENT = {"file", "nixl", *HOSTS, *LINKERS}
+# LMCache's daemon outlives SGLang's restarts (lmcache_daemon.py): what it holds survives them
+PERSISTENT = {"file", "nixl", *HOSTS, *LINKERS, *LMCACHE}
 TUTTI = {*HOSTS, CLUSTER, *LINKERS}
 README_HOST_FLAGS = ["--enable-hierarchical-cache", "--hicache-mem-layout", "layer_first",
                      "--hicache-storage-backend", "tutti", "--hicache-storage-prefetch-policy",
@@ -253,6 +257,14 @@ def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dic
                           "--hicache-storage-backend", CLUSTER, "--hicache-storage-backend-extra-config",
                           json.dumps(cfg)]
         cmd[cmd.index("--mem-fraction-static") + 1] = "0.35"  # two servers on one GPU
+    elif config in LMCACHE:  # SGLang dials the harness's daemon (lmcache_port); no HiCache flag
+        path = os.path.join(args.out_dir, f"lmcache-{name}.yaml")
+        cmd += ["--enable-lmcache", "--lmcache-config-file", write_client_config(path, lmcache_port(port))]
     else:
         raise ValueError(f"unknown configuration {config!r} (one of {', '.join(CONFIGS)})")
     return cmd, env
+
+
+def lmcache_port(server_port: int) -> int:
+    """The LMCache daemon's port beside a server on server_port (its HTTP port: this + 1000)."""
+    return server_port + 5000

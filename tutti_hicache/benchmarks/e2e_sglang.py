@@ -26,7 +26,7 @@ import shutil
 import time
 from typing import Optional
 
-from tutti_hicache.benchmarks import configs, e2e, e2e_report, misplace, serving, timeline
+from tutti_hicache.benchmarks import configs, e2e, e2e_report, lmcache_daemon, misplace, serving, timeline
 from tutti_hicache.benchmarks.rawio import raw_read_dirs
 from tutti_hicache.benchmarks.server import (Server, config_files, drop_caches, one_request, run_rate,
                                              run_sequential, tutti_stats)
@@ -37,6 +37,8 @@ def written_bytes(args, config: str) -> int:
         return sum(s.get("write_bytes", 0) for s in tutti_stats(args.out_dir, config))
     total = 0
     roots = [os.path.join(d, config) for d in [args.one_dir] + [x for x in args.nixl_dirs.split(",") if x]]
+    lmc = lmcache_daemon.data_dir(configs.split_config(config)[0], args.one_dir)
+    roots += [lmc] if lmc else []
     for root, _, files in (w for r in roots for w in os.walk(r)):
         for f in files:
             try:
@@ -65,7 +67,7 @@ def clear_storage(args, config: str, keep_tutti: bool = False, tutti_names=("tut
         for name in tutti_names:
             shutil.rmtree(os.path.join(d, name), ignore_errors=True)
     for d in [args.one_dir] + [x for x in args.nixl_dirs.split(",") if x]:
-        for name in ("file", "nixl"):
+        for name in ("file", "nixl", *lmcache_daemon.DIRS.values()):
             shutil.rmtree(os.path.join(d, name), ignore_errors=True)
     for d in args.tutti_dirs.split(","):
         for name in tutti_names:
@@ -127,8 +129,41 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
         run["page_cache"] = drop_caches()
     sess = Session(args, config, run, (cmd, env, log, port))
     if args.client == "bench-serving":
-        return sess.run(lambda: serving_phases(args, sess, deadline, store_from, capacity, cap_docs))
-    return sess.run(lambda: own_phases(args, sess, wl, deadline, store_from, capacity, cap_docs))
+        phases = lambda: sess.run(lambda: serving_phases(args, sess, deadline, store_from, capacity, cap_docs))
+    else:
+        phases = lambda: sess.run(lambda: own_phases(args, sess, wl, deadline, store_from, capacity, cap_docs))
+    if base in configs.LMCACHE:
+        return with_lmcache(args, config, run, port, phases)
+    return phases()
+
+
+def with_lmcache(args, config: str, run: dict, port: int, phases) -> dict:
+    """An LMCache configuration's phases with its daemon running beside the server (started
+    first, outliving the server's restarts, stopped last), or the reason it cannot start here
+    in run["skipped"] (not installed) or run["error"] (the daemon exited: its log's last lines)."""
+    base = configs.split_config(config)[0]
+    why = lmcache_daemon.unavailable()
+    if why:
+        print(f"skipped {config}: {why}", flush=True)
+        run["skipped"] = why
+        return finish_run(args, config, run)
+    d_port = configs.lmcache_port(port)
+    data = lmcache_daemon.data_dir(base, args.one_dir)
+    if data:
+        os.makedirs(data, exist_ok=True)
+    cmd = lmcache_daemon.daemon_cmd(base, d_port, d_port + 1000, args.one_dir, args.dram_gb)
+    daemon = lmcache_daemon.Daemon(cmd, os.path.join(args.out_dir, f"lmcache-{config}.log"), d_port)
+    try:
+        run["lmcache_daemon_start_s"] = daemon.wait_ready(args.start_timeout)
+    except (RuntimeError, TimeoutError) as e:
+        print(f"  {config}: {e}", flush=True)
+        run["error"] = str(e)
+        daemon.stop()
+        return finish_run(args, config, run)
+    try:
+        return phases()
+    finally:
+        daemon.stop()
 
 
 class Session:

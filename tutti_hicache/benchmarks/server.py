@@ -72,14 +72,19 @@ class Server:
         return False
 
     def stop(self) -> None:
-        if self.alive():
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc, 60)
         self.log.close()
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGINT to a process group started with start_new_session, SIGKILL after grace_s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 # ------------------------------------------------------------------ clients

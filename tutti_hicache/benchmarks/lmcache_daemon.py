@@ -1,0 +1,124 @@
+"""LMCache beside tutti in the server benchmark: the `lmcache server` daemon that SGLang 0.5.23's
+`--enable-lmcache` dials (multi-process mode; SGLang's connector is
+lmcache.integration.sglang.unified_lmcache_mp_connector, first shipped in LMCache 0.5.6).
+
+At a glance:
+    CONFIGS                                  lmcache-dram, lmcache-ssd, lmcache-gds
+    unavailable() -> None | reason           what stops LMCache from starting here, in one line
+    daemon_cmd(config, port, http_port, one_dir, l1_gb) -> argv
+    write_client_config(path, port)          the YAML SGLang's --lmcache-config-file reads
+    Daemon(argv, log_path, port).wait_ready(timeout) / .stop()
+
+The three configurations, named as the Tutti paper names LMCache's:
+    lmcache-dram  L1 only: pinned DRAM of --dram-gb (the same host GB as `dram`)
+    lmcache-ssd   a 2 GB L1 in front of LMCache's fs_native L2 (C++ file I/O, O_DIRECT) in
+                  ONE_DIR/lmc: the same medium as `file` and `nixl`
+    lmcache-gds   GDS L1 in ONE_DIR/lmc-gds (cuFile; compatibility mode where nvidia-fs is absent)
+The daemon outlives SGLang's restarts, so a restart phase keeps what it holds (fs_native also
+survives the daemon's own restart). Its directories are the harness's to empty (clear_storage).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Optional
+
+CONFIGS = ("lmcache-dram", "lmcache-ssd", "lmcache-gds")
+CONNECTOR = "lmcache.integration.sglang.unified_lmcache_mp_connector"
+DIRS = {"lmcache-ssd": "lmc", "lmcache-gds": "lmc-gds"}  # under --one-dir
+
+
+def unavailable() -> Optional[str]:
+    """None where LMCache can be tried here, else why not (one line, naming what to install).
+    Finding the modules imports nothing of LMCache's native code: whether that loads is found
+    when the daemon starts (Daemon.wait_ready reports its log's last lines)."""
+    try:
+        if importlib.util.find_spec("lmcache") is None:
+            return "lmcache is not installed (LMCache >= 0.5.6: SGLang 0.5.23's --enable-lmcache needs " \
+                   "its multi-process connector)"
+        if importlib.util.find_spec(CONNECTOR) is None:
+            from importlib.metadata import version
+            return f"lmcache {version('lmcache')} has no {CONNECTOR}, which SGLang 0.5.23's " \
+                   "--enable-lmcache imports (first in LMCache 0.5.6)"
+    except Exception as e:  # noqa: BLE001 - a broken install is a reason too
+        return f"lmcache does not import: {e!r}"
+    return None
+
+
+def data_dir(config: str, one_dir: str) -> Optional[str]:
+    name = DIRS.get(config)
+    return os.path.join(one_dir, name) if name else None
+
+
+def daemon_cmd(config: str, port: int, http_port: int, one_dir: str, l1_gb: float) -> list:
+    """The `lmcache server` command of a configuration: L1 of l1_gb (lmcache-dram; lmcache-ssd's
+    L1 is 2 GB so that hits come from its L2), LRU, observability off, every socket on 127.0.0.1."""
+    if config not in CONFIGS:
+        raise ValueError(f"unknown LMCache configuration {config!r} (one of {', '.join(CONFIGS)})")
+    cmd = [sys.executable, "-m", "lmcache.cli.main", "server", "--host", "127.0.0.1", "--port", str(port),
+           "--http-host", "127.0.0.1", "--http-port", str(http_port), "--eviction-policy", "LRU",
+           "--disable-observability", "--chunk-size", "256"]
+    if config == "lmcache-dram":
+        return cmd + ["--l1-size-gb", f"{l1_gb:g}"]
+    if config == "lmcache-ssd":
+        adapter = {"type": "fs_native", "base_path": data_dir(config, one_dir), "num_workers": 16,
+                   "use_odirect": True}
+        return cmd + ["--l1-size-gb", "2", "--l2-adapter", json.dumps(adapter)]
+    return cmd + ["--l1-size-gb", f"{l1_gb:g}", "--gds-l1-path", data_dir(config, one_dir)]
+
+
+def write_client_config(path: str, port: int) -> str:
+    """SGLang's --lmcache-config-file: the daemon's address (MP mode)."""
+    with open(path, "w") as f:
+        f.write(f"# SGLang dials the harness's `lmcache server` here (multi-process mode)\n"
+                f"mp_host: 127.0.0.1\nmp_port: {port}\n")
+    return path
+
+
+class Daemon:
+    """One `lmcache server` process group; waits end as soon as it is gone."""
+
+    def __init__(self, cmd: list, log_path: str, port: int, env: Optional[dict] = None):
+        self.port = port
+        self.log_path = log_path
+        self.log = open(log_path, "a")
+        self.log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n")
+        self.log.flush()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     cwd=os.path.dirname(log_path) or ".", start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, lines: int = 6) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return " | ".join(ln.strip() for ln in f.read().splitlines()[-lines:] if ln.strip())
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float) -> float:
+        """Seconds until the daemon accepts connections on its port; RuntimeError with its log's
+        last lines if it exits first, TimeoutError after `timeout`."""
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            if not self.alive():
+                raise RuntimeError(f"the LMCache daemon exited with {self.proc.returncode}: {self.tail()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return time.time() - t0
+            except OSError:
+                time.sleep(0.5)
+        raise TimeoutError(f"the LMCache daemon did not listen on {self.port} within {timeout:.0f} s: "
+                           f"{self.tail()}")
+
+    def stop(self) -> None:
+        from .server import stop_group
+        stop_group(self.proc, 30)
+        self.log.close()
