@@ -284,8 +284,9 @@ def test_when_online_runs_now_or_as_the_tier_comes_online():
     t.when_online(lambda: calls.append("now"))
     assert calls == ["now"]
     t.online.clear()  # as on a GPU, before the pinning thread ends
-    t.when_online(lambda: calls.append("later"))
+    t.when_online(lambda: calls.append(("later", t.online.is_set())))
     t.when_online(lambda: 1 / 0)  # a failing warm-up is logged, not raised
     assert calls == ["now"]
     t._go_online()
-    assert calls == ["now", "later"] and t.online.is_set()
+    # before the tier takes pages: no load can read it while a warm-up runs
+    assert calls == ["now", ("later", False)] and t.online.is_set()

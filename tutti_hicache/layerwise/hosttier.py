@@ -154,15 +154,20 @@ class HostTier:
         self._go_online()
 
     def _go_online(self) -> None:
-        with self._lock:
-            hooks, self._on_online = self._on_online, []
-            self.online.set()
-        for fn in hooks:
-            try:
-                fn()
-            except Exception as e:  # noqa: BLE001 - a warm-up only
-                logger.warning("tutti: the DRAM tier's warm-up failed (%s); the first load from "
-                               "DRAM pays it", e)
+        """Run when_online's callables, then take pages: until online nothing is reserved, so
+        no load reads the tier while they run (the loader compiles its kernel in one)."""
+        while True:
+            with self._lock:
+                hooks, self._on_online = self._on_online, []
+                if not hooks:
+                    self.online.set()
+                    return
+            for fn in hooks:
+                try:
+                    fn()
+                except Exception as e:  # noqa: BLE001 - a warm-up only
+                    logger.warning("tutti: the DRAM tier's warm-up failed (%s); the first load "
+                                   "from DRAM pays it", e)
 
     def when_online(self, fn) -> None:
         """Call fn() once the tier is online: now if it is, else on the pinning thread (the
