@@ -90,6 +90,7 @@ class Daemon:
         self.log = open(log_path, "a")
         self.log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n")
         self.log.flush()
+        env = dict(os.environ if env is None else env, LMCACHE_TRACK_USAGE="false")  # no telemetry
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      cwd=os.path.dirname(log_path) or ".", start_new_session=True)
 
