@@ -352,6 +352,29 @@ def test_a_run_cut_off_keeps_the_phases_it_finished(tmp_path, monkeypatch):
     assert list(runs[1]["phases"]) == ["warm"] and runs[1]["summaries"]["warm"]["requests"] == 1
 
 
+def test_the_first_configuration_always_starts_and_later_ones_wait_for_time(tmp_path, monkeypatch):
+    """--config-s larger than the whole budget: the first configuration still runs (its phases
+    are cut by the deadline), a later one is skipped as out of time."""
+    import sys
+    mod = e2e_sglang
+    started = []
+
+    def fake_run(args, config, wl, raw, deadline, store_from=""):
+        started.append(config)
+        return {"config": config, "medium": "m", "phases": {}, "summaries": {}}
+    monkeypatch.setattr(mod, "run_config", fake_run)
+    monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": 1.0})
+    out = tmp_path / "out.json"
+    monkeypatch.setattr(sys, "argv", ["x", "--medium", "m", "--tutti-dirs", str(tmp_path / "a"),
+                                      "--one-dir", str(tmp_path / "o"), "--configs", "tutti-tiered,dram",
+                                      "--contexts", "4096", "--json", str(out), "--out-dir", str(tmp_path / "l"),
+                                      "--deadline-s", "100", "--config-s", "380"])
+    mod.main()
+    runs = json.loads(out.read_text())
+    assert started == ["tutti-tiered"]
+    assert [(r["config"], r.get("skipped")) for r in runs] == [("tutti-tiered", None), ("dram", "out of time")]
+
+
 def test_share_linker_store_order(tmp_path, monkeypatch):
     """bench/e2e_sglang.py --share-linker-store: the first linker configuration that warmed writes
     the store; later linker configurations start on it with salts 1, 2, ...; others never share."""

@@ -492,7 +492,9 @@ def main(description: str = __doc__):
                     help="with --cuda-graph-max-bs: leave SGLang's prefill graphs on, as it picks them")
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--deadline-s", type=float, default=0, help="skip configurations that would not finish")
-    ap.add_argument("--config-s", type=float, default=200, help="time one configuration needs")
+    ap.add_argument("--config-s", type=float, default=200,
+                    help="time one configuration needs: a later one that would not finish before "
+                         "--deadline-s is skipped (the first always starts)")
     ap.add_argument("--share-linker-store", action="store_true",
                     help="linker configurations after the first start on the store it wrote (no warm "
                          "phase, no first server), with salted questions and new tokens")
@@ -556,8 +558,9 @@ def main(description: str = __doc__):
             results = json.load(f)
     PARTIAL.update(json=args.json, done=results)
     writer = ""  # the linker configuration whose store later ones share (--share-linker-store)
+    ran = 0  # configurations this call started: the first always starts, its phases cut by the deadline
     for config in args.configs.split(","):
-        if time.time() + args.config_s > deadline:
+        if ran and time.time() + args.config_s > deadline:
             print(f"skipped {config}: out of time", flush=True)
             results.append({"config": config, "medium": args.medium, "skipped": "out of time"})
             continue
@@ -570,6 +573,7 @@ def main(description: str = __doc__):
             run = run_config(args, config, e2e.Workload(wl.contexts, wl.docs, salt=salt) if shared else wl,
                              raw, deadline, writer if shared else "")
         results.append(run)
+        ran += 1
         if args.share_linker_store and not writer and base in configs.LINKERS and "warm" in run["phases"] \
                 and "error" not in run and not configs.misplaced(config):
             writer = config
