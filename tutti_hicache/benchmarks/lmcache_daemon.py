@@ -24,7 +24,6 @@ import importlib.util
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 from typing import Optional
@@ -87,12 +86,9 @@ class Daemon:
     def __init__(self, cmd: list, log_path: str, port: int, env: Optional[dict] = None):
         self.port = port
         self.log_path = log_path
-        self.log = open(log_path, "a")
-        self.log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n")
-        self.log.flush()
+        from .server import start_group
         env = dict(os.environ if env is None else env, LMCACHE_TRACK_USAGE="false")  # no telemetry
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=os.path.dirname(log_path) or ".", start_new_session=True)
+        self.proc, self.log = start_group(cmd, env, log_path)
 
     def alive(self) -> bool:
         return self.proc.poll() is None

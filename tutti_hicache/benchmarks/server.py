@@ -32,12 +32,7 @@ class Server:
     def __init__(self, cmd: list, env: dict, log_path: str, port: int, top_logprobs: int = 0):
         self.url = f"http://127.0.0.1:{port}"
         self.top_logprobs = top_logprobs  # k of the top-k logprobs each request asks for (0: none)
-        self.log = open(log_path, "a")
-        self.log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n")
-        self.log.flush()
-        # cwd: not the checkout, whose tutti_hicache/ would shadow the installed package
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=os.path.dirname(log_path), start_new_session=True)
+        self.proc, self.log = start_group(cmd, env, log_path)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -74,6 +69,18 @@ class Server:
     def stop(self) -> None:
         stop_group(self.proc, 60)
         self.log.close()
+
+
+def start_group(cmd: list, env, log_path: str) -> tuple:
+    """(process, log file): cmd in a process group of its own, its output appended to
+    log_path after a header line, run in the log's directory (not the checkout, whose
+    tutti_hicache/ would shadow the installed package)."""
+    log = open(log_path, "a")
+    log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n")
+    log.flush()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            cwd=os.path.dirname(log_path) or ".", start_new_session=True)
+    return proc, log
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float) -> None:

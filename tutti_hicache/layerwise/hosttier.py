@@ -366,9 +366,8 @@ class HostTier:
             return
         if int(slots.max()) >= self.slots or int(rows.max()) >= pages.shape[0]:
             raise ValueError("copy_in: a slot or row out of range")
-        size = np.uint64(self.page_nbytes)
-        extension().memcpy_batch(np.uint64(self._buf.address) + slots * size,
-                                 np.uint64(pages.data_ptr()) + rows * size,
+        extension().memcpy_batch(self._slot_base(slots),
+                                 np.uint64(pages.data_ptr()) + rows * np.uint64(self.page_nbytes),
                                  np.full(len(slots), self.page_nbytes, dtype=np.int64),
                                  self.copy_threads)
 
@@ -386,8 +385,11 @@ class HostTier:
 
     def slot_addrs(self, slots) -> np.ndarray:
         """[n, num_layers * k_objs] addresses of each object of these slots."""
-        base = np.uint64(self._buf.address) + np.asarray(slots, dtype=np.uint64) * np.uint64(self.page_nbytes)
-        return strided(base, self.num_layers * self.k_objs, self.obj_stride)
+        return strided(self._slot_base(slots), self.num_layers * self.k_objs, self.obj_stride)
+
+    def _slot_base(self, slots) -> np.ndarray:
+        """uint64 address of each slot's first byte."""
+        return np.uint64(self._buf.address) + np.asarray(slots, dtype=np.uint64) * np.uint64(self.page_nbytes)
 
     def stats(self) -> dict:
         with self._lock:
