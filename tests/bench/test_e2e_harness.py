@@ -141,6 +141,21 @@ def test_capacity_rows_hit_rate():
     assert row["token_hit_rate"] == pytest.approx(0.48) and row["requests_with_hit"] == 0.5
 
 
+def test_capacity_rows_one_per_alpha_with_tier_shares():
+    tiers = {"device": 0, "host": 600, "storage": 300}
+    runs = [{"config": "tutti-tiered", "medium": "m",
+             "serving": {"capacity0.8": {"shape": {"zipf": 0.8}}, "capacity1": {"shape": {"zipf": 1.0}}},
+             "phases": {"capwarm": [_rec("w", 1.0)],
+                        "capacity0.8": [_rec("a", 0.2, cached=900, prompt=1000, details=tiers),
+                                        {"id": "b", "ttft_s": None, "error": "x", "prompt_tokens": 1000}],
+                        "capacity1": [_rec("c", 0.1, cached=900, prompt=1000, details=tiers)]}}]
+    rows = e2e_report.capacity_rows(runs)
+    assert [(r["phase"], r["zipf_alpha"]) for r in rows] == [("capacity0.8", 0.8), ("capacity1", 1.0)]
+    assert rows[0]["tier_hit_rate"] == pytest.approx({"device": 0, "host": 0.3, "storage": 0.15})
+    assert rows[1]["tier_hit_rate"] == pytest.approx({"device": 0, "host": 0.6, "storage": 0.3})
+    assert "| m | tutti-tiered | 1 |" in e2e_report.report_markdown(runs, 1)
+
+
 def test_output_ids_cumulative_or_incremental():
     assert e2e.output_ids([[5], [5, 6], [5, 6, 7]]) == [5, 6, 7]
     assert e2e.output_ids([[5], [6], [7]]) == [5, 6, 7]

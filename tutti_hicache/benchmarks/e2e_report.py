@@ -100,17 +100,22 @@ def capacity_rows(runs: list) -> list:
     tokens, and the share of requests with any cached prefix)."""
     rows = []
     for run in runs:
-        recs = run.get("phases", {}).get("capacity", [])
-        if not recs:
-            continue
-        s = summarize(recs)
-        prompt = [r.get("prompt_tokens") or 0 for r in recs]
-        cached = [r.get("cached_tokens") or 0 for r in recs]
-        rows.append({"config": run["config"], "medium": run.get("medium"), **s,
-                     "token_hit_rate": sum(cached) / max(1, sum(prompt)),
-                     "requests_with_hit": sum(c > p / 2 for c, p in zip(cached, prompt)) / max(1, len(recs)),
-                     "working_set_gb": run.get("capacity_working_set_gb"),
-                     "host_pool_gb": run.get("host_pool_gb")})
+        for name, recs in run.get("phases", {}).items():
+            if not recs or not (name == "capacity" or name.startswith("capacity") and name[8:9].isdigit()):
+                continue
+            s = summarize(recs)
+            prompt = [r.get("prompt_tokens") or 0 for r in recs]
+            cached = [r.get("cached_tokens") or 0 for r in recs]
+            done = s["requests"] - s["failed"]  # SGLang's tiers, each a share of the prompt tokens
+            by_tier = {k: v * done / max(1, sum(prompt))
+                       for k, v in s.pop("cached_by_tier_mean", {}).items()}
+            shape = run.get("serving", {}).get(name, {}).get("shape", {})
+            rows.append({"config": run["config"], "medium": run.get("medium"), "phase": name,
+                         "zipf_alpha": shape.get("zipf"), **s,
+                         "token_hit_rate": sum(cached) / max(1, sum(prompt)), "tier_hit_rate": by_tier,
+                         "requests_with_hit": sum(c > p / 2 for c, p in zip(cached, prompt)) / max(1, len(recs)),
+                         "working_set_gb": run.get("capacity_working_set_gb"),
+                         "host_pool_gb": run.get("host_pool_gb")})
     return rows
 
 
@@ -226,10 +231,14 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = L
                        [_f(r["rates"].get(f"{x:g}"), ".2f") for x in rts] + [_f(r["highest_rate"], "g")]
                        for r in bs])]
     parts += ["### Capacity phase (working set larger than the DRAM tier)", _table(
-        ["medium", "config", "TTFT mean / p50 / p99 ms", "token hit rate", "requests with half the prompt cached",
-         "working set GB", "host pool GB"],
-        [[r["medium"], r["config"], f"{_f(r['ttft_mean_ms'])} / {_f(r['ttft_p50_ms'])} / {_f(r['ttft_p99_ms'])}",
-          _f(r["token_hit_rate"], ".2f"), _f(r["requests_with_hit"], ".2f"), _f(r["working_set_gb"], ".1f"),
+        ["medium", "config", "Zipf alpha", "TTFT mean / p50 / p99 ms", "token hit rate",
+         "of it: device / host / storage", "requests with half the prompt cached", "working set GB",
+         "host pool GB"],
+        [[r["medium"], r["config"], _f(r["zipf_alpha"], "g"),
+          f"{_f(r['ttft_mean_ms'])} / {_f(r['ttft_p50_ms'])} / {_f(r['ttft_p99_ms'])}",
+          _f(r["token_hit_rate"], ".2f"),
+          " / ".join(_f(r["tier_hit_rate"].get(k), ".2f") for k in ("device", "host", "storage")),
+          _f(r["requests_with_hit"], ".2f"), _f(r["working_set_gb"], ".1f"),
           _f(r["host_pool_gb"], ".1f")] for r in capacity_rows(runs)])]
     parts += ["### Per configuration", _table(
         ["medium", "config", "first request after start ms",

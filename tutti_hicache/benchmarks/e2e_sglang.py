@@ -285,7 +285,8 @@ def serving_phases(args, sess: Session, deadline: float, store_from: str, capaci
     tiered linker's pages read twice from the SSD now come from DRAM); `rate<R>` for each --rates,
     ascending, new questions on the documents at R/s
     after a flush, until the mean TTFT reaches --slo-s; `capwarm` + `capacity`: a working set of
-    3x --dram-gb written, then Zipf(--zipf-alpha) reuse --capacity-concurrency at a time.
+    3x --dram-gb written, then Zipf(--zipf-alpha) reuse --capacity-concurrency at a time (one
+    `capacity<alpha>` phase per alpha when --zipf-alpha lists several).
     --phases picks among them."""
     run, base, srv = sess.out, configs.split_config(sess.config)[0], sess.srv
     shape = main_shape(args)
@@ -326,9 +327,19 @@ def serving_phases(args, sess: Session, deadline: float, store_from: str, capaci
                                seed=args.serving_seed + 1)
         cpages = cached_pages(args.capacity_context + args.question_tokens, ps)
         serving_phase(args, run, srv, "capwarm", cshape, "capwarm", [0] * cshape.requests)
-        zshape = cshape.with_(per_group=max(1, -(-args.capacity_requests // cap_docs)), zipf=args.zipf_alpha)
-        serving_phase(args, run, srv, "capacity", zshape, "cap", [cpages] * zshape.requests,
-                      concurrency=args.capacity_concurrency)
+        for alpha in args.zipf_alphas:  # one after another on the same server and store
+            name = capacity_phase(alpha, args.zipf_alphas)
+            if name != "capacity" and time.time() > deadline - 30:
+                run["skipped"] = f"{name}: out of time"
+                break
+            zshape = cshape.with_(per_group=max(1, -(-args.capacity_requests // cap_docs)), zipf=alpha)
+            serving_phase(args, run, srv, name, zshape, "cap", [cpages] * zshape.requests,
+                          concurrency=args.capacity_concurrency)
+
+
+def capacity_phase(alpha: float, alphas: list) -> str:
+    """The capacity phase's name: `capacity`, or `capacity<alpha>` when a call runs several."""
+    return "capacity" if len(alphas) == 1 else f"capacity{alpha:g}"
 
 
 def misplace_control(args, wl: Optional[e2e.Workload]) -> dict:
@@ -519,8 +530,9 @@ def main(description: str = __doc__):
     ap.add_argument("--slo-s", type=float, default=1.0,
                     help="bench-serving: the rate sweep stops at the first rate whose mean TTFT "
                          "reaches this; the report gives the highest rate under it")
-    ap.add_argument("--zipf-alpha", type=float, default=0.8,
-                    help="bench-serving: the capacity phase's document popularity")
+    ap.add_argument("--zipf-alpha", default="0.8",
+                    help="bench-serving: the capacity phase's document popularity; comma-separated: "
+                         "one capacity phase per alpha, in order, on the same server (capacity<alpha>)")
     ap.add_argument("--capacity-concurrency", type=int, default=2,
                     help="bench-serving: requests in flight during the capacity phase")
     ap.add_argument("--reference", default="",
@@ -531,6 +543,9 @@ def main(description: str = __doc__):
     args = ap.parse_args()
     args.fractions = [float(x) for x in args.fractions.split(",")]
     args.rates = [float(x) for x in args.rates.split(",") if x]
+    args.zipf_alphas = [float(x) for x in args.zipf_alpha.split(",") if x]
+    if not args.zipf_alphas or min(args.zipf_alphas) <= 0:
+        ap.error("--zipf-alpha: one or more positive numbers, comma-separated")
     if args.page_size < 1 or (args.client == "own" and args.page_size != e2e.PAGE):
         ap.error(f"--page-size: a positive size, and {e2e.PAGE} with --client own (its workload's "
                  "prefixes are cut to 64-token pages)")
