@@ -327,14 +327,20 @@ def serving_phases(args, sess: Session, deadline: float, store_from: str, capaci
                                seed=args.serving_seed + 1)
         cpages = cached_pages(args.capacity_context + args.question_tokens, ps)
         serving_phase(args, run, srv, "capwarm", cshape, "capwarm", [0] * cshape.requests)
-        for alpha in args.zipf_alphas:  # one after another on the same server and store
-            name = capacity_phase(alpha, args.zipf_alphas)
+        alphas = zipf_alphas(args.zipf_alpha)
+        for alpha in alphas:  # one after another on the same server and store
+            name = capacity_phase(alpha, alphas)
             if name != "capacity" and time.time() > deadline - 30:
                 run["skipped"] = f"{name}: out of time"
                 break
             zshape = cshape.with_(per_group=max(1, -(-args.capacity_requests // cap_docs)), zipf=alpha)
             serving_phase(args, run, srv, name, zshape, "cap", [cpages] * zshape.requests,
                           concurrency=args.capacity_concurrency)
+
+
+def zipf_alphas(value) -> list:
+    """--zipf-alpha: a number, or several comma-separated."""
+    return [float(x) for x in str(value).split(",") if x.strip()]
 
 
 def capacity_phase(alpha: float, alphas: list) -> str:
@@ -543,8 +549,7 @@ def main(description: str = __doc__):
     args = ap.parse_args()
     args.fractions = [float(x) for x in args.fractions.split(",")]
     args.rates = [float(x) for x in args.rates.split(",") if x]
-    args.zipf_alphas = [float(x) for x in args.zipf_alpha.split(",") if x]
-    if not args.zipf_alphas or min(args.zipf_alphas) <= 0:
+    if not zipf_alphas(args.zipf_alpha) or min(zipf_alphas(args.zipf_alpha)) <= 0:
         ap.error("--zipf-alpha: one or more positive numbers, comma-separated")
     if args.page_size < 1 or (args.client == "own" and args.page_size != e2e.PAGE):
         ap.error(f"--page-size: a positive size, and {e2e.PAGE} with --client own (its workload's "
