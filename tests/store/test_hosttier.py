@@ -153,16 +153,63 @@ def test_pages_read_twice_from_the_ssd_are_copied_up_and_then_served_from_dram(t
     want = _pool(k, v)
     lw.host.clear()  # as after a restart: nothing in DRAM
     few, few_rows = keys[:16], rows[:16 * PAGE]
+    moved = []  # bytes each load moved through the engine
     for rid in ("first", "second"):  # the second SSD read of the same pages copies them up
         _poison(k, v)
+        before = lw.store.stats().get("engine_bytes", 0)
         assert restore(lw, few, few_rows, rid=rid)
         lw.drain_loads()
+        moved.append(lw.store.stats().get("engine_bytes", 0) - before)
+    assert moved[0] > 0 and moved[1] == moved[0]  # copied up from the bytes read: no second read
+    assert lw.store.stats()["read_pages"] == 0  # (the old promotion re-read pages with read_pages)
     assert lw.host.present(few).all() and lw.stats()["linker"]["host_promoted_pages"] == 16
+    assert all(torch.equal(t[PAGE:PAGE + 16 * PAGE], w[:16 * PAGE]) for t, w in zip(k + v, want))
     _poison(k, v)
     before = lw.stats()["linker"]["load_host_pages"]
     assert restore(lw, few, few_rows, rid="third")
     assert lw.stats()["linker"]["load_host_pages"] - before == 16
     assert all(torch.equal(t[PAGE:PAGE + 16 * PAGE], w[:16 * PAGE]) for t, w in zip(k + v, want))
+    lw.close()
+
+
+def test_a_load_that_fails_mid_stream_promotes_nothing_and_its_slots_go_back(tmp_path):
+    """A page corrupt on the SSD in a load that copies pages up: the load fails (a miss), none
+    of its pages becomes readable in DRAM (some layers had landed), every reserved slot is
+    free again, and the good pages load byte-exact and are copied up on the next read."""
+    lw, k, v = make_lw(tmp_path, tutti_host_gb=0.004)
+    keys = [f"p{i:063d}" for i in range(32)]
+    rows = torch.arange(PAGE, PAGE * 33)
+    offload_all(lw, keys, rows)
+    want = _pool(k, v)
+    host, store = lw.host, lw.store
+    end = time.time() + 30
+    while lw.offload_backlog and time.time() < end:  # every page on the SSD, none pinned
+        time.sleep(0.01)
+    host.clear()
+    assert not host.present(keys).any()
+    assert restore(lw, keys, rows, rid="first")  # read once: remembered
+    path, off = store.locate(keys[20])
+    with open(path, "r+b") as f:  # the last layer's V object: every earlier layer lands first
+        at = off + int(store.layout.object_offsets[-1]) + 5
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x01]))
+    assert not restore(lw, keys, rows, rid="second")
+    lw.drain_loads()
+    st = host.stats()
+    assert not host.present(keys).any() and st["host_resident_pages"] == 0
+    assert st["host_promoted_pages"] == 0 and len(host._free) == host.slots
+    good, good_rows = keys[:20], rows[:20 * PAGE]
+    for rid in ("third", "fourth"):  # a third read copies up again (the ghost list forgot them)
+        _poison(k, v)
+        assert restore(lw, good, good_rows, rid=rid)
+        assert all(torch.equal(t[PAGE:PAGE + 20 * PAGE], w[:20 * PAGE]) for t, w in zip(k + v, want))
+    lw.drain_loads()
+    assert host.present(good).all()
+    _poison(k, v)
+    assert restore(lw, good, good_rows, rid="from-dram")
+    assert all(torch.equal(t[PAGE:PAGE + 20 * PAGE], w[:20 * PAGE]) for t, w in zip(k + v, want))
     lw.close()
 
 

@@ -117,6 +117,8 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
            "phases": {}, "summaries": {}, "start_s": [], "store_from": store_from or None, "salt": wl.salt,
            "host_pool_gb": args.dram_gb if base == "dram" else (args.host_gb if base in
                                                                 ("file", "nixl", "tutti-host") else 0)}
+    if base == "tutti-tiered":  # the linker's DRAM tier (tutti_host_gb)
+        run["host_pool_gb"] = args.dram_gb
     if base in ("tutti-host-readme", "tutti-host-defaults"):
         run["host_pool_gb"] = None  # SGLang's --hicache-ratio 2: twice the device pool
     if base in configs.LMCACHE:  # the daemon's L1 (lmcache_daemon.daemon_cmd)

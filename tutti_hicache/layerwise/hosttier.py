@@ -13,8 +13,10 @@ At a glance (threads: [scheduler] SGLang's, [loader], [offloader]; every method 
     host.publish(keys, slots, ok, keep_pinned=False)   the bytes landed (ok) or not: readable
                                             (an offload's pages stay pinned until written), or
                                             given back
-    host.wants(keys) -> bool array          [loader] pages a load read from the SSD and worth
-                                            copying up (seen before: the ghost list)
+    host.wants(keys) -> bool array          [loader] pages a load reads from the SSD and worth
+                                            copying up (seen before: the ghost list); the load
+                                            reserves their slots and copies each layer in from
+                                            its staging ring as it lands (copy_layer_in)
     host.forget(keys), host.clear()
     host.layer(layer) -> [slots, per_layer] uint8 view (torch, CPU)   the layer's objects of
                                             every slot
@@ -33,8 +35,9 @@ one [k_objs * obj_stride] run per slot, the same run an offload gathers (canonic
 
 Policy (2Q; scan-resistant): a page enters on probation (a FIFO) when it is offloaded; a DRAM
 hit moves it to protected (an LRU). A page read from the SSD whose key is on the ghost list
-(evicted from probation, or read from the SSD once before) is copied up into protected; a page
-read once is only remembered there. Free slots are taken first (a working set that fits stays
+(evicted from probation, or read from the SSD once before) is copied up into protected by the
+load that reads it, from the bytes it read (never a second SSD read); a page read once is only
+remembered there. Free slots are taken first (a working set that fits stays
 whole); then eviction takes probation's oldest unpinned page, and protected's least recently
 used only when probation has none: a scan of new pages cycles through probation and costs the
 hot pages at most the one slot it found. Nothing here is
@@ -370,6 +373,23 @@ class HostTier:
                                  np.uint64(pages.data_ptr()) + rows * np.uint64(self.page_nbytes),
                                  np.full(len(slots), self.page_nbytes, dtype=np.int64),
                                  self.copy_threads)
+
+    def copy_layer_in(self, slots, layer: int, src: int, rows) -> None:
+        """Layer `layer` of slots[i] from the [*, per_layer] rows at address `src` (row rows[i]):
+        a load's staging ring slot as its pages land (a promotion: no second read of the SSD).
+        C++ memcpy on `copy_threads` threads, the GIL released."""
+        slots = np.asarray(slots, dtype=np.uint64)
+        rows = np.asarray(rows, dtype=np.uint64)
+        if len(slots) != len(rows) or not 0 <= layer < self.num_layers:
+            raise ValueError(f"copy_layer_in: {len(slots)} slots for {len(rows)} rows, layer {layer}")
+        if not len(slots):
+            return
+        if int(slots.max()) >= self.slots:
+            raise ValueError("copy_layer_in: a slot out of range")
+        per = np.uint64(self.per_layer)
+        extension().memcpy_batch(self._slot_base(slots) + np.uint64(layer) * per,
+                                 np.uint64(src) + rows * per,
+                                 np.full(len(slots), self.per_layer, dtype=np.int64), self.copy_threads)
 
     def rows(self, layer: int) -> torch.Tensor:
         """The arena's bytes from layer `layer` of slot 0 on: slot s's objects of that layer

@@ -63,11 +63,6 @@ class _Job:
         self.ready = None
 
 
-class _Promote:
-    def __init__(self, keys: list):
-        self.keys = keys
-
-
 class Loader:
     def __init__(self, store, counter: LayerCounter, stage: Staging, stage_pages: int,
                  k_bufs: list, v_bufs, page_size: int, io, cfg: TuttiConfig, windows,
@@ -155,9 +150,6 @@ class Loader:
 
     # --------------------------------------------------------------- [loader]
     def _run(self, job) -> None:
-        if isinstance(job, _Promote):
-            self._promote(job.keys)
-            return
         entries, index = job.entries, job.index
         n = len(entries) + len(job.host_slots)
         t0 = time.perf_counter()
@@ -177,36 +169,38 @@ class Loader:
             self._store.unpin(entries)
             if self._host is not None:
                 self._host.unpin(job.host_slots)
-        if self._host is not None and job.ssd_keys:
-            self._queue_promotions(job.ssd_keys)
 
     # ------------------------------------------------------------ [loader] the DRAM tier
-    def _queue_promotions(self, keys: list) -> None:
-        """Pages this load read from the SSD that the DRAM tier wants (read before): copied up
-        by jobs of at most one staging slot's bytes (whole pages: tens of ms of reads), behind
-        this queue's loads, so a load that arrives meanwhile waits for one job at most."""
-        want = self._host.wants(keys)
-        todo = [k for k, w in zip(keys, want.tolist()) if w]
-        step = max(1, self._stage.slot_bytes // self._page_nbytes)
-        for c0 in range(0, len(todo), step):
-            self.worker.put(_Promote(todo[c0:c0 + step]))
+    def _reserve_promotions(self, job) -> Optional[np.ndarray]:
+        """DRAM slots for the pages this load reads from the SSD that the tier wants (read
+        before), one per entry (-1: not copied up), or None: the load copies each such page's
+        layers from the staging ring into its slot as they land (_promote_chunk), so a promotion
+        costs a host copy and never a second read of the SSD."""
+        if self._host is None or not job.ssd_keys:
+            return None
+        want = np.flatnonzero(self._host.wants(job.ssd_keys))
+        if not len(want):
+            return None
+        out = np.full(len(job.ssd_keys), -1, dtype=np.int64)
+        out[want] = self._host.reserve([job.ssd_keys[i] for i in want], hot=True)
+        return out if (out >= 0).any() else None
 
-    def _promote(self, keys: list) -> None:
-        """Read pages from the SSD straight into DRAM slots (checksums verified as always)."""
-        slots = self._host.reserve(keys, hot=True)
+    def _promote_chunk(self, promote: np.ndarray, k: int, layer: int, rows: slice) -> None:
+        """Ring slot k holds layer `layer` of the entries `rows` (verified): the promoted ones'
+        bytes into their DRAM slots (one C++ batch, the GIL released)."""
+        slots = promote[rows]
         idx = np.flatnonzero(slots >= 0)
-        if not len(idx):
+        if len(idx):
+            self._host.copy_layer_in(slots[idx], layer, self._stage.host[k].data_ptr(), idx)
+
+    def _publish_promotions(self, job, promote: Optional[np.ndarray], ok: bool) -> None:
+        """Every layer landed (ok): the promoted pages are readable; else their slots go back."""
+        if promote is None:
             return
-        keys = [keys[i] for i in idx]
-        ok = np.zeros(len(idx), dtype=bool)
-        try:
-            ok = self._store.read_pages(keys, self._host.slot_addrs(slots[idx]),
-                                        not self._store.layout.padded)
-        except Exception as e:  # noqa: BLE001 - a promotion that fails is a page left on the SSD
-            logger.warning("tutti linker: copying %d pages up to DRAM failed: %s", len(keys), e)
-        finally:
-            self._host.publish(keys, slots[idx], ok)
-        self._host.promoted(int(ok.sum()))
+        idx = np.flatnonzero(promote >= 0)
+        self._host.publish([job.ssd_keys[i] for i in idx], promote[idx], ok)
+        if ok:
+            self._host.promoted(len(idx))
 
     def _copy_host(self, job, layer: int) -> None:
         """Layer `layer` of the batch's DRAM pages into the device pool. On a GPU one kernel reads
@@ -245,8 +239,7 @@ class Loader:
         layer's and the queue never drains between layers; each chunk lands, is verified,
         copied and scattered in layer order; while the reads run two layers ahead of the
         forward, a write window may follow a layer."""
-        index, entries, ready, input_tokens = job.index, job.entries, job.ready, job.input_tokens
-        page_ids = job.page_ids
+        index, entries, ready = job.index, job.entries, job.ready
         self._observer.load_begun(index)
         self._windows.learn()  # the forwards that ran since the last load
         if ready is not None:
@@ -259,6 +252,16 @@ class Loader:
                     self._observer.reads_final(index, 0, [], [])
                 self._counter.complete(index, layer, self._mark())
             return
+        promote = self._reserve_promotions(job)
+        try:
+            self._read_layers(job, promote)
+        except BaseException:
+            self._publish_promotions(job, promote, False)
+            raise
+        self._publish_promotions(job, promote, True)
+
+    def _read_layers(self, job, promote: Optional[np.ndarray]) -> None:
+        index, entries, input_tokens, page_ids = job.index, job.entries, job.input_tokens, job.page_ids
         plan = self._store.plan_pages(entries)
         n, step = len(entries), self.stage_pages
         chunks = [(layer, slice(c0, min(n, c0 + step))) for layer in range(self._num_layers)
@@ -275,13 +278,14 @@ class Loader:
                     raise LoadFailed(f"layer {layer}: {int((~ok).sum())} of {len(ok)} pages "
                                      "unreadable or corrupt")
                 self._copy_chunk(slots[i], layer, len(ok), page_ids[rows])
-                if rows.stop < n:
-                    continue
-                self._copy_host(job, layer)
-                if layer + 1 == self._num_layers:  # before finish() can return
-                    self._observer.reads_final(index, n, [c[0] for c in chunks], stream.done_ns())
-                self._counter.complete(index, layer, self._mark())
-                self._lend_window(stream, layer, input_tokens, n * self._page_size)
+                if rows.stop == n:  # the layer's last chunk: hand the layer over
+                    self._copy_host(job, layer)
+                    if layer + 1 == self._num_layers:  # before finish() can return
+                        self._observer.reads_final(index, n, [c[0] for c in chunks], stream.done_ns())
+                    self._counter.complete(index, layer, self._mark())
+                    self._lend_window(stream, layer, input_tokens, n * self._page_size)
+                if promote is not None:  # the ring slot is taken again only after this
+                    self._promote_chunk(promote, slots[i], layer, rows)
 
     def _admit(self, stream, slots: list, upto: int) -> None:
         """Admit chunks [0, upto) to the stream, each once its ring slot's last copy is done."""
