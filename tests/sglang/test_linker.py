@@ -167,3 +167,37 @@ def test_the_dram_tier_serves_hits_byte_exact_and_sglang_files_them_under_host(s
         assert result[0] == len(toks) and req.host_hit_is_storage is (not dram)
         a.linker.cancel_queued_load(req.rid)
     a.close()
+
+
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_the_dram_tier_copies_up_and_serves_mla_and_fp8_pools_byte_exact(sg, tmp_path, mla, fp8):
+    """The DRAM tier over SGLang's own MHA and MLA pools, bf16 and fp8 (SGLang stores fp8 as
+    bytes; MLA has one object per layer): after a restart (the tier empty) the first hit reads
+    the SSD, the second copies the pages up from the bytes it read, the third loads from DRAM,
+    each byte-exact, and nothing is read from the SSD twice."""
+    toks = list(range(500, 520))  # 5 pages
+    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    a = Rig([tmp_path], mla=mla, dtype=dtype, tutti_host_gb=0.01)
+    slots = a.fill(len(toks), seed=7)
+    want = a.snapshot(slots)
+    a.insert(toks, slots)
+    a.commit_offloads(1)
+    a.close()
+
+    b = Rig([tmp_path], mla=mla, dtype=dtype, tutti_host_gb=0.01)  # a restart: the tier is empty
+    kv = b.linker.kv
+    assert kv.host is not None and not kv.host.present(list(kv.host._slot_of)).any()
+    for i, source in enumerate(("ssd", "ssd, copied up", "dram")):
+        b.cache.reset()
+        before = kv.stats()["linker"]
+        hit, failed = b.restore(toks, rid=f"r{i}")
+        kv.drain_loads()
+        after = kv.stats()["linker"]
+        assert hit == len(toks) and not failed, source
+        assert all(torch.equal(x, y) for x, y in zip(b.snapshot(b.loads[-1]), want)), source
+        from_dram = after["load_host_pages"] - before["load_host_pages"]
+        promoted = after["host_promoted_pages"] - before["host_promoted_pages"]
+        assert (from_dram, promoted) == {"ssd": (0, 0), "ssd, copied up": (0, 5), "dram": (5, 0)}[source]
+    assert kv.store.stats()["read_pages"] == 0  # copy-ups came from the loads' own reads
+    b.close()
