@@ -213,6 +213,62 @@ def test_a_load_that_fails_mid_stream_promotes_nothing_and_its_slots_go_back(tmp
     lw.close()
 
 
+def _restarted(tmp_path, **extra):
+    """A tier holding nothing (as after a restart) over N offloaded pages; (lw, k, v, keys, rows, want)."""
+    lw, k, v = make_lw(tmp_path, tutti_host_gb=0.004, **extra)
+    keys = [f"p{i:063d}" for i in range(N)]
+    rows = torch.arange(PAGE, PAGE * (N + 1))
+    offload_all(lw, keys, rows)
+    end = time.time() + 30
+    while lw.offload_backlog and time.time() < end:
+        time.sleep(0.01)
+    lw.host.clear()
+    return lw, k, v, keys, rows, _pool(k, v)
+
+
+def test_a_slow_copy_up_holds_its_ring_slot_and_the_dram_copy_is_exact(tmp_path, monkeypatch):
+    """Copy-ups run beside the reads; a ring slot is read into again only once its copy ended:
+    with each copy slowed and a ring of 3 slots over many chunks, the pages later served from
+    DRAM are byte-exact (a slot reused early would have put the next chunk's bytes there)."""
+    lw, k, v, keys, rows, want = _restarted(tmp_path, tutti_stage_depth=3, tutti_read_ahead=2)
+    few = 48  # one chunk per layer (1 MiB slots, 8 KiB per page and layer): 4 chunks, 3 slots
+    real = lw.host.copy_layer_in
+
+    def slow(*a):
+        time.sleep(0.01)
+        return real(*a)
+    monkeypatch.setattr(lw.host, "copy_layer_in", slow)
+    for rid in ("first", "second", "from-dram"):
+        _poison(k, v)
+        assert restore(lw, keys[:few], rows[:few * PAGE], rid=rid)
+        lw.drain_loads()
+        assert all(torch.equal(t[PAGE:PAGE + few * PAGE], w[:few * PAGE]) for t, w in zip(k + v, want))
+    st = lw.stats()["linker"]
+    assert st["host_promoted_pages"] == few and st["load_host_pages"] == few
+    lw.close()
+
+
+def test_a_failed_copy_up_leaves_the_load_exact_and_the_pages_on_the_ssd(tmp_path, monkeypatch):
+    lw, k, v, keys, rows, want = _restarted(tmp_path)
+    real = lw.host.copy_layer_in
+
+    def fail_layer_1(slots, layer, src, idx):
+        if layer == 1:
+            raise OSError("copy failed")
+        return real(slots, layer, src, idx)
+    monkeypatch.setattr(lw.host, "copy_layer_in", fail_layer_1)
+    few = keys[:16]
+    for rid in ("first", "second"):
+        _poison(k, v)
+        assert restore(lw, few, rows[:16 * PAGE], rid=rid)  # the load itself is whole
+        lw.drain_loads()
+        assert all(torch.equal(t[PAGE:PAGE + 16 * PAGE], w[:16 * PAGE]) for t, w in zip(k + v, want))
+    st = lw.host.stats()
+    assert not lw.host.present(few).any() and st["host_promoted_pages"] == 0
+    assert len(lw.host._free) == lw.host.slots  # every reserved slot given back
+    lw.close()
+
+
 def test_a_page_only_in_dram_is_found_and_loaded(tmp_path):
     """A page whose SSD copy is gone (its write failed, or it was dropped) but which DRAM holds
     counts in the lookup and loads from DRAM; once DRAM lets it go it is a miss, never wrong."""

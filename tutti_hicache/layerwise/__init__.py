@@ -233,6 +233,7 @@ class LayerwiseKV:
         self.reset()
         self._stats.dump(force=True)
         self._loader.worker.stop()
+        self._loader.close()
         self._offloader.close()
         if self.host is not None:
             self.host.close()

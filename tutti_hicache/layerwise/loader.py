@@ -10,7 +10,9 @@ At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's t
         chunk into the next pinned ring slot, `read_ahead` chunks at the devices at once (the
         next layer's requests wait there behind this one's), per-layer checksums verified
         as pages land, one H2D copy and one scatter kernel on the I/O stream, one CUDA event
-        -> counter.complete(index, layer); any failure -> counter.fail(index) (never a hang)
+        -> counter.complete(index, layer); any failure -> counter.fail(index) (never a hang);
+        with the DRAM tier: each layer's DRAM pages by one scatter_rows launch, and the SSD pages
+        the tier wants copied up from the ring slots as they land ([tutti-copyup] thread)
     loader.read_ahead, loader.windows_opened, loader.read_Bps, loader.worker (drain, stop, thread)
 The observer (observe.py) hears when the loader took a batch, when its read stream was open and
 when every chunk's reads were final; the counter tells it of each layer handed over.
@@ -28,6 +30,8 @@ import contextlib
 import logging
 import time
 from collections import deque
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import numpy as np
@@ -63,6 +67,15 @@ class _Job:
         self.ready = None
 
 
+class _CopyUp:
+    """One load's copy-up into the DRAM tier: a reserved slot per SSD entry (-1: none) and the
+    host copies in flight, one per staging chunk."""
+
+    def __init__(self, slots: np.ndarray):
+        self.slots = slots
+        self.pending: list = []
+
+
 class Loader:
     def __init__(self, store, counter: LayerCounter, stage: Staging, stage_pages: int,
                  k_bufs: list, v_bufs, page_size: int, io, cfg: TuttiConfig, windows,
@@ -84,6 +97,7 @@ class Loader:
         self.windows_opened = 0
         self._observer = observer
         self._queued: dict[str, tuple] = {}
+        self._copier: Optional[ThreadPoolExecutor] = None  # copy-ups into the DRAM tier
         self.worker = Worker("tutti-load", self._run)  # drain(): every started load finished
 
     # ------------------------------------------------------------ [scheduler]
@@ -171,7 +185,7 @@ class Loader:
                 self._host.unpin(job.host_slots)
 
     # ------------------------------------------------------------ [loader] the DRAM tier
-    def _reserve_promotions(self, job) -> Optional[np.ndarray]:
+    def _reserve_promotions(self, job) -> Optional[_CopyUp]:
         """DRAM slots for the pages this load reads from the SSD that the tier wants (read
         before), one per entry (-1: not copied up), or None: the load copies each such page's
         layers from the staging ring into its slot as they land (_promote_chunk), so a promotion
@@ -183,24 +197,43 @@ class Loader:
             return None
         out = np.full(len(job.ssd_keys), -1, dtype=np.int64)
         out[want] = self._host.reserve([job.ssd_keys[i] for i in want], hot=True)
-        return out if (out >= 0).any() else None
+        return _CopyUp(out) if (out >= 0).any() else None
 
-    def _promote_chunk(self, promote: np.ndarray, k: int, layer: int, rows: slice) -> None:
+    def _promote_chunk(self, up: _CopyUp, k: int, layer: int, rows: slice) -> None:
         """Ring slot k holds layer `layer` of the entries `rows` (verified): the promoted ones'
-        bytes into their DRAM slots (one C++ batch, the GIL released)."""
-        slots = promote[rows]
+        bytes go into their DRAM slots on the copy-up thread (one C++ batch, the GIL released),
+        while this thread goes on with the reads; the ring slot is read into again only after."""
+        slots = up.slots[rows]
         idx = np.flatnonzero(slots >= 0)
         if len(idx):
-            self._host.copy_layer_in(slots[idx], layer, self._stage.host[k].data_ptr(), idx)
+            if self._copier is None:
+                self._copier = ThreadPoolExecutor(1, thread_name_prefix="tutti-copyup")
+            f = self._copier.submit(self._host.copy_layer_in, slots[idx], layer,
+                                    self._stage.host[k].data_ptr(), idx)
+            up.pending.append(f)
+            self._stage.hold(k, f)
 
-    def _publish_promotions(self, job, promote: Optional[np.ndarray], ok: bool) -> None:
-        """Every layer landed (ok): the promoted pages are readable; else their slots go back."""
-        if promote is None:
+    def _publish_promotions(self, job, up: Optional[_CopyUp], ok: bool) -> None:
+        """Once its copies ended: every layer landed and copied (ok), the promoted pages are
+        readable; else their slots go back (never while a copy still writes into them)."""
+        if up is None:
             return
-        idx = np.flatnonzero(promote >= 0)
-        self._host.publish([job.ssd_keys[i] for i in idx], promote[idx], ok)
+        futures.wait(up.pending)
+        bad = [f.exception() for f in up.pending if f.exception() is not None]
+        if bad and ok:
+            logger.warning("tutti linker: copying pages up into DRAM failed (%s); they stay on "
+                           "the SSD", bad[0])
+        ok = ok and not bad
+        idx = np.flatnonzero(up.slots >= 0)
+        self._host.publish([job.ssd_keys[i] for i in idx], up.slots[idx], ok)
         if ok:
             self._host.promoted(len(idx))
+
+    def close(self) -> None:
+        """After the worker stopped: end the copy-up thread."""
+        if self._copier is not None:
+            self._copier.shutdown(wait=True)
+            self._copier = None
 
     def _copy_host(self, job, layer: int) -> None:
         """Layer `layer` of the batch's DRAM pages into the device pool. On a GPU one kernel reads
@@ -260,7 +293,7 @@ class Loader:
             raise
         self._publish_promotions(job, promote, True)
 
-    def _read_layers(self, job, promote: Optional[np.ndarray]) -> None:
+    def _read_layers(self, job, promote: Optional[_CopyUp]) -> None:
         index, entries, input_tokens, page_ids = job.index, job.entries, job.input_tokens, job.page_ids
         plan = self._store.plan_pages(entries)
         n, step = len(entries), self.stage_pages
@@ -284,7 +317,7 @@ class Loader:
                         self._observer.reads_final(index, n, [c[0] for c in chunks], stream.done_ns())
                     self._counter.complete(index, layer, self._mark())
                     self._lend_window(stream, layer, input_tokens, n * self._page_size)
-                if promote is not None:  # the ring slot is taken again only after this
+                if promote is not None:
                     self._promote_chunk(promote, slots[i], layer, rows)
 
     def _admit(self, stream, slots: list, upto: int) -> None:

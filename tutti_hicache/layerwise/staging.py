@@ -5,6 +5,7 @@ At a glance:
     ring = Staging(slot_bytes, depth, device, cuda)
     ring.take() -> k          the next slot in ring order, once the copy that last used it ended
     ring.next                 the slot take() returns next (the loader plans its reads by it)
+    ring.hold(k, future)      a host copy still reads slot k: take() waits for it too
     ring.bufs[k], ring.host[k], ring.device, ring.events[k]
     ring.regions()            [(address, nbytes)] to register with the engine
     ring.close()
@@ -15,6 +16,8 @@ Thread-safety: one ring belongs to one thread (the loader's or the offloader's).
 """
 
 from __future__ import annotations
+
+from concurrent import futures
 
 import torch
 
@@ -36,18 +39,26 @@ class Staging:
                 torch.cuda.cudart().cudaHostRegister(t.data_ptr(), slot_bytes, 0)
         self.device = torch.empty(slot_bytes, dtype=torch.uint8, device=device) if cuda else None
         self.events = [None] * depth
+        self.holds = [None] * depth  # host copies still reading a slot (hold)
         self.next = 0
 
     def regions(self) -> list[tuple[int, int]]:
         return [(b.address, b.nbytes) for b in self.bufs]
 
+    def hold(self, k: int, future) -> None:
+        """A host copy still reads slot k (a concurrent Future): take() waits for it too."""
+        self.holds[k] = future
+
     def take(self) -> int:
-        """Next ring slot, once the copy that last read it has finished."""
+        """Next ring slot, once the copies that last read it have finished."""
         k = self.next
         self.next = (k + 1) % len(self.bufs)
         if self.events[k] is not None:
             self.events[k].synchronize()
             self.events[k] = None
+        if self.holds[k] is not None:
+            futures.wait([self.holds[k]])  # its outcome is the holder's to report
+            self.holds[k] = None
         return k
 
     def close(self) -> None:
