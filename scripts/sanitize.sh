@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The C++ extension under AddressSanitizer (+ UndefinedBehaviorSanitizer) and ThreadSanitizer:
 # builds each variant into build/sanitize-VARIANT (the installed extension stays as it is), then
-# runs the engine, read-stream and layer-wise tests against it. Any sanitizer report fails.
+# runs the engine, read-stream, layer-wise and DRAM-tier tests against it. Any sanitizer report
+# fails.
 #
 # Usage: scripts/sanitize.sh [--venv DIR] [address] [thread] [-- PYTEST_ARGS...]
 #   --venv DIR   a venv made by scripts/setup_env.sh (default: .venv in the repository root)
@@ -19,7 +20,7 @@ VENV="$REPO/.venv"
 VARIANTS=()
 PYTEST_ARGS=()
 TESTS=(tests/engine/test_sanitizers.py tests/engine/test_engine.py
-  tests/store/test_scheduler_io.py tests/store/test_layerwise.py)
+  tests/store/test_scheduler_io.py tests/store/test_layerwise.py tests/store/test_hosttier.py)
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
