@@ -30,9 +30,9 @@ def insert(t, keys, hot=False):
 def test_slots_and_addresses():
     t = tier(8)
     assert t.slots == 8 and t.page_nbytes == 2 * 2 * 4096 and t.arena.shape == (8, t.page_nbytes)
-    addrs = t.slot_addrs([0, 3])
-    assert addrs.shape == (2, 4)
-    assert int(addrs[1, 0] - addrs[0, 0]) == 3 * t.page_nbytes and int(addrs[0, 1] - addrs[0, 0]) == 4096
+    base = t._slot_base([0, 3])
+    assert base.shape == (2,) and int(base[1] - base[0]) == 3 * t.page_nbytes
+    assert int(base[0]) == t.arena.data_ptr() and t.per_layer == 2 * 4096  # K and V of a layer
     # layer l of a slot is its [k_objs * obj_stride] run at l * that
     t.arena[3] = torch.arange(t.page_nbytes, dtype=torch.int64).to(torch.uint8)
     assert torch.equal(t.layer(1)[3], t.arena[3, t.per_layer:])
@@ -378,6 +378,20 @@ def test_copy_in_copies_rows_into_slots_byte_exact_and_checks_its_input():
     with pytest.raises(ValueError, match="contiguous CPU uint8"):
         t.copy_in(np.array([0]), pages[:, :-1], np.array([0]))
     t.copy_in(np.array([], dtype=np.int64), pages, np.array([], dtype=np.int64))  # nothing to do
+
+
+def test_copy_layer_in_writes_one_layer_of_each_slot_and_checks_its_input():
+    t = tier(8)
+    rows = torch.randint(0, 256, (3, t.per_layer), dtype=torch.uint8)  # a staging slot's layer
+    t.copy_layer_in(np.array([6, 2]), 1, rows.data_ptr(), np.array([2, 0]))
+    assert torch.equal(t.layer(1)[6], rows[2]) and torch.equal(t.layer(1)[2], rows[0])
+    assert not t.layer(0)[6].any() and not t.arena[[0, 1, 3, 4, 5, 7]].any()  # nothing else written
+    with pytest.raises(ValueError, match="out of range"):
+        t.copy_layer_in(np.array([8]), 0, rows.data_ptr(), np.array([0]))
+    with pytest.raises(ValueError, match="layer 2"):
+        t.copy_layer_in(np.array([0]), 2, rows.data_ptr(), np.array([0]))
+    with pytest.raises(ValueError, match="2 slots for 1 rows"):
+        t.copy_layer_in(np.array([0, 1]), 0, rows.data_ptr(), np.array([0]))
 
 
 def test_when_online_runs_now_or_as_the_tier_comes_online():

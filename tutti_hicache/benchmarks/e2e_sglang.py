@@ -551,7 +551,8 @@ def main(description: str = __doc__):
     args = ap.parse_args()
     args.fractions = [float(x) for x in args.fractions.split(",")]
     args.rates = [float(x) for x in args.rates.split(",") if x]
-    if not zipf_alphas(args.zipf_alpha) or min(zipf_alphas(args.zipf_alpha)) <= 0:
+    alphas = zipf_alphas(args.zipf_alpha)
+    if not alphas or min(alphas) <= 0:
         ap.error("--zipf-alpha: one or more positive numbers, comma-separated")
     if args.page_size < 1 or (args.client == "own" and args.page_size != e2e.PAGE):
         ap.error(f"--page-size: a positive size, and {e2e.PAGE} with --client own (its workload's "

@@ -25,8 +25,9 @@ At a glance (threads: [scheduler] SGLang's, [loader], [offloader]; every method 
                                             of the pinned memory, or None where there is none):
                                             tutti_kernels.scatter_rows' source, rows page_nbytes
                                             apart
-    host.slot_addrs(slots) -> uint64 [n, objects]   where each object of a slot lives (the
-                                            store's read/write address layout)
+    host.copy_in(slots, pages, rows), host.copy_layer_in(slots, layer, src, rows)   bytes into
+                                            reserved slots: an offload's whole pages, a load's
+                                            layer of its promoted pages (C++ memcpy)
     host.stats() -> dict
 
 Layout: slot s holds a page as the layer-wise path stages it, layer by layer, each of a layer's
@@ -57,7 +58,6 @@ import numpy as np
 import torch
 
 from ..engine import extension
-from ..layout import strided
 
 logger = logging.getLogger("tutti_hicache.linker")
 
@@ -361,35 +361,32 @@ class HostTier:
                 or pages.shape[1] != self.page_nbytes or pages.dtype != torch.uint8:
             raise ValueError(f"copy_in takes contiguous CPU uint8 [n, {self.page_nbytes}] pages, "
                              f"got {pages.dtype} {tuple(pages.shape)} on {pages.device}")
-        slots = np.asarray(slots, dtype=np.uint64)
         rows = np.asarray(rows, dtype=np.uint64)
-        if len(slots) != len(rows):
-            raise ValueError(f"{len(slots)} slots for {len(rows)} rows")
-        if not len(slots):
-            return
-        if int(slots.max()) >= self.slots or int(rows.max()) >= pages.shape[0]:
-            raise ValueError("copy_in: a slot or row out of range")
-        extension().memcpy_batch(self._slot_base(slots),
-                                 np.uint64(pages.data_ptr()) + rows * np.uint64(self.page_nbytes),
-                                 np.full(len(slots), self.page_nbytes, dtype=np.int64),
-                                 self.copy_threads)
+        if len(rows) and int(rows.max()) >= pages.shape[0]:
+            raise ValueError("copy_in: a row out of range")
+        self._copy_rows("copy_in", slots, 0, pages.data_ptr(), rows, self.page_nbytes)
 
     def copy_layer_in(self, slots, layer: int, src: int, rows) -> None:
         """Layer `layer` of slots[i] from the [*, per_layer] rows at address `src` (row rows[i]):
         a load's staging ring slot as its pages land (a promotion: no second read of the SSD).
         C++ memcpy on `copy_threads` threads, the GIL released."""
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"copy_layer_in: layer {layer} of {self.num_layers}")
+        self._copy_rows("copy_layer_in", slots, layer * self.per_layer, src, rows, self.per_layer)
+
+    def _copy_rows(self, where: str, slots, offset: int, src: int, rows, nbytes: int) -> None:
+        """nbytes from src + rows[i] * nbytes to `offset` bytes into slot slots[i], for each i."""
         slots = np.asarray(slots, dtype=np.uint64)
         rows = np.asarray(rows, dtype=np.uint64)
-        if len(slots) != len(rows) or not 0 <= layer < self.num_layers:
-            raise ValueError(f"copy_layer_in: {len(slots)} slots for {len(rows)} rows, layer {layer}")
+        if len(slots) != len(rows):
+            raise ValueError(f"{where}: {len(slots)} slots for {len(rows)} rows")
         if not len(slots):
             return
         if int(slots.max()) >= self.slots:
-            raise ValueError("copy_layer_in: a slot out of range")
-        per = np.uint64(self.per_layer)
-        extension().memcpy_batch(self._slot_base(slots) + np.uint64(layer) * per,
-                                 np.uint64(src) + rows * per,
-                                 np.full(len(slots), self.per_layer, dtype=np.int64), self.copy_threads)
+            raise ValueError(f"{where}: a slot out of range")
+        extension().memcpy_batch(self._slot_base(slots) + np.uint64(offset),
+                                 np.uint64(src) + rows * np.uint64(nbytes),
+                                 np.full(len(slots), nbytes, dtype=np.int64), self.copy_threads)
 
     def rows(self, layer: int) -> torch.Tensor:
         """The arena's bytes from layer `layer` of slot 0 on: slot s's objects of that layer
@@ -402,10 +399,6 @@ class HostTier:
         if self._device_arena is None:
             return None
         return self._device_arena.view(-1)[layer * self.per_layer:]
-
-    def slot_addrs(self, slots) -> np.ndarray:
-        """[n, num_layers * k_objs] addresses of each object of these slots."""
-        return strided(self._slot_base(slots), self.num_layers * self.k_objs, self.obj_stride)
 
     def _slot_base(self, slots) -> np.ndarray:
         """uint64 address of each slot's first byte."""
