@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what it needs (apt when root, a CPU venv per SGLang version) and runs
 # the whole suite against SGLang 0.5.23, then the storage-path suite against SGLang 0.5.17, then
-# the engine, read-stream and layer-wise tests against ASan and TSan builds of the extension.
+# the engine, read-stream, layer-wise and DRAM-tier tests against ASan and TSan builds of the extension.
 # No GPU needed: GPU tests skip with a reason; Triton kernels run under TRITON_INTERPRET=1.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,5 +17,5 @@ scripts/setup_env.sh --sglang 0.5.17 --venv "$REPO/.venv-0.5.17"
 echo "== storage path, SGLang 0.5.17 =="
 "$REPO/.venv-0.5.17/bin/pytest" -q "${STORAGE_TESTS[@]}" "$@"
 
-echo "== sanitizers: the engine, read-stream and layer-wise tests under ASan+UBSan and TSan =="
+echo "== sanitizers: the engine, read-stream, layer-wise and DRAM-tier tests under ASan+UBSan and TSan =="
 scripts/sanitize.sh --venv "$REPO/.venv"
