@@ -115,6 +115,61 @@ def test_write_model_and_the_server_flag(tmp_path, monkeypatch):
         configs.write_model(str(tmp_path / "x"), 2, weights="random")
 
 
+def _moe(shape: str, **small) -> dict:
+    return dict(configs.MODELS[shape], vocab_size=200, **small)
+
+
+def test_seeded_moe_and_mla_checkpoints_name_every_expert_as_hf_ships_them(tmp_path):
+    """Qwen3-MoE: per-head q/k norms and every layer routed (gate + experts one by one), none
+    shared; DeepSeek-V2(-Lite): MLA without a q LoRA (q_proj, the joint kv_a projection with the
+    rope dims, its latent norm, kv_b up to heads x (nope + v)), a dense MLP before
+    first_k_dense_replace, then routed experts plus shared ones n_shared_experts wide. The names
+    are the ones SGLang's loaders map (experts.E.{gate,up,down}_proj, shared_experts.*)."""
+    q = _moe("qwen3-30b-a3b", hidden_size=32, moe_intermediate_size=8, num_experts=3,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_hidden_layers=2)
+    specs = {n: s for n, s, _ in weights.tensors(q)}
+    layer = {n[len("model.layers.1."):]: s for n, s in specs.items() if n.startswith("model.layers.1.")}
+    assert layer == {
+        "input_layernorm.weight": (32,), "post_attention_layernorm.weight": (32,),
+        "self_attn.q_proj.weight": (32, 32), "self_attn.k_proj.weight": (16, 32),
+        "self_attn.v_proj.weight": (16, 32), "self_attn.o_proj.weight": (32, 32),
+        "self_attn.q_norm.weight": (8,), "self_attn.k_norm.weight": (8,), "mlp.gate.weight": (3, 32),
+        **{f"mlp.experts.{e}.{p}.weight": ((32, 8) if p == "down_proj" else (8, 32))
+           for e in range(3) for p in ("gate_proj", "up_proj", "down_proj")}}
+    assert specs["lm_head.weight"] == (200, 32) and len(specs) == 3 + 2 * len(layer)
+
+    d = _moe("deepseek-v2-lite", hidden_size=32, intermediate_size=24, moe_intermediate_size=8,
+             n_routed_experts=3, n_shared_experts=2, num_attention_heads=2, kv_lora_rank=16,
+             qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, num_hidden_layers=3)
+    specs = {n: s for n, s, _ in weights.tensors(d)}
+    assert specs["model.layers.0.self_attn.q_proj.weight"] == (2 * (8 + 4), 32)
+    assert specs["model.layers.0.self_attn.kv_a_proj_with_mqa.weight"] == (16 + 4, 32)
+    assert specs["model.layers.0.self_attn.kv_a_layernorm.weight"] == (16,)
+    assert specs["model.layers.0.self_attn.kv_b_proj.weight"] == (2 * (8 + 6), 16)
+    assert specs["model.layers.0.self_attn.o_proj.weight"] == (32, 2 * 6)
+    assert specs["model.layers.0.mlp.gate_proj.weight"] == (24, 32)  # dense before first_k_dense_replace
+    assert not any(n.startswith("model.layers.0.mlp.experts") for n in specs)
+    for i in (1, 2):
+        p = f"model.layers.{i}.mlp."
+        assert specs[p + "gate.weight"] == (3, 32) and p + "gate_proj.weight" not in specs
+        assert specs[p + "experts.2.down_proj.weight"] == (32, 8) and p + "experts.3.up_proj.weight" not in specs
+        assert specs[p + "shared_experts.up_proj.weight"] == (16, 32)
+    with pytest.raises(ValueError, match="q_lora_rank"):
+        weights.tensors(dict(d, q_lora_rank=64))
+    with pytest.raises(ValueError, match="model_type"):
+        weights.tensors(dict(d, model_type="gpt2"))
+
+    # the checkpoint itself: every tensor named, drawn and readable, norms 1
+    weights.write_weights(str(tmp_path), d, seed=2, device="cpu")
+    got = _checkpoint(tmp_path)
+    assert {n: shape for n, (_, shape, _) in got.items()} == specs
+
+    def values(name):  # bf16 -> float32: the high half of the word
+        return (np.frombuffer(got[name][2], np.uint16).astype(np.uint32) << 16).view(np.float32)
+    assert (values("model.layers.2.self_attn.kv_a_layernorm.weight") == 1).all()
+    assert 0.01 < values("model.layers.2.mlp.experts.0.gate_proj.weight").std() < 0.04
+
+
 # ------------------------------------------------------------------ the logprob comparison
 def _out(ids, tops):
     return {"output_ids": ids, "top_logprobs": tops}

@@ -136,15 +136,12 @@ def write_model(path: str, layers: int, weights: str = "dummy", seed: int = 0,
                 shape: str = "llama3-8b") -> None:
     """The config.json of a model shape (MODELS) with `layers` layers. weights "dummy": nothing
     else (the server draws SGLang's dummy weights, --load-format dummy); "seeded": a safetensors
-    checkpoint of seeded HF-style random weights beside it (weights.py, Llama shapes), which the
-    server loads."""
+    checkpoint of seeded HF-style random weights beside it (weights.py: every shape in MODELS,
+    experts one by one as HF ships them), which the server loads."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights: one of {', '.join(WEIGHTS)}, not {weights!r}")
     if shape not in MODELS:
         raise ValueError(f"model shape: one of {', '.join(MODELS)}, not {shape!r}")
-    if weights == "seeded" and MODELS[shape]["model_type"] != "llama":
-        raise ValueError(f"--weights seeded writes Llama-shaped checkpoints only; {shape} runs with "
-                         "--weights dummy")
     os.makedirs(path, exist_ok=True)
     cfg = dict(MODELS[shape], num_hidden_layers=layers)
     if weights == "seeded":  # fp32 logits: no bf16 rounding of the logits (1/32 near the top) to

@@ -2,7 +2,8 @@
 on the KV it is given, so an output check against recompute can fail.
 
 At a glance:
-    tensors(cfg) -> [(name, shape, kind)]        HF Llama parameter names and shapes of a config
+    tensors(cfg) -> [(name, shape, kind)]        HF parameter names and shapes of a config (Llama,
+                                                 Qwen3-MoE, DeepSeek-V2)
     write_weights(path, cfg, seed=0, std=0.02, device=None, max_shard_bytes=4e9) -> index path
         bf16 safetensors shards (one or more layers each, every file under max_shard_bytes) and
         model.safetensors.index.json beside the config.json
@@ -36,26 +37,84 @@ DTYPE_BYTES = 2  # bf16
 
 
 def tensors(cfg: dict) -> list:
-    """[(name, shape, kind)] in file order; kind "normal" (std-scaled normal) or "ones"."""
-    h, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
-    hd = cfg.get("head_dim") or h // heads
+    """[(name, shape, kind)] in file order; kind "normal" (std-scaled normal) or "ones". The names
+    and shapes are the HF checkpoints' of the config's model_type: llama (dense GQA), qwen3_moe
+    (GQA with per-head q/k norms, every layer routed experts) and deepseek_v2 (MLA without a q
+    LoRA, as in V2-Lite; dense MLPs before first_k_dense_replace, then routed plus shared
+    experts), which SGLang's loaders read expert by expert."""
+    kind = cfg.get("model_type", "llama")
+    if kind not in _LAYERS:
+        raise ValueError(f"seeded weights: model_type one of {', '.join(_LAYERS)}, not {kind!r}")
+    h, vocab = cfg["hidden_size"], cfg["vocab_size"]
     out = [("model.embed_tokens.weight", (vocab, h), "normal")]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        out += [(p + "input_layernorm.weight", (h,), "ones"),
-                (p + "self_attn.q_proj.weight", (heads * hd, h), "normal"),
-                (p + "self_attn.k_proj.weight", (kv * hd, h), "normal"),
-                (p + "self_attn.v_proj.weight", (kv * hd, h), "normal"),
-                (p + "self_attn.o_proj.weight", (h, heads * hd), "normal"),
-                (p + "post_attention_layernorm.weight", (h,), "ones"),
-                (p + "mlp.gate_proj.weight", (inter, h), "normal"),
-                (p + "mlp.up_proj.weight", (inter, h), "normal"),
-                (p + "mlp.down_proj.weight", (h, inter), "normal")]
+        attn, mlp = _LAYERS[kind](cfg, i)
+        out += [(p + n, s, k) for n, s, k in [("input_layernorm.weight", (h,), "ones"), *attn,
+                                              ("post_attention_layernorm.weight", (h,), "ones"), *mlp]]
     out.append(("model.norm.weight", (h,), "ones"))
     if not cfg.get("tie_word_embeddings", False):
         out.append(("lm_head.weight", (vocab, h), "normal"))
     return out
+
+
+def _mlp(prefix: str, h: int, inter: int) -> list:
+    return [(prefix + "gate_proj.weight", (inter, h), "normal"),
+            (prefix + "up_proj.weight", (inter, h), "normal"),
+            (prefix + "down_proj.weight", (h, inter), "normal")]
+
+
+def _gqa(cfg: dict) -> tuple:
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads", heads)
+    hd = cfg.get("head_dim") or h // heads
+    return [("self_attn.q_proj.weight", (heads * hd, h), "normal"),
+            ("self_attn.k_proj.weight", (kv * hd, h), "normal"),
+            ("self_attn.v_proj.weight", (kv * hd, h), "normal"),
+            ("self_attn.o_proj.weight", (h, heads * hd), "normal")], hd
+
+
+def _llama_layer(cfg: dict, i: int) -> tuple:
+    attn, _ = _gqa(cfg)
+    return attn, _mlp("mlp.", cfg["hidden_size"], cfg["intermediate_size"])
+
+
+def _experts(cfg: dict, n: int) -> list:
+    h, inter = cfg["hidden_size"], cfg["moe_intermediate_size"]
+    out = [("mlp.gate.weight", (n, h), "normal")]
+    for e in range(n):
+        out += _mlp(f"mlp.experts.{e}.", h, inter)
+    return out
+
+
+def _qwen3_moe_layer(cfg: dict, i: int) -> tuple:
+    attn, hd = _gqa(cfg)
+    attn += [("self_attn.q_norm.weight", (hd,), "ones"), ("self_attn.k_norm.weight", (hd,), "ones")]
+    step = cfg.get("decoder_sparse_step", 1)
+    if i in cfg.get("mlp_only_layers", []) or cfg["num_experts"] == 0 or (i + 1) % step:
+        return attn, _mlp("mlp.", cfg["hidden_size"], cfg["intermediate_size"])
+    return attn, _experts(cfg, cfg["num_experts"])
+
+
+def _deepseek_v2_layer(cfg: dict, i: int) -> tuple:
+    if cfg.get("q_lora_rank"):
+        raise ValueError("seeded weights: deepseek_v2 with a q LoRA (q_lora_rank) is not written here")
+    h, heads, rank = cfg["hidden_size"], cfg["num_attention_heads"], cfg["kv_lora_rank"]
+    nope, rope, v = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    attn = [("self_attn.q_proj.weight", (heads * (nope + rope), h), "normal"),
+            ("self_attn.kv_a_proj_with_mqa.weight", (rank + rope, h), "normal"),
+            ("self_attn.kv_a_layernorm.weight", (rank,), "ones"),
+            ("self_attn.kv_b_proj.weight", (heads * (nope + v), rank), "normal"),
+            ("self_attn.o_proj.weight", (h, heads * v), "normal")]
+    if i < cfg.get("first_k_dense_replace", 0) or i % cfg.get("moe_layer_freq", 1):
+        return attn, _mlp("mlp.", h, cfg["intermediate_size"])
+    mlp = _experts(cfg, cfg["n_routed_experts"])
+    if cfg.get("n_shared_experts"):
+        mlp += _mlp("mlp.shared_experts.", h, cfg["moe_intermediate_size"] * cfg["n_shared_experts"])
+    return attn, mlp
+
+
+_LAYERS = {"llama": _llama_layer, "qwen3_moe": _qwen3_moe_layer, "deepseek_v2": _deepseek_v2_layer}
 
 
 def _nbytes(shape) -> int:
