@@ -227,6 +227,17 @@ def test_a_storage_configuration_warms_restarts_reuses_checks_and_sweeps_rates(t
     assert "### bench_serving phases" in md and "| m | tutti-linker | 250 | 250 | 250 |" in md
 
 
+def test_rates_through_goes_past_the_slo_to_a_comparison_rate(tmp_path, faked):
+    """--rates-through 4: the sweep goes on past its breaking point (2 req/s) up to 4 req/s, so the
+    paper's comparison rate has a point; the highest rate under the SLO is still the breaking
+    point's, not 4 (whose fake TTFT is under the SLO again)."""
+    run = e2e_sglang.run_config(_args(tmp_path, rates_through=4.0, phases="warm,rates"), "tutti-linker",
+                                e2e.Workload([4096], 2), {}, float("inf"))
+    assert [c[1] for c in faked if "-rate" in c[0]] == [0.5, 1.0, 2.0, 4.0]
+    assert run["rate_sweep"]["mean_ttft_s"]["4"] == 0.2
+    assert run["rate_sweep"]["highest_rate_under_slo"] == 1.0
+
+
 def test_dram_and_recompute_never_restart_and_dram_never_flushes(tmp_path, faked):
     args = _args(tmp_path, rates=[1.0])
     for config in ("dram", "recompute"):
@@ -365,3 +376,33 @@ def test_a_page_size_reaches_the_servers_and_the_cached_prefixes(tmp_path, faked
     assert [r["cached"] for r in run["phases"]["reuse"]] == [(4096 + 80 - 1) // 32 * 32] * 2 == [4160] * 2
     assert [r.cached for r in serving.check_requests(SHAPE, [[1] * 1070], 32)] == [1056]
     assert [r.cached for r in serving.check_requests(SHAPE, [[1] * 1070])] == [1024]  # 64-token pages
+
+
+def test_baseline_rows_compare_tutti_at_the_reference_rate_and_by_slo_rate():
+    """The paper's comparison (issue 34): at the rate where lmcache-dram last met the SLO, each
+    LMCache run's mean TTFT over that of tutti's best configuration there; and tutti's best
+    highest-rate-under-the-SLO over the baseline's. A baseline that never met the SLO has no
+    rate ratio; another medium is its own group."""
+    def run(config, points, medium="array-8"):
+        return {"config": config, "medium": medium, "rate_sweep": {
+            "slo_s": 1.0, "mean_ttft_s": {f"{r:g}": t for r, t in points.items()},
+            "highest_rate_under_slo": serving.highest_rate(points, 1.0)}}
+    runs = [run("lmcache-dram", {0.5: 0.6, 1: 0.9, 1.5: 2.8}),
+            run("lmcache-ssd", {0.5: 3.0}),
+            run("lmcache-gds", {0.5: 0.8, 1: 1.4}),
+            run("tutti-linker", {0.5: 0.3, 1: 0.45, 1.5: 0.6, 2: 1.2}),
+            run("tutti-tiered", {0.5: 0.2, 1: 0.3, 1.5: 0.5, 2: 0.8, 4: 1.5}),
+            run("dram", {1: 0.1}),  # not a baseline here, not tutti
+            run("lmcache-dram", {0.5: 0.5}, medium="disk")]
+    rows = {(r["medium"], r["baseline"]): r for r in e2e_report.baseline_rows(runs)}
+    dram = rows[("array-8", "lmcache-dram")]
+    assert dram["at_rate"] == 1 and dram["tutti"] == "tutti-tiered" and dram["tutti_ttft_s"] == 0.3
+    assert dram["ttft_ratio"] == pytest.approx(3.0) and dram["rate_ratio"] == pytest.approx(2.0)
+    ssd = rows[("array-8", "lmcache-ssd")]
+    assert ssd["at_rate"] == 1 and ssd["baseline_ttft_s"] is None and ssd["ttft_ratio"] is None
+    assert ssd["baseline_slo_rate"] is None and ssd["rate_ratio"] is None
+    assert rows[("array-8", "lmcache-gds")]["rate_ratio"] == pytest.approx(4.0)
+    disk = rows[("disk", "lmcache-dram")]  # no tutti run on that medium
+    assert disk["tutti"] is None and disk["ttft_ratio"] is None and disk["rate_ratio"] is None
+    md = e2e_report.report_markdown(runs, 1024)
+    assert "| array-8 | lmcache-dram | 1 | 0.90 | tutti-tiered | 0.30 | 3.00 | 1 / 2 | 2.00 |" in md

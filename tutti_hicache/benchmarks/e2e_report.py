@@ -2,6 +2,8 @@
 
 At a glance:
     sweep_rows(runs, bytes_per_token) / slo_rows(runs, slo_ms) / capacity_rows(runs) -> [dict]
+    baseline_rows(runs) -> [dict]     tutti's best against each lmcache-* run: TTFT at lmcache-dram's
+                                      SLO rate, and the ratio of the highest rates under the SLO
     timeline_rows(runs) / split_rows(runs) -> [dict]      where a load's time went; TTFT around it
     output_rows(runs, tol) / control_rows(runs, tol) -> [dict]   outputs against recompute (greedy
                                                        ids, top-k logprobs); the +misplace control
@@ -148,6 +150,40 @@ def serving_rows(runs: list) -> list:
     return rows
 
 
+def baseline_rows(runs: list, reference: str = "lmcache-dram", prefix: str = "lmcache-") -> list:
+    """tutti against each baseline run (configurations named `prefix`*, the paper's LMCache ones),
+    from the bench_serving rate sweeps: the rate where `reference` last met the SLO (the paper's
+    comparison point; a baseline's own where the reference has none), the mean TTFT there of the
+    baseline and of tutti's best configuration at that rate (the tutti-* run with the lowest),
+    baseline / tutti, and the ratio of the highest rates under the SLO (tutti's best / the
+    baseline's; None where either has none). Runs on another medium are compared per medium."""
+    def sweep(run):
+        s = run.get("rate_sweep") or {}
+        return {float(r): t for r, t in s.get("mean_ttft_s", {}).items()}, s.get("highest_rate_under_slo")
+
+    rows = []
+    for medium in sorted({r.get("medium") or "" for r in runs}):
+        here = [r for r in runs if (r.get("medium") or "") == medium and r.get("rate_sweep")]
+        ours = [r for r in here if r["config"].startswith("tutti-")]
+        ref = next((r for r in here if r["config"] == reference), None)
+        ref_rate = sweep(ref)[1] if ref else None
+        for base in (r for r in here if r["config"].startswith(prefix)):
+            points, best = sweep(base)
+            at = ref_rate if ref_rate is not None else best
+            cands = [(sweep(r)[0].get(at), r) for r in ours] if at is not None else []
+            cands = [(t, r) for t, r in cands if t is not None]
+            t_ours, mine = min(cands, key=lambda c: c[0]) if cands else (None, None)
+            ours_best = max((sweep(r)[1] for r in ours if sweep(r)[1] is not None), default=None)
+            t_base = points.get(at) if at is not None else None
+            rows.append({"medium": medium, "baseline": base["config"], "at_rate": at,
+                         "baseline_ttft_s": t_base, "tutti": mine["config"] if mine else None,
+                         "tutti_ttft_s": t_ours,
+                         "ttft_ratio": t_base / t_ours if t_base is not None and t_ours else None,
+                         "baseline_slo_rate": best, "tutti_slo_rate": ours_best,
+                         "rate_ratio": ours_best / best if best and ours_best is not None else None})
+    return rows
+
+
 def _f(x, spec=".0f"):
     return "-" if x is None else format(x, spec)
 
@@ -230,6 +266,17 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = L
                         f"{r['whole_hits']}/{r['reuse_requests']}", _f(r["cache_hit_pct"], ".1f")] +
                        [_f(r["rates"].get(f"{x:g}"), ".2f") for x in rts] + [_f(r["highest_rate"], "g")]
                        for r in bs])]
+    base = baseline_rows(runs)
+    if base:
+        parts += ["### tutti against the paper's baselines (bench_serving rate sweeps; at the rate where "
+                  "lmcache-dram last met the SLO)", _table(
+                      ["medium", "baseline", "at req/s", "baseline mean TTFT s", "tutti's best there",
+                       "its mean TTFT s", "baseline / tutti", "highest rate under the SLO: baseline / tutti",
+                       "rate ratio (tutti / baseline)"],
+                      [[r["medium"], r["baseline"], _f(r["at_rate"], "g"), _f(r["baseline_ttft_s"], ".2f"),
+                        r["tutti"] or "-", _f(r["tutti_ttft_s"], ".2f"), _f(r["ttft_ratio"], ".2f"),
+                        f"{_f(r['baseline_slo_rate'], 'g')} / {_f(r['tutti_slo_rate'], 'g')}",
+                        _f(r["rate_ratio"], ".2f")] for r in base])]
     parts += ["### Capacity phase (working set larger than the DRAM tier)", _table(
         ["medium", "config", "Zipf alpha", "TTFT mean / p50 / p99 ms", "token hit rate",
          "of it: device / host / storage", "requests with half the prompt cached", "working set GB",
