@@ -390,3 +390,20 @@ def test_misplace_control_names_the_later_requests_and_survives_a_failure(monkey
     assert seen[0][:2] == (["/x/tutti", "/y/tutti"], 7.0)
     assert seen[0][2] == ["first/1024/0", "sweep/1024/0.5", "sweep/1024/0.5/l1", "rate1/0", "rate1/1"]
     assert e2e_sglang.misplace_control(args, wl) == {"error": "ValueError('no such key')"}
+
+
+def test_a_checkpoint_larger_than_the_free_space_is_refused_before_any_write(tmp_path, monkeypatch):
+    """A 48-layer MoE checkpoint is ~60 GB: on a disk without room the writer names the sizes and
+    --layers instead of filling the disk; the shards a rewrite would replace count as free."""
+    import os as _os
+    real = _os.statvfs
+
+    class Small:
+        f_bavail, f_frsize = 10, 4096  # 40 KiB free
+    monkeypatch.setattr(weights.os, "statvfs", lambda p: Small() if str(p).startswith(str(tmp_path)) else real(p))
+    with pytest.raises(OSError, match="--layers"):
+        weights.write_weights(str(tmp_path / "w"), TINY, device="cpu")
+    assert not list((tmp_path / "w").glob("*.safetensors*"))
+    need = sum(int(np.prod(s)) * 2 for _, s, _ in weights.tensors(TINY))
+    (tmp_path / "w" / "model-00001-of-00001.safetensors").write_bytes(b"\0" * need)  # an old one
+    weights.write_weights(str(tmp_path / "w"), TINY, device="cpu")

@@ -185,6 +185,14 @@ def write_weights(path: str, cfg: dict, seed: int = 0, std: float = 0.02, device
     import torch
     device = device or _default_device()
     specs = tensors(cfg)
+    need = sum(_nbytes(s) for _, s, _ in specs)
+    os.makedirs(path, exist_ok=True)
+    st = os.statvfs(path)
+    have = st.f_bavail * st.f_frsize + _present_bytes(path)
+    if need > have:  # say so before writing GBs into a full disk
+        raise OSError(f"seeded weights: {need / 1e9:.1f} GB for {cfg['num_hidden_layers']} layers of "
+                      f"{cfg.get('model_type', 'llama')} but {have / 1e9:.1f} GB free in {path}; use "
+                      "fewer layers (--layers) or another --model directory")
     files = shards(specs, max_shard_bytes)
     names = [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
     meta = {"seed": str(seed), "std": str(std), "device": device.split(":")[0],
@@ -195,7 +203,6 @@ def write_weights(path: str, cfg: dict, seed: int = 0, std: float = 0.02, device
     index_path = os.path.join(path, INDEX)
     if _same(index_path, index, names, sizes, path):
         return index_path
-    os.makedirs(path, exist_ok=True)
     for old in os.listdir(path):  # another geometry's shards must not be loaded beside these
         if old.endswith(".safetensors") or old == INDEX:
             os.unlink(os.path.join(path, old))
@@ -210,6 +217,15 @@ def write_weights(path: str, cfg: dict, seed: int = 0, std: float = 0.02, device
     with open(index_path, "w") as out:
         json.dump(index, out, indent=1)
     return index_path
+
+
+def _present_bytes(path: str) -> int:
+    """Bytes of the checkpoint files already in path (they are replaced, so they count as free)."""
+    try:
+        return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)
+                   if n.endswith((".safetensors", ".safetensors.tmp")))
+    except OSError:
+        return 0
 
 
 def _same(index_path: str, index: dict, names: list, sizes: list, path: str) -> bool:
