@@ -10,7 +10,7 @@ namespace tutti {
 void checksum_groups(const uint64_t* addr, const int64_t* len, const int64_t* group_start,
                      size_t ngroups, uint64_t* out, unsigned threads);
 
-// memcpy(dst[i], src[i], len[i]) for every i, on up to `threads` threads.
+// memcpy(dst[i], src[i], len[i]) for every i, on up to `threads` threads (one per 2 MiB).
 void memcpy_batch(const uint64_t* dst, const uint64_t* src, const int64_t* len, size_t n,
                   unsigned threads);
 
