@@ -5,18 +5,20 @@
       OUTDIR/e2e_rates.png     mean TTFT vs request rate, with the 1 s SLO line
       OUTDIR/e2e_capacity.png  capacity phase: mean TTFT and hit rate per configuration
 Several files are merged (one call of the GPU machine each); a configuration measured twice keeps
-the last run. The tables are tutti_hicache.benchmarks.e2e_report.report_markdown's.
+the last run. Without matplotlib the tables are printed and the plots skipped. The tables are tutti_hicache.benchmarks.e2e_report.report_markdown's.
 """
 import json
 import os
 import sys
 
-import matplotlib
+from tutti_hicache.benchmarks import e2e, e2e_report
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from tutti_hicache.benchmarks import e2e, e2e_report  # noqa: E402
+try:  # the tables need only the package; the plots need matplotlib
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    plt = None
 
 
 def load(paths):
@@ -82,6 +84,9 @@ def main(outdir, *paths):
     layers = max((r.get("layers", 8) for r in runs), default=8)
     bpt = e2e.bytes_per_token(layers)
     print(e2e_report.report_markdown(runs, bpt))
+    if plt is None:
+        print("(no plots: matplotlib is not installed; pip install matplotlib)", file=sys.stderr)
+        return
     os.makedirs(outdir, exist_ok=True)
     rows = e2e_report.sweep_rows(runs, bpt)
     if rows:

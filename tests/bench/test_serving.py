@@ -406,3 +406,8 @@ def test_baseline_rows_compare_tutti_at_the_reference_rate_and_by_slo_rate():
     assert disk["tutti"] is None and disk["ttft_ratio"] is None and disk["rate_ratio"] is None
     md = e2e_report.report_markdown(runs, 1024)
     assert "| array-8 | lmcache-dram | 1 | 0.90 | tutti-tiered | 0.30 | 3.00 | 1 / 2 | 2.00 |" in md
+    # a tutti sweep cut short (out of time at 0.5 req/s, under the SLO): its rate is a lower bound
+    short = [runs[0], run("tutti-linker", {0.5: 0.19})]
+    row = e2e_report.baseline_rows(short)[0]
+    assert row["tutti_slo_rate_bound"] and not row["baseline_slo_rate_bound"] and row["tutti_ttft_s"] is None
+    assert "| 1 / >=0.5 | >=0.50 |" in e2e_report.report_markdown(short, 1024)

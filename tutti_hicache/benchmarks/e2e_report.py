@@ -156,10 +156,17 @@ def baseline_rows(runs: list, reference: str = "lmcache-dram", prefix: str = "lm
     comparison point; a baseline's own where the reference has none), the mean TTFT there of the
     baseline and of tutti's best configuration at that rate (the tutti-* run with the lowest),
     baseline / tutti, and the ratio of the highest rates under the SLO (tutti's best / the
-    baseline's; None where either has none). Runs on another medium are compared per medium."""
+    baseline's; None where either has none). A sweep that never reached the SLO (out of rates or
+    of time) gives a lower bound only: `*_slo_rate_bound` says so, and the rate ratio is then a
+    lower bound (tutti's) or an upper one (the baseline's). Runs on another medium are compared
+    per medium."""
     def sweep(run):
         s = run.get("rate_sweep") or {}
         return {float(r): t for r, t in s.get("mean_ttft_s", {}).items()}, s.get("highest_rate_under_slo")
+
+    def unbroken(run):  # every point under the SLO: the breaking point was not reached
+        s = run.get("rate_sweep") or {}
+        return all(t is not None and t < s.get("slo_s", 1.0) for t in s.get("mean_ttft_s", {}).values())
 
     rows = []
     for medium in sorted({r.get("medium") or "" for r in runs}):
@@ -173,15 +180,33 @@ def baseline_rows(runs: list, reference: str = "lmcache-dram", prefix: str = "lm
             cands = [(sweep(r)[0].get(at), r) for r in ours] if at is not None else []
             cands = [(t, r) for t, r in cands if t is not None]
             t_ours, mine = min(cands, key=lambda c: c[0]) if cands else (None, None)
-            ours_best = max((sweep(r)[1] for r in ours if sweep(r)[1] is not None), default=None)
+            best_run = max((r for r in ours if sweep(r)[1] is not None), key=lambda r: sweep(r)[1], default=None)
+            ours_best = sweep(best_run)[1] if best_run else None
             t_base = points.get(at) if at is not None else None
             rows.append({"medium": medium, "baseline": base["config"], "at_rate": at,
                          "baseline_ttft_s": t_base, "tutti": mine["config"] if mine else None,
                          "tutti_ttft_s": t_ours,
                          "ttft_ratio": t_base / t_ours if t_base is not None and t_ours else None,
                          "baseline_slo_rate": best, "tutti_slo_rate": ours_best,
+                         "baseline_slo_rate_bound": unbroken(base),
+                         "tutti_slo_rate_bound": bool(best_run) and unbroken(best_run),
                          "rate_ratio": ours_best / best if best and ours_best is not None else None})
     return rows
+
+
+def _bound(row: dict, who: str) -> str:
+    return ">=" if row[f"{who}_slo_rate_bound"] and row[f"{who}_slo_rate"] is not None else ""
+
+
+def _rate_ratio(row: dict) -> str:
+    """The ratio, marked where a sweep stopped short of its breaking point."""
+    if row["rate_ratio"] is None:
+        return "-"
+    ours_short, theirs_short = row["tutti_slo_rate_bound"], row["baseline_slo_rate_bound"]
+    if ours_short and theirs_short:
+        return "unknown (both sweeps stopped short)"
+    mark = ">=" if ours_short else "<=" if theirs_short else ""
+    return f"{mark}{row['rate_ratio']:.2f}"
 
 
 def _f(x, spec=".0f"):
@@ -275,8 +300,9 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = L
                        "rate ratio (tutti / baseline)"],
                       [[r["medium"], r["baseline"], _f(r["at_rate"], "g"), _f(r["baseline_ttft_s"], ".2f"),
                         r["tutti"] or "-", _f(r["tutti_ttft_s"], ".2f"), _f(r["ttft_ratio"], ".2f"),
-                        f"{_f(r['baseline_slo_rate'], 'g')} / {_f(r['tutti_slo_rate'], 'g')}",
-                        _f(r["rate_ratio"], ".2f")] for r in base])]
+                        f"{_bound(r, 'baseline')}{_f(r['baseline_slo_rate'], 'g')} / "
+                        f"{_bound(r, 'tutti')}{_f(r['tutti_slo_rate'], 'g')}",
+                        _rate_ratio(r)] for r in base])]
     parts += ["### Capacity phase (working set larger than the DRAM tier)", _table(
         ["medium", "config", "Zipf alpha", "TTFT mean / p50 / p99 ms", "token hit rate",
          "of it: device / host / storage", "requests with half the prompt cached", "working set GB",
