@@ -6,9 +6,11 @@ pins what is resident, and the pages it read from the SSD go through wants(), th
 promoted with reserve(hot=True) + publish). The trace is bench_serving's capacity phase in
 miniature: --docs documents of --pages pages each offloaded once (the capwarm phase), then
 --requests requests whose document follows Zipf(alpha), with the tier holding 1/--ratio of the
-documents.
+documents. --device-docs N puts SGLang's device pool in front (an LRU of N documents): a request
+it answers never reaches the tier, which then sees the rest of the stream, as in a server.
 
     python bench/sim_host_policy.py --alphas 0.8,1.0 --json out.json
+    python bench/sim_host_policy.py --docs 8 --pages 64 --ratio 2.6667 --device-docs 2    # the server's
 """
 
 from __future__ import annotations
@@ -37,13 +39,38 @@ def keys_of(doc: int, pages: int) -> list:
     return [f"d{doc:05d}p{i:04d}".ljust(64, "0") for i in range(pages)]
 
 
-def run_2q(docs: np.ndarray, n_docs: int, pages: int, slots: int) -> dict:
+class DeviceLRU:
+    """SGLang's device pool in front of the tier: the last `docs` documents used stay in GPU
+    memory (its radix cache evicts the least recently used), and a request they answer never
+    reaches the tier. 0 documents: no device pool (every request reaches the tier)."""
+
+    def __init__(self, docs: int):
+        self.docs, self.lru = docs, OrderedDict()
+
+    def hit(self, doc: int) -> bool:
+        if self.docs <= 0:
+            return False
+        here = doc in self.lru
+        self.lru[doc] = None
+        self.lru.move_to_end(doc)
+        while len(self.lru) > self.docs:
+            self.lru.popitem(last=False)
+        return here
+
+
+def run_2q(docs: np.ndarray, n_docs: int, pages: int, slots: int, device_docs: int = 0) -> dict:
     tier = HostTier(slots * PAGE_BYTES, 1, 1, PAGE_BYTES, torch.device("cpu"), False)
     for d in range(n_docs):  # capwarm: each document offloaded once
         keys = keys_of(d, pages)
         tier.publish(keys, tier.reserve(keys, hot=False), True)
-    hits = total = 0
+    device = DeviceLRU(device_docs)
+    for d in range(max(0, n_docs - device_docs), n_docs):  # capwarm's last documents stay there
+        device.hit(d)
+    hits = total = dev = 0
     for d in docs.tolist():
+        if device.hit(int(d)):
+            dev += pages
+            continue
         keys = keys_of(int(d), pages)
         slots_ = tier.pin(keys)
         here = slots_ >= 0
@@ -55,19 +82,26 @@ def run_2q(docs: np.ndarray, n_docs: int, pages: int, slots: int) -> dict:
         if want:
             tier.publish(want, tier.reserve(want, hot=True), True)
     st = tier.stats()
-    return {"hit_rate": hits / total, "promoted": st.get("host_inserted_pages", 0) - n_docs * pages,
+    all_pages = len(docs) * pages
+    return {"hit_rate": hits / max(1, total), "device_share": dev / all_pages, "host_share": hits / all_pages,
+            "promoted": st.get("host_inserted_pages", 0) - n_docs * pages,
             "evicted": st.get("host_evicted_pages", 0)}
 
 
-def run_lru(docs: np.ndarray, n_docs: int, pages: int, slots: int) -> dict:
+def run_lru(docs: np.ndarray, n_docs: int, pages: int, slots: int, device_docs: int = 0) -> dict:
     lru: OrderedDict = OrderedDict()
     for d in range(n_docs):
         for k in keys_of(d, pages):
             lru[k] = None
             while len(lru) > slots:
                 lru.popitem(last=False)
+    device = DeviceLRU(device_docs)
+    for d in range(max(0, n_docs - device_docs), n_docs):
+        device.hit(d)
     hits = total = 0
     for d in docs.tolist():
+        if device.hit(int(d)):
+            continue
         for k in keys_of(int(d), pages):
             total += 1
             if k in lru:
@@ -77,13 +111,17 @@ def run_lru(docs: np.ndarray, n_docs: int, pages: int, slots: int) -> dict:
                 lru[k] = None
                 while len(lru) > slots:
                     lru.popitem(last=False)
-    return {"hit_rate": hits / total}
+    return {"hit_rate": hits / max(1, total), "host_share": hits / (len(docs) * pages)}
 
 
-def static_best(docs: np.ndarray, n_docs: int, pages: int, slots: int) -> dict:
-    counts = np.bincount(docs, minlength=n_docs)
-    top = np.sort(counts)[::-1][: slots // pages]
-    return {"hit_rate": float(top.sum() / len(docs))}
+def static_best(docs: np.ndarray, n_docs: int, pages: int, slots: int, device_docs: int = 0) -> dict:
+    """The tier holding the most popular documents the device pool does not (the device pool
+    held, ideally, the most popular of all): its share of the requests, and of those that reach
+    it."""
+    counts = np.sort(np.bincount(docs, minlength=n_docs))[::-1]
+    tier = counts[device_docs:device_docs + slots // pages].sum()
+    reach = counts[device_docs:].sum()
+    return {"hit_rate": float(tier / max(1, reach)), "host_share": float(tier / len(docs))}
 
 
 def main() -> None:
@@ -94,6 +132,8 @@ def main() -> None:
     ap.add_argument("--ratio", type=float, default=3.0, help="working set / DRAM tier")
     ap.add_argument("--requests", type=int, default=2000, help="requests after the warm-up")
     ap.add_argument("--seed", type=int, default=1, help="the trace's seed")
+    ap.add_argument("--device-docs", type=int, default=0,
+                    help="documents SGLang's device pool holds in front of the tier (LRU; 0: none)")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
     slots = int(args.docs * args.pages / args.ratio)
@@ -101,15 +141,17 @@ def main() -> None:
     for alpha in (float(a) for a in args.alphas.split(",")):
         docs = zipf_docs(args.docs, alpha, args.requests, args.seed)
         row = {"alpha": alpha, "docs": args.docs, "pages": args.pages, "slots": slots,
-               "requests": args.requests, "2q": run_2q(docs, args.docs, args.pages, slots),
-               "lru": run_lru(docs, args.docs, args.pages, slots),
-               "static_best": static_best(docs, args.docs, args.pages, slots)}
+               "requests": args.requests, "device_docs": args.device_docs,
+               "2q": run_2q(docs, args.docs, args.pages, slots, args.device_docs),
+               "lru": run_lru(docs, args.docs, args.pages, slots, args.device_docs),
+               "static_best": static_best(docs, args.docs, args.pages, slots, args.device_docs)}
         rows.append(row)
-    print("| Zipf alpha | tier / working set | 2Q (hosttier) | LRU | static best |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| Zipf alpha | tier / working set | device pool (docs): its share | tier's share of all pages: "
+          "hosttier / LRU / static best |")
+    print("| --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['alpha']:g} | 1/{args.ratio:g} | {r['2q']['hit_rate']:.1%} | {r['lru']['hit_rate']:.1%} | "
-              f"{r['static_best']['hit_rate']:.1%} |")
+        print(f"| {r['alpha']:g} | 1/{args.ratio:g} | {args.device_docs}: {r['2q']['device_share']:.1%} | "
+              f"{r['2q']['host_share']:.1%} / {r['lru']['host_share']:.1%} / {r['static_best']['host_share']:.1%} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
