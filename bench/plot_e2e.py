@@ -5,7 +5,8 @@
       OUTDIR/e2e_rates.png     mean TTFT vs request rate, with the 1 s SLO line
       OUTDIR/e2e_capacity.png  capacity phase: mean TTFT and hit rate per configuration
 Several files are merged (one call of the GPU machine each); a configuration measured twice keeps
-the last run. Without matplotlib the tables are printed and the plots skipped. The tables are tutti_hicache.benchmarks.e2e_report.report_markdown's.
+the last run. The tables are tutti_hicache.benchmarks.e2e_report.report_markdown's; without
+matplotlib they are printed and the plots skipped.
 """
 import json
 import os
