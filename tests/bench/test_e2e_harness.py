@@ -154,6 +154,15 @@ def test_capacity_rows_one_per_alpha_with_tier_shares():
     assert rows[0]["tier_hit_rate"] == pytest.approx({"device": 0, "host": 0.3, "storage": 0.15})
     assert rows[1]["tier_hit_rate"] == pytest.approx({"device": 0, "host": 0.6, "storage": 0.3})
     assert "| m | tutti-tiered | 1 |" in e2e_report.report_markdown(runs, 1)
+    assert rows[0]["dram_page_share_run"] is None  # no stats: no tier to count
+    # tutti's stats count the pages DRAM gave, mixed loads too (two processes: a restart)
+    runs[0]["tutti_stats"] = [{"linker": {"load_pages": 300, "load_host_pages": 90, "host_slots": 8}},
+                              {"linker": {"load_pages": 100, "load_host_pages": 10, "host_slots": 8}},
+                              {"read_pages": 5}]
+    assert e2e_report.capacity_rows(runs)[1]["dram_page_share_run"] == pytest.approx(0.25)
+    assert e2e_report.report_markdown(runs, 1).count("| 0.25 |") == 2
+    runs[0]["tutti_stats"] = [{"linker": {"load_pages": 300, "load_host_pages": 0}}]  # SSD-only linker
+    assert e2e_report.capacity_rows(runs)[0]["dram_page_share_run"] is None
 
 
 def test_output_ids_cumulative_or_incremental():

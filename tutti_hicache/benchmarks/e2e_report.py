@@ -97,9 +97,18 @@ def slo_rows(runs: list, slo_ms: float = 1000.0) -> list:
     return rows
 
 
+def _dram_page_share(run: dict):
+    """Of the pages the linker loaded over the whole run, the share its DRAM tier gave (tutti's
+    stats; None without a tier). SGLang files a load with any SSD page under `storage`, so its
+    per-request `host` share counts only the loads served wholly from DRAM."""
+    lk = [s["linker"] for s in run.get("tutti_stats", []) if "host_slots" in s.get("linker", {})]
+    pages = sum(x.get("load_pages", 0) for x in lk)
+    return sum(x.get("load_host_pages", 0) for x in lk) / pages if pages else None
+
+
 def capacity_rows(runs: list) -> list:
     """Per configuration: the capacity phase's TTFT and its hit rate (cached tokens over prompt
-    tokens, and the share of requests with any cached prefix)."""
+    tokens, and the share of requests with any cached prefix), and the run's DRAM page share."""
     rows = []
     for run in runs:
         for name, recs in run.get("phases", {}).items():
@@ -117,7 +126,8 @@ def capacity_rows(runs: list) -> list:
                          "token_hit_rate": sum(cached) / max(1, sum(prompt)), "tier_hit_rate": by_tier,
                          "requests_with_hit": sum(c > p / 2 for c, p in zip(cached, prompt)) / max(1, len(recs)),
                          "working_set_gb": run.get("capacity_working_set_gb"),
-                         "host_pool_gb": run.get("host_pool_gb")})
+                         "host_pool_gb": run.get("host_pool_gb"),
+                         "dram_page_share_run": _dram_page_share(run)})
     return rows
 
 
@@ -306,13 +316,13 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = L
     parts += ["### Capacity phase (working set larger than the DRAM tier)", _table(
         ["medium", "config", "Zipf alpha", "TTFT mean / p50 / p99 ms", "token hit rate",
          "of it: device / host / storage", "requests with half the prompt cached", "working set GB",
-         "host pool GB"],
+         "host pool GB", "loaded pages from tutti's DRAM tier (whole run)"],
         [[r["medium"], r["config"], _f(r["zipf_alpha"], "g"),
           f"{_f(r['ttft_mean_ms'])} / {_f(r['ttft_p50_ms'])} / {_f(r['ttft_p99_ms'])}",
           _f(r["token_hit_rate"], ".2f"),
           " / ".join(_f(r["tier_hit_rate"].get(k), ".2f") for k in ("device", "host", "storage")),
           _f(r["requests_with_hit"], ".2f"), _f(r["working_set_gb"], ".1f"),
-          _f(r["host_pool_gb"], ".1f")] for r in capacity_rows(runs)])]
+          _f(r["host_pool_gb"], ".1f"), _f(r["dram_page_share_run"], ".2f")] for r in capacity_rows(runs)])]
     parts += ["### Per configuration", _table(
         ["medium", "config", "first request after start ms",
          "restore GB/s over whole load spans, paced ones too (raw)", "server starts s",
