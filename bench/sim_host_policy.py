@@ -42,10 +42,14 @@ def keys_of(doc: int, pages: int) -> list:
 class DeviceLRU:
     """SGLang's device pool in front of the tier: the last `docs` documents used stay in GPU
     memory (its radix cache evicts the least recently used), and a request they answer never
-    reaches the tier. 0 documents: no device pool (every request reaches the tier)."""
+    reaches the tier. 0 documents: no device pool (every request reaches the tier). warm_docs:
+    documents 0..warm_docs-1 were just written in order (capwarm), so the last of them are
+    there."""
 
-    def __init__(self, docs: int):
+    def __init__(self, docs: int, warm_docs: int = 0):
         self.docs, self.lru = docs, OrderedDict()
+        for d in range(max(0, warm_docs - docs), warm_docs):
+            self.hit(d)
 
     def hit(self, doc: int) -> bool:
         if self.docs <= 0:
@@ -63,9 +67,7 @@ def run_2q(docs: np.ndarray, n_docs: int, pages: int, slots: int, device_docs: i
     for d in range(n_docs):  # capwarm: each document offloaded once
         keys = keys_of(d, pages)
         tier.publish(keys, tier.reserve(keys, hot=False), True)
-    device = DeviceLRU(device_docs)
-    for d in range(max(0, n_docs - device_docs), n_docs):  # capwarm's last documents stay there
-        device.hit(d)
+    device = DeviceLRU(device_docs, warm_docs=n_docs)
     hits = total = dev = 0
     for d in docs.tolist():
         if device.hit(int(d)):
@@ -95,9 +97,7 @@ def run_lru(docs: np.ndarray, n_docs: int, pages: int, slots: int, device_docs: 
             lru[k] = None
             while len(lru) > slots:
                 lru.popitem(last=False)
-    device = DeviceLRU(device_docs)
-    for d in range(max(0, n_docs - device_docs), n_docs):
-        device.hit(d)
+    device = DeviceLRU(device_docs, warm_docs=n_docs)
     hits = total = 0
     for d in docs.tolist():
         if device.hit(int(d)):

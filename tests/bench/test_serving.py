@@ -155,6 +155,7 @@ class FakeServer:
 def _args(tmp_path, **kw):
     base = dict(model=str(tmp_path / "m"), docs=2, contexts="4096", question_tokens=64, max_new=4,
                 serving_seed=0, rates=[0.5, 1.0, 2.0, 4.0], rate_requests=4, rate_concurrency=8, slo_s=1.0,
+                rates_through=0.0,
                 capacity_context=2048, capacity_requests=6, capacity_concurrency=2, zipf_alpha=0.8,
                 start_timeout=10, top_logprobs=0, out_dir=str(tmp_path), tutti_dirs=str(tmp_path / "t"),
                 one_dir=str(tmp_path / "o"), nixl_dirs="", capacity_gb=1.0, medium="m", bpt=1024,

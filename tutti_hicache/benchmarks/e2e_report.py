@@ -184,14 +184,14 @@ def baseline_rows(runs: list, reference: str = "lmcache-dram", prefix: str = "lm
         ours = [r for r in here if r["config"].startswith("tutti-")]
         ref = next((r for r in here if r["config"] == reference), None)
         ref_rate = sweep(ref)[1] if ref else None
+        best_run = max((r for r in ours if sweep(r)[1] is not None), key=lambda r: sweep(r)[1], default=None)
+        ours_best = sweep(best_run)[1] if best_run else None
         for base in (r for r in here if r["config"].startswith(prefix)):
             points, best = sweep(base)
             at = ref_rate if ref_rate is not None else best
             cands = [(sweep(r)[0].get(at), r) for r in ours] if at is not None else []
             cands = [(t, r) for t, r in cands if t is not None]
             t_ours, mine = min(cands, key=lambda c: c[0]) if cands else (None, None)
-            best_run = max((r for r in ours if sweep(r)[1] is not None), key=lambda r: sweep(r)[1], default=None)
-            ours_best = sweep(best_run)[1] if best_run else None
             t_base = points.get(at) if at is not None else None
             rows.append({"medium": medium, "baseline": base["config"], "at_rate": at,
                          "baseline_ttft_s": t_base, "tutti": mine["config"] if mine else None,

@@ -319,7 +319,7 @@ def serving_phases(args, sess: Session, deadline: float, store_from: str, capaci
         ok = res.get("completed", 0) == rshape.requests
         points[rate] = res.get("mean_ttft_ms", 0) / 1e3 if ok else None
         broken = points[rate] is None or points[rate] >= args.slo_s
-        if broken and (points[rate] is None or rate >= getattr(args, "rates_through", 0)):
+        if broken and (points[rate] is None or rate >= args.rates_through):
             break  # higher rates only queue more (--rates-through: past the SLO up to a comparison rate)
     if points:
         run["rate_sweep"] = {"slo_s": args.slo_s, "mean_ttft_s": {f"{r:g}": t for r, t in points.items()},
