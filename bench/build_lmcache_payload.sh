@@ -5,14 +5,13 @@
 #     --l1-size-gb 2 --eviction-policy LRU --disable-observability --chunk-size 256 \
 #     [--l2-adapter '{"type":"fs_native","base_path":DIR}']
 # and SGLang 0.5.23's `lmcache.integration.sglang.unified_lmcache_mp_connector` (imported by
-# sglang/srt/mem_cache/storage/lmcache/lmcache_unified_radix_cache.py). One xz tarball of ~9 MiB:
+# sglang/srt/mem_cache/storage/lmcache/lmcache_unified_radix_cache.py). One xz tarball of ~5 MiB:
 #   lmcache 0.5.6 (cp312 manylinux wheel, ~82 MB unpacked), trimmed:
-#     - cuda_ops*.so is kept (47 MB, stripped of its debug info): it was built for torch >= 2.13 and
-#       needs c10::NotImplementedError(SourceLocation, std::string), which torch 2.11 lacks, so
-#       bench/gpu_setup.sh builds bench/lmcache_torch_shim.cpp there and the harness preloads it.
-#       Without the module LMCache falls back to its torch ops (CudaDeviceOps.ensure_native logs
-#       "lmcache.cuda_ops compiled extension not found"), which restored wrong KV in a 0.5.23
-#       server (docs/benchmarks.md §12).
+#     - cuda_ops*.so (45 MB): built for a newer torch (it needs
+#       c10::NotImplementedError(SourceLocation, std::string), which torch 2.11 lacks), so it would
+#       not load anyway; lmcache/v1/platform/devices/cuda/device_ops.py (CudaDeviceOps.ensure_native)
+#       catches the ImportError, logs "lmcache.cuda_ops compiled extension not found; CudaDeviceOps
+#       stays on the torch baseline for all ops." and keeps the torch implementations.
 #     - lmcache_redis*.so (RESP/Redis L2 only), lmcache_frontend, lmcache/tools (`lmcache tool`
 #       only), tests, docs, __pycache__.
 #     - kept: lmcache_native (Bitmap, EngineKVFormat, ... imported by the server, the L2 adapters
@@ -47,9 +46,9 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVE
   -d "$W" lmcache==0.5.6 cachetools==8.0.2 cryptography==50.0.2 blake3==1.0.11
 mkdir -p "$S" && for w in "$W"/*.whl; do python3 -m zipfile -e "$w" "$S"; done
 cd "$S"
-rm -rf lmcache/lmcache_redis.*.so lmcache/lmcache_frontend lmcache/tools
+rm -rf lmcache/cuda_ops.*.so lmcache/lmcache_redis.*.so lmcache/lmcache_frontend lmcache/tools
 find . -depth \( -name __pycache__ -o -name tests -o -name test -o -name '*.md' \) -exec rm -rf {} +
-strip --strip-debug lmcache/cuda_ops.*.so lmcache/lmcache_native.*.so lmcache/lmcache_fs.*.so
+strip --strip-debug lmcache/lmcache_native.*.so lmcache/lmcache_fs.*.so
 find . -name '*.so' -exec chmod 755 {} +
 tar -cf - --owner=0 --group=0 --sort=name * | xz -9e -T0 > "$OUTDIR/lmcache.tar.xz"
 du -sh -- */ | sort -h | tail -8

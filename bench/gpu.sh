@@ -21,7 +21,7 @@ export OUT=${OUT:-/tmp/tutti-out}; mkdir -p "$OUT"
 
 setup() {  # build and install tutti_hicache; show the log only when that fails
   . bench/gpu_setup.sh > "$OUT/log.txt" 2>&1 || { cat "$OUT/log.txt"; exit 1; }
-  grep -E '^(tutti engine:|posix only|sglang |lmcache cuda_ops)' "$OUT/log.txt"
+  grep -E '^(tutti engine:|posix only|sglang )' "$OUT/log.txt"
 }
 
 media_dirs() {  # NAME -> the medium's directories, comma-separated

@@ -35,28 +35,6 @@ if [ -d /tmp/site/mooncake-syslibs ]; then
   fi
   export LD_LIBRARY_PATH=/tmp/mooncake-sys${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
-# LMCache 0.5.6's compiled CUDA ops need one constructor torch 2.11 lacks (bench/lmcache_torch_shim.cpp):
-# build the shim where the import fails for it; the harness preloads it into LMCache's processes.
-if ls /tmp/site/lmcache/cuda_ops.*.so >/dev/null 2>&1; then
-  shim=/tmp/lmc-shim/liblmcache_torch_shim.so
-  probe='import torch, lmcache.cuda_ops'
-  if ! (cd /tmp && python3 -c "$probe") > /tmp/lmc-probe.log 2>&1; then
-    if grep -q 'NotImplementedError' /tmp/lmc-probe.log && [ ! -f "$shim" ]; then
-      tinc=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')
-      mkdir -p /tmp/lmc-shim && g++ -std=c++17 -O2 -shared -fPIC -D_GLIBCXX_USE_CXX11_ABI=1 \
-        -I"$tinc/include" bench/lmcache_torch_shim.cpp -o "$shim" -L"$tinc/lib" -lc10 \
-        -Wl,-rpath,"$tinc/lib" > /tmp/lmc-shim/build.log 2>&1 || rm -f "$shim"
-    fi
-    if [ -f "$shim" ] && (cd /tmp && LD_PRELOAD=$shim python3 -c "$probe") > /tmp/lmc-probe.log 2>&1; then
-      export TUTTI_LMCACHE_PRELOAD=$shim
-      echo "lmcache cuda_ops: loads with the torch shim ($shim)"
-    else
-      echo "lmcache cuda_ops: does not load, LMCache runs on its torch ops: $(tail -1 /tmp/lmc-probe.log)"
-    fi
-  else
-    echo "lmcache cuda_ops: loads"
-  fi
-fi
 # SGLang 0.5.23 on torch 2.11: sglang-kernel 0.4.5 (0.5.23 asks for >= 0.4.9), and the Python tree
 # core (the overlay's Rust one is built for torch 2.14.1).
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python

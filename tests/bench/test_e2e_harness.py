@@ -545,29 +545,3 @@ def test_lmcache_daemon_commands_and_why_it_cannot_start_here(tmp_path):
     assert not up.alive()
     with open(lmc.write_client_config(str(tmp_path / "c.yaml"), 35011)) as f:
         assert "mp_port: 35011" in f.read()
-
-
-def test_lmcache_torch_shim_is_preloaded_into_lmcache_processes_only(tmp_path, monkeypatch):
-    """Where bench/gpu_setup.sh built the shim for LMCache's compiled CUDA ops, the daemon and the
-    lmcache-* servers get it first in LD_PRELOAD (kept once, others kept); no other server does."""
-    import sys
-
-    from tutti_hicache.benchmarks import lmcache_daemon as lmc
-    assert lmc.with_preload({"A": "1"}) == {"A": "1"}  # not built: nothing changes
-    env = {lmc.PRELOAD_VAR: "/x/shim.so", "LD_PRELOAD": "/y/asan.so"}
-    assert lmc.with_preload(env)["LD_PRELOAD"] == "/x/shim.so:/y/asan.so"
-    assert lmc.with_preload(lmc.with_preload(env))["LD_PRELOAD"] == "/x/shim.so:/y/asan.so"
-    monkeypatch.setenv(lmc.PRELOAD_VAR, "/x/shim.so")
-    monkeypatch.delenv("LD_PRELOAD", raising=False)
-    args = argparse.Namespace(model=str(tmp_path), max_total_tokens=1000, dram_gb=1, host_gb=1,
-                              one_dir=str(tmp_path / "one"), tutti_dirs=str(tmp_path / "a"),
-                              capacity_gb=1, out_dir=str(tmp_path))
-    for config in ("lmcache-dram", "dram", "tutti-linker"):
-        _, env = configs.server_cmd(args, config, 30000)
-        assert env.get("LD_PRELOAD") == ("/x/shim.so" if config in configs.LMCACHE else None), config
-    # the daemon's own environment: a process that prints what it was given
-    d = lmc.Daemon([sys.executable, "-c", "import os; print('preload=' + os.environ.get('LD_PRELOAD', ''))"],
-                   str(tmp_path / "d.log"), 1)
-    d.proc.wait(30)
-    d.stop()
-    assert "preload=/x/shim.so" in (tmp_path / "d.log").read_text()

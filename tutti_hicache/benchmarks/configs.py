@@ -21,7 +21,7 @@ from typing import Optional
 
 from .e2e import PAGE
 from .lmcache_daemon import CONFIGS as LMCACHE
-from .lmcache_daemon import with_preload, write_client_config
+from .lmcache_daemon import write_client_config
 
 
 CONFIGS = ("recompute", "dram", "file", "nixl", "tutti-host", "tutti-host-readme", "tutti-host-defaults",
@@ -257,7 +257,6 @@ def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dic
     elif config in LMCACHE:  # SGLang dials the harness's daemon (lmcache_port); no HiCache flag
         path = os.path.join(args.out_dir, f"lmcache-{name}.yaml")
         cmd += ["--enable-lmcache", "--lmcache-config-file", write_client_config(path, lmcache_port(port))]
-        env = with_preload(env)
     else:
         raise ValueError(f"unknown configuration {config!r} (one of {', '.join(CONFIGS)})")
     return cmd, env

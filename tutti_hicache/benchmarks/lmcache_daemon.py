@@ -72,21 +72,6 @@ def daemon_cmd(config: str, port: int, http_port: int, one_dir: str, l1_gb: floa
     return cmd + ["--l1-size-gb", f"{l1_gb:g}", "--gds-l1-path", data_dir(config, one_dir)]
 
 
-PRELOAD_VAR = "TUTTI_LMCACHE_PRELOAD"
-
-
-def with_preload(env: dict) -> dict:
-    """env for an LMCache process (its daemon, an lmcache-* server): the library in
-    $TUTTI_LMCACHE_PRELOAD (bench/lmcache_torch_shim.cpp, built by bench/gpu_setup.sh where
-    LMCache's compiled CUDA ops need a torch symbol the machine's torch lacks) put first in
-    LD_PRELOAD; env unchanged where the variable is unset."""
-    lib = env.get(PRELOAD_VAR)
-    if not lib:
-        return env
-    have = [p for p in env.get("LD_PRELOAD", "").split(":") if p]
-    return env if lib in have else dict(env, LD_PRELOAD=":".join([lib, *have]))
-
-
 def write_client_config(path: str, port: int) -> str:
     """SGLang's --lmcache-config-file: the daemon's address (MP mode)."""
     with open(path, "w") as f:
@@ -102,7 +87,7 @@ class Daemon:
         self.port = port
         self.log_path = log_path
         from .server import start_group
-        env = with_preload(dict(os.environ if env is None else env, LMCACHE_TRACK_USAGE="false"))  # no telemetry
+        env = dict(os.environ if env is None else env, LMCACHE_TRACK_USAGE="false")  # no telemetry
         self.proc, self.log = start_group(cmd, env, log_path)
 
     def alive(self) -> bool:
