@@ -12,6 +12,14 @@
 #       not load anyway; lmcache/v1/platform/devices/cuda/device_ops.py (CudaDeviceOps.ensure_native)
 #       catches the ImportError, logs "lmcache.cuda_ops compiled extension not found; CudaDeviceOps
 #       stays on the torch baseline for all ops." and keeps the torch implementations.
+#   and one patch (below, checked to apply): the torch fallback's pointer-mode memcpy
+#     (lmcache/v1/platform/torch_ops/mem_kernels.py, lmcache_memcpy_async) calls the synchronous
+#     cudaMemcpy, which runs on the legacy default stream and does not wait for the daemon's
+#     transfer stream (a torch stream, created non-blocking). A store then copies a staging buffer
+#     to DRAM before the kernel filling it from SGLang's pool ran, and a retrieve refills a staging
+#     buffer while the previous batch's kernel may still read it: the wrong-KV outputs of the first
+#     run (docs/benchmarks.md §12). The patch synchronizes the current stream first, which gives the
+#     order LMCache's compiled path (cudaMemcpyAsync on that stream) has.
 #     - lmcache_redis*.so (RESP/Redis L2 only), lmcache_frontend, lmcache/tools (`lmcache tool`
 #       only), tests, docs, __pycache__.
 #     - kept: lmcache_native (Bitmap, EngineKVFormat, ... imported by the server, the L2 adapters
@@ -48,6 +56,17 @@ mkdir -p "$S" && for w in "$W"/*.whl; do python3 -m zipfile -e "$w" "$S"; done
 cd "$S"
 rm -rf lmcache/cuda_ops.*.so lmcache/lmcache_redis.*.so lmcache/lmcache_frontend lmcache/tools
 find . -depth \( -name __pycache__ -o -name tests -o -name test -o -name '*.md' \) -exec rm -rf {} +
+python3 - lmcache/v1/platform/torch_ops/mem_kernels.py <<'PATCH'
+import sys
+path = sys.argv[1]; src = open(path).read()
+old = "            ret = libcudart.cudaMemcpy(\n"
+new = ("            # tutti_hicache's benchmark payload: order the legacy-stream copy after the\n"
+       "            # caller's (non-blocking) stream, as the compiled cudaMemcpyAsync is ordered\n"
+       "            if torch.cuda.is_available():\n"
+       "                torch.cuda.current_stream().synchronize()\n" + old)
+assert src.count(old) == 1, "lmcache_memcpy_async changed: review the patch"
+open(path, "w").write(src.replace(old, new))
+PATCH
 strip --strip-debug lmcache/lmcache_native.*.so lmcache/lmcache_fs.*.so
 find . -name '*.so' -exec chmod 755 {} +
 tar -cf - --owner=0 --group=0 --sort=name * | xz -9e -T0 > "$OUTDIR/lmcache.tar.xz"

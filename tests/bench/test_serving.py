@@ -192,6 +192,8 @@ def faked(monkeypatch):
     monkeypatch.setattr(e2e_sglang, "run_sequential",
                         lambda srv, reqs, max_new, flush=False: [
                             {"id": r.id, "ttft_s": 0.1, "cached_tokens": r.cached, "flushed": flush} for r in reqs])
+    monkeypatch.setattr(e2e_sglang, "warm_batch_kernels",
+                        lambda srv, page_size: calls.append(("kernel-warmup", page_size)) or {"ok": True})
     FakeServer.starts = []
     return calls
 
@@ -206,6 +208,8 @@ def test_a_storage_configuration_warms_restarts_reuses_checks_and_sweeps_rates(t
     assert len(FakeServer.starts) == 2  # the restart between warm and reuse
     names = [c[0] for c in faked]
     assert names[:3] == ["bs-tutti-linker-warm.jsonl", "bs-tutti-linker-reuse.jsonl", "bs-tutti-linker-again.jsonl"]
+    # once, before the first concurrent phase: multi-sequence kernels compile outside any measurement
+    assert names.count("kernel-warmup") == 1 and names[3] == "kernel-warmup" and run["kernel_warmup"]["ok"]
     assert faked[2][3]  # again: the device cache flushed first
     rate_calls = [c for c in faked if c[0].startswith("bs-tutti-linker-rate")]
     assert [c[1] for c in rate_calls] == [0.5, 1.0, 2.0]  # stops at the first rate over the SLO
@@ -237,6 +241,39 @@ def test_rates_through_goes_past_the_slo_to_a_comparison_rate(tmp_path, faked):
     assert [c[1] for c in faked if "-rate" in c[0]] == [0.5, 1.0, 2.0, 4.0]
     assert run["rate_sweep"]["mean_ttft_s"]["4"] == 0.2
     assert run["rate_sweep"]["highest_rate_under_slo"] == 1.0
+
+
+def test_kernel_warmup_sends_a_batch_then_the_batch_extending_its_prefixes(monkeypatch):
+    """What warm_batch_kernels sends a real server: one /generate holding two new prompts, then one
+    holding the same prompts a page longer (a two-sequence extend over cached prefixes)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tutti_hicache.benchmarks import server as srv_mod
+    bodies = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"[]")
+
+        def log_message(self, *a):
+            pass
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        fake = type("S", (), {"url": f"http://127.0.0.1:{httpd.server_address[1]}", "alive": lambda self: True})()
+        out = srv_mod.warm_batch_kernels(fake, 64)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert out["ok"] and len(bodies) == 2
+    first, second = (b["input_ids"] for b in bodies)
+    assert len(first) == len(second) == 2 and first[0] != first[1]
+    assert all(b[:len(a)] == a and len(b) == len(a) + 64 for a, b in zip(first, second))
+    assert all(b["sampling_params"]["max_new_tokens"] == 4 for b in bodies)
 
 
 def test_dram_and_recompute_never_restart_and_dram_never_flushes(tmp_path, faked):
