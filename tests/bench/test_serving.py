@@ -276,6 +276,53 @@ def test_kernel_warmup_sends_a_batch_then_the_batch_extending_its_prefixes(monke
     assert all(b["sampling_params"]["max_new_tokens"] == 4 for b in bodies)
 
 
+def test_identity_restart_reads_the_store_under_other_settings_last(tmp_path, faked, monkeypatch):
+    """--identity-restart: after every other phase, the server restarts on its store with the KV
+    dtype changed and the reuse requests go again; the run says what the restarted server still
+    found cached, and the report calls any of it a read across identities."""
+    real_run = serving.run
+
+    def run_identity_misses(srv, shape, tokenizer_dir, out_file, **kw):
+        res = real_run(srv, shape, tokenizer_dir, out_file, **kw)  # the fixture's fake
+        if out_file.endswith("-identity.jsonl"):  # the store misses: nothing cached
+            res.update(cached_tokens=[0] * len(res["ttfts"]),
+                       cached_tokens_details=[{"device": 0, "host": 0, "storage": 0}] * len(res["ttfts"]))
+        return res
+    monkeypatch.setattr(serving, "run", run_identity_misses)
+    args = _args(tmp_path, rates=[], identity_restart="kv-cache-dtype=fp8_e4m3,page-size=32",
+                 phases="warm,reuse,capacity")
+    run = e2e_sglang.run_config(args, "tutti-linker", e2e.Workload([4096], 2), {}, float("inf"))
+    assert "error" not in run, run.get("error")
+    assert list(run["phases"])[-1] == "identity" and len(FakeServer.starts) == 3
+    first, last = FakeServer.starts[0], FakeServer.starts[-1]
+    assert last[last.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
+    assert last[last.index("--page-size") + 1] == "32" and first[first.index("--page-size") + 1] == "64"
+    ident = run["identity"]
+    assert ident["requests"] == 2 and ident["cached_tokens"] == 0 and ident["cached_by_tier"]["storage"] == 0
+    md = e2e_report.report_markdown([run], 1024)
+    assert "### Identity" in md and "kv-cache-dtype auto, page-size 64" in md and "all misses" in md
+    run["identity"]["cached_tokens"] = 5  # a store read across identities is called that
+    assert "**read across identities**" in e2e_report.report_markdown([run], 1024)
+    # non-storage configurations have no store to read: no identity phase
+    FakeServer.starts = []
+    dram = e2e_sglang.run_config(args, "dram", e2e.Workload([4096], 2), {}, float("inf"))
+    assert "identity" not in dram["phases"] and len(FakeServer.starts) == 1
+
+
+def test_identity_changes_name_what_is_wrong():
+    assert configs.identity_changes("kv-cache-dtype=fp8_e5m2") == {"--kv-cache-dtype": "fp8_e5m2"}
+    assert configs.identity_changes("--page-size=16, kv-cache-dtype=auto") == {"--page-size": "16",
+                                                                              "--kv-cache-dtype": "auto"}
+    for bad, msg in (("model=x", "FLAG=VALUE with FLAG one of"), ("kv-cache-dtype=fp4", "must be one of"),
+                     ("page-size=0", "positive integer"), ("page-size", "FLAG=VALUE"), (" , ", "no FLAG")):
+        with pytest.raises(ValueError, match=msg):
+            configs.identity_changes(bad)
+    cmd = ["x", "--page-size", "64"]
+    assert configs.with_flags(cmd, {"--page-size": "32", "--kv-cache-dtype": "fp8_e4m3"}) == \
+        ["x", "--page-size", "32", "--kv-cache-dtype", "fp8_e4m3"]
+    assert cmd == ["x", "--page-size", "64"]  # a copy
+
+
 def test_dram_and_recompute_never_restart_and_dram_never_flushes(tmp_path, faked):
     args = _args(tmp_path, rates=[1.0])
     for config in ("dram", "recompute"):

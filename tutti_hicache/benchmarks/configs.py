@@ -262,6 +262,45 @@ def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dic
     return cmd, env
 
 
+# --identity-restart: the SGLang settings a store's identity covers that one GPU run can change
+# (the model and its geometry need another checkpoint; TP/PP another machine)
+IDENTITY_FLAGS = {"kv-cache-dtype": ("auto", "bfloat16", *FP8_KV), "page-size": None}
+
+
+def identity_changes(spec: str) -> dict:
+    """--identity-restart "kv-cache-dtype=fp8_e4m3[,page-size=32]" -> {"--kv-cache-dtype": ...};
+    a key outside IDENTITY_FLAGS, a value outside its choices or a page size that is not a
+    positive integer is a ValueError naming it."""
+    out = {}
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        key, eq, value = part.partition("=")
+        key = key.strip().lstrip("-")
+        if not eq or key not in IDENTITY_FLAGS:
+            raise ValueError(f"--identity-restart: {part!r} is not FLAG=VALUE with FLAG one of "
+                             f"{', '.join(IDENTITY_FLAGS)}")
+        choices = IDENTITY_FLAGS[key]
+        if choices is not None and value not in choices:
+            raise ValueError(f"--identity-restart: {key} must be one of {', '.join(choices)}, not {value!r}")
+        if choices is None and not (value.isdigit() and int(value) > 0):
+            raise ValueError(f"--identity-restart: {key} must be a positive integer, not {value!r}")
+        out["--" + key] = value
+    if not out:
+        raise ValueError("--identity-restart: no FLAG=VALUE given")
+    return out
+
+
+def with_flags(cmd: list, changes: dict) -> list:
+    """cmd with each "--flag": value of changes set: the value after the flag replaced where cmd
+    has it, the pair appended where it does not."""
+    out = list(cmd)
+    for flag, value in changes.items():
+        if flag in out:
+            out[out.index(flag) + 1] = str(value)
+        else:
+            out += [flag, str(value)]
+    return out
+
+
 def lmcache_port(server_port: int) -> int:
     """The LMCache daemon's port beside a server on server_port (its HTTP port: this + 1000)."""
     return server_port + 5000

@@ -160,6 +160,25 @@ def serving_rows(runs: list) -> list:
     return rows
 
 
+def identity_rows(runs: list) -> list:
+    """Per run with an identity phase (--identity-restart): what changed, and the prompt tokens the
+    restarted server still found cached (by tier); any is a store read across identities."""
+    rows = []
+    for run in runs:
+        ident = run.get("identity")
+        if not ident:
+            continue
+        changed = ", ".join(f"{k.lstrip('-')} {v}" for k, v in ident["changed"].items())
+        before = {"--kv-cache-dtype": run.get("kv_cache_dtype"), "--page-size": run.get("page_size")}
+        rows.append({"config": run["config"], "medium": run.get("medium"),
+                     "written": ", ".join(f"{k.lstrip('-')} {before.get(k)}" for k in ident["changed"]),
+                     "read": changed, "requests": ident["requests"], "failed": ident.get("failed", 0),
+                     "prompt_tokens": ident["prompt_tokens"], "cached_tokens": ident["cached_tokens"],
+                     "cached_by_tier": ident.get("cached_by_tier", {}),
+                     "misses": ident["cached_tokens"] == 0})
+    return rows
+
+
 def baseline_rows(runs: list, reference: str = "lmcache-dram", prefix: str = "lmcache-") -> list:
     """tutti against each baseline run (configurations named `prefix`*, the paper's LMCache ones),
     from the bench_serving rate sweeps: the rate where `reference` last met the SLO (the paper's
@@ -313,6 +332,15 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = L
                         f"{_bound(r, 'baseline')}{_f(r['baseline_slo_rate'], 'g')} / "
                         f"{_bound(r, 'tutti')}{_f(r['tutti_slo_rate'], 'g')}",
                         _rate_ratio(r)] for r in base])]
+    ident = identity_rows(runs)
+    if ident:
+        parts += ["### Identity: the store read after a restart with other settings (must miss)", _table(
+            ["medium", "config", "store written with", "read with", "requests (failed)",
+             "prompt tokens cached / sent", "by tier", "verdict"],
+            [[r["medium"], r["config"], r["written"], r["read"], f"{r['requests']} ({r['failed']})",
+              f"{r['cached_tokens']} / {r['prompt_tokens']}",
+              ", ".join(f"{k} {v}" for k, v in r["cached_by_tier"].items()) or "-",
+              "all misses" if r["misses"] else "**read across identities**"] for r in ident])]
     parts += ["### Capacity phase (working set larger than the DRAM tier)", _table(
         ["medium", "config", "Zipf alpha", "TTFT mean / p50 / p99 ms", "token hit rate",
          "of it: device / host / storage", "requests with half the prompt cached", "working set GB",

@@ -193,6 +193,16 @@ class Session:
         self.out["page_cache"] = drop_caches()
         return self.start()
 
+    def restart_with(self, changes: dict) -> Server:
+        """The server stopped and started again on its store with SGLang flags changed
+        (configs.with_flags), the page cache dropped in between: the identity phase."""
+        self.out["settle_s"] = settle(self.args, self.config)
+        self.srv.stop()
+        cmd, env, log, port = self.server
+        self.server = (configs.with_flags(cmd, changes), env, log, port)
+        self.out["page_cache"] = drop_caches()
+        return self.start()
+
     def run(self, phases) -> dict:
         try:
             self.start()
@@ -288,8 +298,9 @@ def serving_phases(args, sess: Session, deadline: float, store_from: str, capaci
     ascending, new questions on the documents at R/s
     after a flush, until the mean TTFT reaches --slo-s; `capwarm` + `capacity`: a working set of
     3x --dram-gb written, then Zipf(--zipf-alpha) reuse --capacity-concurrency at a time (one
-    `capacity<alpha>` phase per alpha when --zipf-alpha lists several).
-    --phases picks among them."""
+    `capacity<alpha>` phase per alpha when --zipf-alpha lists several); with --identity-restart,
+    last, `identity` (identity_phase). Before the first concurrent phase, SGLang's kernels for
+    multi-sequence batches are compiled (warm_batch_kernels). --phases picks among them."""
     run, base, srv = sess.out, configs.split_config(sess.config)[0], sess.srv
     shape = main_shape(args)
     ps = args.page_size
@@ -342,6 +353,29 @@ def serving_phases(args, sess: Session, deadline: float, store_from: str, capaci
             zshape = cshape.with_(per_group=max(1, -(-args.capacity_requests // cap_docs)), zipf=alpha)
             serving_phase(args, run, srv, name, zshape, "cap", [cpages] * zshape.requests,
                           concurrency=args.capacity_concurrency)
+    if getattr(args, "identity_restart", "") and base in configs.PERSISTENT and \
+            ("warm" in run["phases"] or store_from):
+        identity_phase(args, sess, shape)
+
+
+def identity_phase(args, sess: Session, shape: serving.Shape) -> None:
+    """Last: the server restarts on its store with --identity-restart's flags changed (another KV
+    dtype, page size), and the reuse requests are sent again. A store written under one identity
+    must not be read under another: every prompt token is recomputed (run["identity"]: the
+    tokens the server still found cached, which must be 0, by tier)."""
+    run = sess.out
+    changes = configs.identity_changes(args.identity_restart)
+    srv = sess.restart_with(changes)
+    serving_phase(args, run, srv, "identity", shape, "identity", [0] * shape.requests)
+    recs = run["phases"]["identity"]
+    tiers: dict = {}
+    for r in recs:
+        for tier, n in (r.get("details") or {}).items():
+            tiers[tier] = tiers.get(tier, 0) + (n or 0)
+    run["identity"] = {"changed": changes, "requests": len(recs),
+                       "prompt_tokens": sum(r.get("prompt_tokens", 0) for r in recs),
+                       "cached_tokens": sum(r.get("cached_tokens") or 0 for r in recs),
+                       "cached_by_tier": tiers, "failed": sum(r.get("ttft_s") is None for r in recs)}
 
 
 def zipf_alphas(value) -> list:
@@ -551,6 +585,11 @@ def main(description: str = __doc__):
                          "one capacity phase per alpha, in order, on the same server (capacity<alpha>)")
     ap.add_argument("--capacity-concurrency", type=int, default=2,
                     help="bench-serving: requests in flight during the capacity phase")
+    ap.add_argument("--identity-restart", default="",
+                    help="bench-serving: a last phase for storage configurations: restart on the "
+                         "store with these SGLang flags changed (kv-cache-dtype=fp8_e4m3, "
+                         "page-size=32, comma-separated) and send the reuse requests again; the "
+                         "store must answer every one with a miss (run['identity'])")
     ap.add_argument("--reference", default="",
                     help="a JSON of an earlier run whose recompute configuration's outputs the "
                          "output check compares with (when this run has no recompute)")
@@ -558,6 +597,11 @@ def main(description: str = __doc__):
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
     args.fractions = [float(x) for x in args.fractions.split(",")]
+    if args.identity_restart:
+        try:
+            configs.identity_changes(args.identity_restart)
+        except ValueError as e:
+            ap.error(str(e))
     args.rates = [float(x) for x in args.rates.split(",") if x]
     alphas = zipf_alphas(args.zipf_alpha)
     if not alphas or min(alphas) <= 0:
