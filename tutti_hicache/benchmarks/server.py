@@ -181,9 +181,9 @@ def run_rate(srv: Server, reqs: list, rate: float, max_new: int) -> tuple[list, 
 
 def warm_batch_kernels(srv: Server, page_size: int, seqs: int = 2, seed: int = 7) -> dict:
     """Compile SGLang's kernels for prefill batches of several sequences before a concurrent phase
-    measures anything: Triton specializes an integer argument equal to 1, so the first batch of
-    two sequences compiles the attention kernels again, inside whichever measured request first
-    shares a batch (1.2-1.4 s on the H200: one configuration's capacity p99 became 2.4 s while
+    measures anything: Triton specializes a kernel on its integer arguments (a value of 1 among
+    them), and SGLang logs its attention kernel compiling again for the first batch of two
+    sequences, inside whichever measured request first shares a batch (1.2-1.4 s on the H200: one configuration's capacity p99 became 2.4 s while
     another's, whose pairs never met in one batch, did not). One /generate with `seqs` new
     prompts (a batch), then the same prompts with new suffixes (a batch extending cached
     prefixes), a few tokens each; {"seconds", "ok"}. The prompts are the harness's own random
