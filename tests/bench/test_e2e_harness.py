@@ -517,6 +517,21 @@ def test_lmcache_daemon_commands_and_why_it_cannot_start_here(tmp_path):
     assert gds[gds.index("--gds-l1-path") + 1] == f"{one}/lmc-gds"
     with pytest.raises(ValueError, match="unknown LMCache configuration"):
         lmc.daemon_cmd("lmcache", 1, 2, one, 1)
+    # who moves the KV: the daemon (LMCache's default) or, with +engine_driven, SGLang's worker;
+    # the server is told the same mode
+    assert dram[dram.index("--supported-transfer-mode") + 1] == "lmcache_driven"
+    mode = configs.lmcache_transfer_mode("lmcache-dram+engine_driven")
+    eng = lmc.daemon_cmd("lmcache-dram", 35011, 36011, one, 30, mode)
+    assert eng[eng.index("--supported-transfer-mode") + 1] == "engine_driven"
+    with pytest.raises(ValueError, match="transfer mode"):
+        lmc.daemon_cmd("lmcache-dram", 1, 2, one, 1, "auto")
+    assert configs.split_config("lmcache-ssd+engine_driven") == ("lmcache-ssd", {})
+    with pytest.raises(ValueError, match="LMCache variant"):
+        configs.split_config("tutti-linker+engine_driven")
+    sargs = argparse.Namespace(model=str(tmp_path), max_total_tokens=1000, dram_gb=1, host_gb=1, one_dir=one,
+                               tutti_dirs=one, capacity_gb=1, out_dir=str(tmp_path))
+    for name, want in (("lmcache-dram", "lmcache_driven"), ("lmcache-dram+engine_driven", "engine_driven")):
+        assert configs.server_cmd(sargs, name, 30000)[1]["LMCACHE_MP_TRANSFER_MODE"] == want
     # not installed here (CI): the reason names what SGLang needs, and the harness records it
     if __import__("importlib").util.find_spec("lmcache") is None:
         why = lmc.unavailable()

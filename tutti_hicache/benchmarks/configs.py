@@ -56,23 +56,39 @@ def tutti_settings(parts: list, name: str) -> dict:
 MISPLACE = "misplace"  # a harness variant, not a setting: the output check's negative control
 
 
+# an LMCache variant, not a setting: its daemon's --supported-transfer-mode engine_driven (SGLang's
+# worker moves the KV through shared memory) instead of LMCache's default lmcache_driven (the daemon
+# writes SGLang's pool through CUDA IPC)
+ENGINE_DRIVEN = "engine_driven"
+
+
 def split_config(name: str) -> tuple[str, dict]:
     """A configuration name with tutti settings after it, for an A/B inside one run:
     "tutti-linker+tutti_threads=4+tutti_verify=false" -> ("tutti-linker", {...}). The variant keeps
     its whole name in the report, its stats files and its outputs; only tutti configurations
     take settings. "+misplace" (misplaced(name)) is the harness's negative control, no setting:
     a tutti configuration that restarts on its store (tutti-host, the linkers) whose store gets
-    one page of a warmed document under another document's key before the restart."""
+    one page of a warmed document under another document's key before the restart.
+    "+engine_driven" (lmcache_transfer_mode(name)) is an LMCache variant: SGLang's worker moves
+    the KV instead of the daemon."""
     base, *parts = name.split("+")
     if base not in CONFIGS:
         raise ValueError(f"unknown configuration {base!r} (one of {', '.join(CONFIGS)})")
-    over = tutti_settings([p for p in parts if p != MISPLACE], name)
+    if ENGINE_DRIVEN in parts and base not in LMCACHE:
+        raise ValueError(f"{name!r}: +{ENGINE_DRIVEN} is an LMCache variant ({', '.join(LMCACHE)})")
+    over = tutti_settings([p for p in parts if p not in (MISPLACE, ENGINE_DRIVEN)], name)
     if over and base not in TUTTI:
         raise ValueError(f"{name!r}: only tutti configurations take tutti settings")
     if MISPLACE in parts and not (base in TUTTI and base in PERSISTENT):
         raise ValueError(f"{name!r}: +{MISPLACE} needs a tutti configuration that restarts on its "
                          f"store ({', '.join((*HOSTS, *LINKERS))})")
     return base, over
+
+
+def lmcache_transfer_mode(name: str) -> str:
+    """The LMCache daemon's --supported-transfer-mode for a configuration name: engine_driven
+    with the +engine_driven variant, else LMCache's default lmcache_driven."""
+    return ENGINE_DRIVEN if ENGINE_DRIVEN in name.split("+")[1:] else "lmcache_driven"
 
 
 def misplaced(name: str) -> bool:
@@ -257,6 +273,7 @@ def server_cmd(args, config: str, port: int, node: str = "", extra: Optional[dic
     elif config in LMCACHE:  # SGLang dials the harness's daemon (lmcache_port); no HiCache flag
         path = os.path.join(args.out_dir, f"lmcache-{name}.yaml")
         cmd += ["--enable-lmcache", "--lmcache-config-file", write_client_config(path, lmcache_port(port))]
+        env["LMCACHE_MP_TRANSFER_MODE"] = lmcache_transfer_mode(name)  # the daemon's own mode
     else:
         raise ValueError(f"unknown configuration {config!r} (one of {', '.join(CONFIGS)})")
     return cmd, env

@@ -155,7 +155,8 @@ def with_lmcache(args, config: str, run: dict, port: int, phases) -> dict:
     data = lmcache_daemon.data_dir(base, args.one_dir)
     if data:
         os.makedirs(data, exist_ok=True)
-    cmd = lmcache_daemon.daemon_cmd(base, d_port, d_port + 1000, args.one_dir, args.dram_gb)
+    cmd = lmcache_daemon.daemon_cmd(base, d_port, d_port + 1000, args.one_dir, args.dram_gb,
+                                    configs.lmcache_transfer_mode(config))
     daemon = lmcache_daemon.Daemon(cmd, os.path.join(args.out_dir, f"lmcache-{config}.log"), d_port)
     try:
         run["lmcache_daemon_start_s"] = daemon.wait_ready(args.start_timeout)

@@ -55,14 +55,22 @@ def data_dir(config: str, one_dir: str) -> Optional[str]:
     return os.path.join(one_dir, name) if name else None
 
 
-def daemon_cmd(config: str, port: int, http_port: int, one_dir: str, l1_gb: float) -> list:
+TRANSFER_MODES = ("lmcache_driven", "engine_driven")
+
+
+def daemon_cmd(config: str, port: int, http_port: int, one_dir: str, l1_gb: float,
+               transfer_mode: str = "lmcache_driven") -> list:
     """The `lmcache server` command of a configuration: L1 of l1_gb (lmcache-dram; lmcache-ssd's
-    L1 is 2 GB so that hits come from its L2), LRU, observability off, every socket on 127.0.0.1."""
+    L1 is 2 GB so that hits come from its L2), LRU, observability off, every socket on 127.0.0.1,
+    and who moves the KV: the daemon through CUDA IPC (lmcache_driven, LMCache's default) or
+    SGLang's worker through shared memory (engine_driven)."""
     if config not in CONFIGS:
         raise ValueError(f"unknown LMCache configuration {config!r} (one of {', '.join(CONFIGS)})")
+    if transfer_mode not in TRANSFER_MODES:
+        raise ValueError(f"unknown LMCache transfer mode {transfer_mode!r} (one of {', '.join(TRANSFER_MODES)})")
     cmd = [sys.executable, "-m", "lmcache.cli.main", "server", "--host", "127.0.0.1", "--port", str(port),
            "--http-host", "127.0.0.1", "--http-port", str(http_port), "--eviction-policy", "LRU",
-           "--disable-observability", "--chunk-size", "256"]
+           "--disable-observability", "--chunk-size", "256", "--supported-transfer-mode", transfer_mode]
     if config == "lmcache-dram":
         return cmd + ["--l1-size-gb", f"{l1_gb:g}"]
     if config == "lmcache-ssd":
