@@ -17,8 +17,8 @@
 #     cudaMemcpy, which runs on the legacy default stream and does not wait for the daemon's
 #     transfer stream (a torch stream, created non-blocking). A store then copies a staging buffer
 #     to DRAM before the kernel filling it from SGLang's pool ran, and a retrieve refills a staging
-#     buffer while the previous batch's kernel may still read it: the wrong-KV outputs of the first
-#     run (docs/benchmarks.md §12). The patch synchronizes the current stream first, which gives the
+#     buffer while the previous batch's kernel may still read it: the likely cause of the first
+#     run's wrong-KV outputs (docs/benchmarks.md §12). The patch synchronizes the current stream first, which gives the
 #     order LMCache's compiled path (cudaMemcpyAsync on that stream) has.
 #     - lmcache_redis*.so (RESP/Redis L2 only), lmcache_frontend, lmcache/tools (`lmcache tool`
 #       only), tests, docs, __pycache__.
