@@ -184,23 +184,17 @@ class Session:
         self.out["start_s"].append(self.srv.wait_ready(self.args.start_timeout))
         return self.srv
 
-    def restart(self, wl: Optional[e2e.Workload]) -> Server:
-        """After a warm phase: the tier settled, the server stopped (a +misplace variant's page
-        swapped then), the page cache dropped, the server started again on its store."""
+    def restart(self, wl: Optional[e2e.Workload], changes: Optional[dict] = None) -> Server:
+        """The tier settled, the server stopped, the page cache dropped, the server started again
+        on its store. After a warm phase (changes None) a +misplace variant's page is swapped
+        while it is down; the identity phase passes SGLang flags to change (configs.with_flags)."""
         self.out["settle_s"] = settle(self.args, self.config)
         self.srv.stop()
-        if configs.misplaced(self.config):
+        if changes:
+            cmd, env, log, port = self.server
+            self.server = (configs.with_flags(cmd, changes), env, log, port)
+        elif configs.misplaced(self.config):
             self.out["misplaced"] = misplace_control(self.args, wl)
-        self.out["page_cache"] = drop_caches()
-        return self.start()
-
-    def restart_with(self, changes: dict) -> Server:
-        """The server stopped and started again on its store with SGLang flags changed
-        (configs.with_flags), the page cache dropped in between: the identity phase."""
-        self.out["settle_s"] = settle(self.args, self.config)
-        self.srv.stop()
-        cmd, env, log, port = self.server
-        self.server = (configs.with_flags(cmd, changes), env, log, port)
         self.out["page_cache"] = drop_caches()
         return self.start()
 
@@ -366,17 +360,14 @@ def identity_phase(args, sess: Session, shape: serving.Shape) -> None:
     tokens the server still found cached, which must be 0, by tier)."""
     run = sess.out
     changes = configs.identity_changes(args.identity_restart)
-    srv = sess.restart_with(changes)
+    srv = sess.restart(None, changes)
     serving_phase(args, run, srv, "identity", shape, "identity", [0] * shape.requests)
-    recs = run["phases"]["identity"]
-    tiers: dict = {}
-    for r in recs:
-        for tier, n in (r.get("details") or {}).items():
-            tiers[tier] = tiers.get(tier, 0) + (n or 0)
-    run["identity"] = {"changed": changes, "requests": len(recs),
+    recs, s = run["phases"]["identity"], run["summaries"]["identity"]
+    done = s["requests"] - s["failed"]
+    run["identity"] = {"changed": changes, "requests": s["requests"], "failed": s["failed"],
                        "prompt_tokens": sum(r.get("prompt_tokens", 0) for r in recs),
                        "cached_tokens": sum(r.get("cached_tokens") or 0 for r in recs),
-                       "cached_by_tier": tiers, "failed": sum(r.get("ttft_s") is None for r in recs)}
+                       "cached_by_tier": {k: round(v * done) for k, v in s["cached_by_tier_mean"].items()}}
 
 
 def zipf_alphas(value) -> list:
