@@ -251,6 +251,23 @@ def test_report_columns_and_the_control_verdict():
     assert "ValueError('not in the store')" in e2e_report.report_markdown(runs, 1000)
 
 
+def test_report_with_the_reference_of_another_call_and_from_the_json_alone():
+    """--reference: recompute ran in an earlier call. The report takes it as refs (never a row of
+    its own), and a report rebuilt from the JSON alone shows the check stored in each run."""
+    affected = ["sweep/4096/0.5", "sweep/4096/0.5/l1"]
+    ref, linker = _runs(misplaced={"context": 4096, "page": 4, "documents": [0, 1], "affected": affected,
+                                   "namespaces": ["tutti-x"], "swapped": 1, "verified": 1})
+    cell = "| m | tutti-linker+misplace | 100 | - (-) |  | 2/4, max logprob diff 0.5 | - |"
+    text = e2e_report.report_markdown([linker], 1000, refs=[ref])
+    assert cell in text and "| m | recompute |" not in text
+    assert "| 2 | 2 | 0 | caught |" in text
+    bare = e2e_report.report_markdown([linker], 1000)  # no reference, nothing stored: no check
+    assert "| m | tutti-linker+misplace | 100 | - (-) |  | - | - |" in bare
+    linker["outputs_vs_recompute"] = e2e.outputs_vs([ref, linker])["tutti-linker+misplace@m"]
+    assert cell in e2e_report.report_markdown([linker], 1000)
+    assert "| m | tutti-linker+misplace | sweep | 3 | 1 | 3 | 0.5 |" in e2e_report.report_markdown([linker], 1000)
+
+
 def test_misplace_is_a_variant_of_restarting_tutti_configurations_only():
     assert configs.split_config("tutti-linker+misplace") == ("tutti-linker", {})
     assert configs.split_config("tutti-host+tutti_threads=4+misplace") == ("tutti-host", {"tutti_threads": "4"})

@@ -248,23 +248,37 @@ def _table(header: list, rows: list) -> str:
     return "\n".join(lines)
 
 
-def output_rows(runs: list, tol: float = LOGPROB_TOL) -> list:
+def _outputs(runs: list, refs: list = (), tol: float = LOGPROB_TOL) -> dict:
+    """e2e.outputs_vs over runs with refs (recompute runs of an earlier call, --reference) beside
+    them; a run whose requests found no recompute output there keeps the check stored in its JSON
+    ("outputs_vs_recompute", made when the call had its reference), so a report rebuilt from the
+    JSON alone still shows it."""
+    eq = outputs_vs([*runs, *refs], tol=tol)
+    for run in runs:
+        key = f"{run['config']}@{run.get('medium', '')}"
+        stored = run.get("outputs_vs_recompute")
+        if stored and not any(row["compared"] for row in eq.get(key, {}).values()):
+            eq[key] = stored
+    return eq
+
+
+def output_rows(runs: list, tol: float = LOGPROB_TOL, refs: list = ()) -> list:
     """One row per configuration, medium and phase with requests compared against recompute's
     (e2e.outputs_vs: greedy ids, and top-k logprobs within tol)."""
     rows = []
-    for key, per in outputs_vs(runs, tol=tol).items():
+    for key, per in _outputs(runs, refs, tol).items():
         config, _, medium = key.rpartition("@")
         rows += [{"config": config, "medium": medium, "phase": phase, **row}
                  for phase, row in per.items() if row["compared"]]
     return rows
 
 
-def control_rows(runs: list, tol: float = LOGPROB_TOL) -> list:
+def control_rows(runs: list, tol: float = LOGPROB_TOL, refs: list = ()) -> list:
     """Per +misplace run (its "misplaced" record): the requests that restore the misplaced page
     and were compared, how many of them differ from recompute (all must: "caught"), and how many
     other requests differ."""
-    eq = outputs_vs(runs, tol=tol)
-    refs = set().union(*(_answered(run) for run in runs if run.get("config") == "recompute"))
+    eq = _outputs(runs, refs, tol)
+    answered = set().union(*(_answered(run) for run in [*runs, *refs] if run.get("config") == "recompute"))
     rows = []
     for run in runs:
         m = run.get("misplaced")
@@ -272,7 +286,7 @@ def control_rows(runs: list, tol: float = LOGPROB_TOL) -> list:
             continue
         per = eq.get(f"{run['config']}@{run.get('medium', '')}", {})
         bad = {i for row in per.values() for i in row["mismatches"]}
-        both = _answered(run) & refs
+        both = _answered(run) & answered
         affected = [i for i in m.get("affected", []) if i in both]
         caught = sum(i in bad for i in affected)
         rows.append({"config": run["config"], "medium": run.get("medium"), "error": m.get("error"),
@@ -294,8 +308,10 @@ def _ids(ids: list, n: int = 4) -> str:
     return ", ".join(ids[:n]) + (f" (+{len(ids) - n} more)" if len(ids) > n else "") if ids else "-"
 
 
-def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = LOGPROB_TOL) -> str:
-    """Every table of the e2e section: sweep, rates + SLO, capacity, first request, outputs."""
+def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = LOGPROB_TOL,
+                    refs: list = ()) -> str:
+    """Every table of the e2e section: sweep, rates + SLO, capacity, first request, outputs.
+    refs: recompute runs from an earlier call (--reference), for the output check only."""
     parts = ["### Hit-fraction sweep: TTFT ms (after a restart and a page-cache drop)",
              sweep_pivot(sweep_rows(runs, bpt))]
     slo = slo_rows(runs, slo_ms)
@@ -351,20 +367,20 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = L
           " / ".join(_f(r["tier_hit_rate"].get(k), ".2f") for k in ("device", "host", "storage")),
           _f(r["requests_with_hit"], ".2f"), _f(r["working_set_gb"], ".1f"),
           _f(r["host_pool_gb"], ".1f"), _f(r["dram_page_share_run"], ".2f")] for r in capacity_rows(runs)])]
+    eq = _outputs(runs, refs, tol)
     parts += ["### Per configuration", _table(
         ["medium", "config", "first request after start ms",
          "restore GB/s over whole load spans, paced ones too (raw)", "server starts s",
          "outputs = recompute (sequential phases)", "outputs = recompute (concurrent phases)"],
-        [_config_row(run, outputs_vs(runs, tol=tol).get(f"{run['config']}@{run.get('medium', '')}", {}))
-         for run in runs])]
-    outs = output_rows(runs, tol)
+        [_config_row(run, eq.get(f"{run['config']}@{run.get('medium', '')}", {})) for run in runs])]
+    outs = output_rows(runs, tol, refs)
     if outs:
         parts += [f"### Outputs against the same prompt recomputed (greedy ids; top-k logprobs within {tol:g})",
                   _table(["medium", "config", "phase", "compared", "equal", "compared on logprobs",
                           "max logprob difference", "mismatching requests"],
                          [[r["medium"], r["config"], r["phase"], r["compared"], r["equal"], r["with_logprobs"],
                            _f(r["max_logprob_diff"], ".2g"), _ids(r["mismatches"])] for r in outs])]
-    ctl = control_rows(runs, tol)
+    ctl = control_rows(runs, tol, refs)
     if ctl:
         parts += ["### Negative control: a misplaced page (+misplace; each request that restores it must differ)",
                   _table(["medium", "config", "what", "restoring requests compared", "of them differing",

@@ -666,7 +666,7 @@ def main(description: str = __doc__):
         run["logprob_tol"] = args.logprob_tol
     with open(args.json, "w") as f:
         json.dump(results, f, default=str)
-    print(e2e_report.report_markdown(results, args.bpt, tol=args.logprob_tol), flush=True)
+    print(e2e_report.report_markdown(results, args.bpt, tol=args.logprob_tol, refs=refs), flush=True)
 
 
 if __name__ == "__main__":
