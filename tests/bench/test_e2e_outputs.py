@@ -262,6 +262,7 @@ def test_report_with_the_reference_of_another_call_and_from_the_json_alone():
     assert cell in text and "| m | recompute |" not in text
     assert "| 2 | 2 | 0 | caught |" in text
     bare = e2e_report.report_markdown([linker], 1000)  # no reference, nothing stored: no check
+    assert "| no recompute outputs to compare |" in bare  # not "NOT caught"
     assert "| m | tutti-linker+misplace | 100 | - (-) |  | - | - |" in bare
     linker["outputs_vs_recompute"] = e2e.outputs_vs([ref, linker])["tutti-linker+misplace@m"]
     assert cell in e2e_report.report_markdown([linker], 1000)

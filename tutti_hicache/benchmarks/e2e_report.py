@@ -295,6 +295,7 @@ def control_rows(runs: list, tol: float = LOGPROB_TOL, refs: list = ()) -> list:
                      "affected": len(affected), "caught": caught,
                      "other_mismatches": len(bad - set(affected)),
                      "verdict": "did not run" if m.get("error") or not m.get("swapped") else
+                     "no recompute outputs to compare" if not answered else
                      ("caught" if affected and caught == len(affected) else "NOT caught")})
     return rows
 
