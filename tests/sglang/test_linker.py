@@ -201,3 +201,29 @@ def test_the_dram_tier_copies_up_and_serves_mla_and_fp8_pools_byte_exact(sg, tmp
         assert (from_dram, promoted) == {"ssd": (0, 0), "ssd, copied up": (0, 5), "dram": (5, 0)}[source]
     assert kv.store.stats()["read_pages"] == 0  # copy-ups came from the loads' own reads
     b.close()
+
+
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_a_request_matched_while_the_same_document_restores_copies_it(sg, tmp_path, mla, fp8):
+    """SGLang's path: request B matches while A's restore of the same prefix and its forward run
+    (A's slots stay private to A until it inserts them, so B's match finds nothing on the device
+    and asks the linker): B's pages are copied from A's slots, not read again, byte-exact. After
+    a decode batch, C reads them from the store."""
+    toks = list(range(600, 624))  # 6 pages
+    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    a = Rig([tmp_path], mla=mla, dtype=dtype)
+    slots = a.fill(len(toks), seed=11)
+    want = a.snapshot(slots)
+    a.insert(toks, slots)
+    a.commit_offloads(1)
+    a.cache.reset()
+    kv = a.linker.kv
+    for rid, decode, copied in (("A", False, 0), ("B", True, 6), ("C", True, 6)):
+        hit, failed = a.restore(toks, rid=rid, decode=decode)
+        kv.drain_loads()
+        assert hit == len(toks) and not failed, rid
+        assert all(torch.equal(x, y) for x, y in zip(a.snapshot(a.loads[-1]), want)), rid
+        assert kv.stats()["linker"]["load_copied_pages"] == copied, rid
+    assert kv.stats()["linker"]["load_pages"] == 12  # read: A's and C's, not B's
+    a.close()

@@ -44,13 +44,24 @@ def offload_all(lw, keys, rows):
     assert lw.pop_completed()
 
 
-def restore(lw, keys, rows, rid="r"):
+def restore(lw, keys, rows, rid="r", decode=True):
+    """One prefill batch restoring `keys`; then (decode) the decode batch that follows it in
+    SGLang, so the next load reads from the store (with decode=False it may copy the pages this
+    one brought into the pool: loader.py)."""
     assert lw.load(rid, keys, rows)
-    idx = lw.start()
+    return forward(lw, lw.start(), decode)
+
+
+def forward(lw, idx, decode=True):
+    """The started batch idx's forward (its per-layer waits) and finish; then (decode) a decode
+    batch."""
     lw.counter.set_consumer(idx)
-    for layer in range(GEOM.num_layers):
+    for layer in range(lw.num_layers):
         lw.counter.wait_until(layer)
-    return lw.finish(idx)
+    ok = lw.finish(idx)
+    if decode:
+        lw.counter.set_consumer(-1)
+    return ok
 
 
 def roundtrip(lw, k, v, device="cpu", reverse=True):
@@ -539,7 +550,7 @@ def test_the_observer_hears_each_named_point_on_its_thread(tmp_path):
     offload_all(lw, keys, rows)
     rec.calls.clear()
     assert lw.lookup(keys) == N
-    assert restore(lw, keys, rows)
+    assert restore(lw, keys, rows, decode=False)
     main, layers = threading.current_thread().name, GEOM.num_layers
     on_main = rec.on(main)
     assert [h for h, _ in on_main[:3]] == ["looked_up", "load_called", "started"]

@@ -278,7 +278,7 @@ def test_linker_learns_write_windows_from_its_forwards(tmp_path):
             time.sleep(0.04)  # this layer's compute
         assert lw.finish(idx)
         assert all(torch_equal(t[16:16 * 9], w) for t, w in zip(bufs, want))
-    lw.counter.set_consumer(-1)  # a decode batch ends the last timed forward
+        lw.counter.set_consumer(-1)  # a decode batch ends the timed forward (the next load reads)
     lw.drain_loads()
     snap = lw.windows.snapshot()
     assert snap["mode"] == "online" and snap["observations"] >= 4  # every forward but the last

@@ -13,7 +13,8 @@ At a glance:
         checksums verified as pages land, one H2D copy, one scatter kernel on the I/O stream,
         one CUDA event -> counter.complete(index, layer)
     lw.counter.wait_until(l)                waits until layer l is enqueued, then a GPU-side wait
-    lw.finish(index) -> bool                every layer landed
+    lw.finish(index) -> bool                every layer landed (its pages: the next batch's
+                                            copy sources, loader.py)
     lw.offload(keys, device_indices, ready_events) -> bool,  num_completed() / pop_completed()
     lw.cancel(rid), lw.drain_loads(), lw.reset(), lw.close()
     lw.stats() -> dict                      the store's counters plus the linker's (stats.py);
@@ -199,7 +200,11 @@ class LayerwiseKV:
         return self._loader.start(input_tokens)
 
     def finish(self, index: int) -> bool:
-        return True if index < 0 else self.counter.finish(index)
+        if index < 0:
+            return True
+        ok = self.counter.finish(index)
+        self._loader.finished(index, ok)
+        return ok
 
     def drain_loads(self) -> None:
         """Wait until every started load has finished and released its read hold."""

@@ -7,6 +7,9 @@ At a glance:
     counter.complete(index, layer, event)   [loader] layer enqueued; event: its copy on the GPU
     counter.fail(index, error)              [loader] every wait returns; finish() reports False
     counter.set_consumer(index), counter.wait_until(layer)   [forward] SGLang's interface
+    counter.launches                        forwards begun so far (set_consumer is called for every
+                                            batch, decode ones with -1): whether one ran between two
+                                            loads (the loader's copies from the last batch's pages)
     counter.finish(index) -> bool           [scheduler] every layer landed (events synchronized)
     counter.reset()
 
@@ -62,6 +65,7 @@ class LayerCounter:
         self.consumer_index = -1
         self.producer_index = -1
         self.waited = -1  # last layer the forward waited for (its progress)
+        self.launches = 0  # set_consumer calls: one per forward SGLang begins
         self._batches: dict[int, _Batch] = {}
         self._lock = threading.Lock()
         self._seq = -1  # the last load's number
@@ -78,6 +82,7 @@ class LayerCounter:
         self._batches[index].shape = (n_input, n_prefix)
 
     def set_consumer(self, index: int) -> None:
+        self.launches += 1
         self.consumer_index = index
         self.waited = -1
         b = self._batches.get(index)

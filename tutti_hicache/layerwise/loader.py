@@ -12,7 +12,10 @@ At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's t
         as pages land, one H2D copy and one scatter kernel on the I/O stream, one CUDA event
         -> counter.complete(index, layer); any failure -> counter.fail(index) (never a hang);
         with the DRAM tier: each layer's DRAM pages by one scatter_rows launch, and the SSD pages
-        the tier wants copied up from the ring slots as they land ([tutti-copyup] thread)
+        the tier wants copied up from the ring slots as they land ([tutti-copyup] thread);
+        a page the batch or the one before already brings into the pool is copied, not read
+    loader.finished(index, ok)                         [scheduler] the batch's pages, once
+                                                       landed: the next batch's copy sources
     loader.read_ahead, loader.windows_opened, loader.read_Bps, loader.worker (drain, stop, thread)
 The observer (observe.py) hears when the loader took a batch, when its read stream was open and
 when every chunk's reads were final; the counter tells it of each layer handed over.
@@ -20,8 +23,19 @@ when every chunk's reads were final; the counter tells it of each layer handed o
 The stream holds the batch's directories for reads (the scheduler's lease) from its first read
 to its last layer, except for write windows (windows.py: learned online from the forward, or a
 slack table) lent to writes while the reads run two layers ahead of the forward.
-Thread-safety: _queued belongs to the scheduler thread; the staging ring to the loader thread;
-the load queue is a Queue.
+A page is read from the SSD once per batch: two requests of one batch that restore the same
+page (concurrent requests on one document) read it once, and the later ones' slots get a
+device-to-device copy of it on the I/O stream once it landed. A page that the previous batch
+restored is copied from the slot it went to, when no other forward ran in between
+(counter.launches): SGLang keeps a restored request's slots private until its forward ends and
+only then inserts them into its tree, so a request that arrives during that forward matches
+nothing on the device and would read the whole document from the SSD again. Those copies are
+enqueued at start() on the scheduler's current stream, which SGLang orders after the last
+forward's reads and before the next forward and every later write: until then nothing but the
+batch that restored them wrote those slots (its forward writes its new tokens elsewhere), so
+they still hold the page even if their request has since released them.
+Thread-safety: _queued, _started and _recent belong to the scheduler thread; the staging ring to
+the loader thread; the load queue is a Queue.
 """
 
 from __future__ import annotations
@@ -59,6 +73,8 @@ class _Job:
 
     def __init__(self, entries, page_ids, slots, ssd_keys, input_tokens):
         self.entries, self.page_ids, self.ssd_keys = entries, page_ids, ssd_keys
+        self.dup_rows = None  # (source rows, destination rows): pages read once for two requests
+        self.copied = 0  # pages copied in the pool instead of read
         self.host_slots = np.zeros(0, dtype=np.int64)
         self.host_page_ids = None
         self.host_slots_dev = None
@@ -97,6 +113,11 @@ class Loader:
         self.windows_opened = 0
         self._observer = observer
         self._queued: dict[str, tuple] = {}
+        # the pages of each started batch (keys, pool page ids), until finished() and then, for
+        # the next batch only, of the last one that landed: (key -> position, page ids, launches)
+        self._started: dict[int, tuple] = {}
+        self._recent: Optional[tuple] = None
+        self._copies = all(t.is_contiguous() for t in (k_bufs + list(v_bufs or [])))
         self._copier: Optional[ThreadPoolExecutor] = None  # copy-ups into the DRAM tier
         self.worker = Worker("tutti-load", self._run)  # drain(): every started load finished
 
@@ -116,7 +137,7 @@ class Loader:
             if self._host is not None:
                 self._host.unpin(slots)
             return False
-        self._queued[rid] = (entries, slots, device_indices, ssd_keys)
+        self._queued[rid] = (entries, slots, device_indices, ssd_keys, keys)
         return True
 
     def from_dram(self, rid: str) -> bool:
@@ -136,6 +157,19 @@ class Loader:
     def cancel_all(self) -> None:
         for rid in list(self._queued):
             self.cancel(rid)
+        self._started.clear()
+        self._recent = None
+
+    def finished(self, index: int, ok: bool) -> None:
+        """Batch `index` ended (finish()); if every layer landed and its forward was the last one
+        begun, its pages are the next batch's copy sources."""
+        done = self._started.pop(index, None)
+        for i in [i for i in self._started if i < index]:  # never finished: not sources either
+            del self._started[i]
+        self._recent = None
+        if ok and done is not None and self._counter.consumer_index == index:
+            keys, page_ids = done
+            self._recent = (dict(zip(keys, range(len(keys)))), page_ids, self._counter.launches)
 
     def start(self, input_tokens: int = 0) -> int:
         """Start every queued load; input_tokens (new tokens of the batch, 0 = unknown) picks the
@@ -144,23 +178,103 @@ class Loader:
             return -1
         items = list(self._queued.values())
         self._queued.clear()
+        recent, self._recent = self._recent, None
+        if recent is not None and recent[2] != self._counter.launches:
+            recent = None  # a forward ran since: those slots may hold other bytes now
         entries = [e for es, *_ in items for e in es]
         ps = self._page_size
-        pids = [di[::ps] // ps for _, _, di, _ in items]
-        slots = np.concatenate([sl for _, sl, _, _ in items])
+        pids = [di[::ps] // ps for _, _, di, _, _ in items]
+        slots = np.concatenate([sl for _, sl, _, _, _ in items])
         page_ids = torch.cat(pids)
-        job = _Job(entries, page_ids, slots, [k for *_, ks in items for k in ks], input_tokens)
+        job = _Job(entries, page_ids, slots, [k for *_, ks, _ in items for k in ks], input_tokens)
         if (slots >= 0).any():  # some pages come from DRAM: split the batch's page ids
-            here = torch.from_numpy(slots >= 0).to(page_ids.device)
-            job.page_ids, job.host_page_ids = page_ids[~here], page_ids[here]
+            dev = page_ids.device
+            job.page_ids = page_ids[self._index(np.flatnonzero(slots < 0), dev)]
+            job.host_page_ids = page_ids[self._index(np.flatnonzero(slots >= 0), dev)]
             job.host_slots = slots[slots >= 0]
+        if self._copies and job.entries:
+            self._plan_copies(job, recent)
         index = job.index = self._counter.update_producer()
+        self._started[index] = ([k for *_, ks in items for k in ks], page_ids)
         self._counter.describe(index, input_tokens, len(slots) * ps)
         if self._cuda:
             job.ready = torch.cuda.Event()
             job.ready.record()
         self.worker.put(job)
         return index
+
+    def _plan_copies(self, job, recent: Optional[tuple]) -> None:
+        """Of the batch's SSD pages, read each key once: a page the last batch brought into the
+        pool (`recent`) is copied from its slot now, on the current stream; a key a request
+        earlier in this batch reads too is copied from that request's slot once the layer
+        landed (job.dup_rows); the rest is read. Unread pages are unpinned."""
+        keys, n = job.ssd_keys, len(job.ssd_keys)
+        first_of = dict(zip(reversed(keys), range(n - 1, -1, -1)))  # each key's first position
+        first = np.fromiter((first_of[k] for k in keys), dtype=np.int64, count=n)
+        src = np.full(n, -1, dtype=np.int64)
+        if recent is not None:
+            where = recent[0]
+            src = np.fromiter((where.get(k, -1) for k in keys), dtype=np.int64, count=n)
+        own = src >= 0
+        dup = ~own & (first != np.arange(n))
+        if not own.any() and not dup.any():
+            return
+        read = np.flatnonzero(~own & ~dup)
+        device = job.page_ids.device
+        if own.any():
+            at = np.flatnonzero(own)
+            self._copy_rows(self._rows(recent[1][self._index(src[at], device)]),
+                            self._rows(job.page_ids[self._index(at, device)]))
+        if dup.any():
+            at = np.flatnonzero(dup)
+            job.dup_rows = (self._rows(job.page_ids[self._index(first[at], device)]),
+                            self._rows(job.page_ids[self._index(at, device)]))
+        unread = np.ones(n, dtype=bool)
+        unread[read] = False
+        self._store.unpin([job.entries[i] for i in np.flatnonzero(unread)])
+        job.copied = n - len(read)
+        job.entries = [job.entries[i] for i in read]
+        job.ssd_keys = [keys[i] for i in read]
+        job.page_ids = job.page_ids[self._index(read, device)]
+
+    @staticmethod
+    def _index(positions: np.ndarray, device):
+        """Positions chosen on the CPU as an index tensor on `device`; on a GPU through pinned
+        memory without a wait: a pageable copy would synchronize the scheduler's stream, which
+        waits for the running forward (start() must not)."""
+        t = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64))
+        if device.type != "cuda":
+            return t
+        return t.pin_memory().to(device, non_blocking=True)
+
+    def _rows(self, page_ids):
+        """Pool page ids -> the pool rows they cover, in page order."""
+        ps = self._page_size
+        return (page_ids[:, None] * ps + torch.arange(ps, device=page_ids.device)).reshape(-1)
+
+    def _copy_rows(self, src, dst) -> None:
+        """Every layer's rows `src` of the pool onto rows `dst` (as bytes: any KV dtype), on the
+        current stream."""
+        for layer in range(self._num_layers):
+            for buf in (self._k_bufs[layer], None if self._v_bufs is None else self._v_bufs[layer]):
+                if buf is not None:
+                    b = buf.view(torch.uint8).view(buf.shape[0], -1)
+                    b.index_copy_(0, dst, b.index_select(0, src))
+
+    def _copy_dups(self, job, layer: int) -> None:
+        """Layer `layer` landed: the pages two requests of the batch share, into the later
+        requests' slots (on the I/O stream)."""
+        if job.dup_rows is None:
+            return
+        src, dst = job.dup_rows
+        if self._cuda and layer == 0:  # made on the scheduler's stream, read on this one
+            src.record_stream(self._io.stream)
+            dst.record_stream(self._io.stream)
+        with torch.cuda.stream(self._io.stream) if self._cuda else contextlib.nullcontext():
+            for buf in (self._k_bufs[layer], None if self._v_bufs is None else self._v_bufs[layer]):
+                if buf is not None:
+                    b = buf.view(torch.uint8).view(buf.shape[0], -1)
+                    b.index_copy_(0, dst, b.index_select(0, src))
 
     # --------------------------------------------------------------- [loader]
     def _run(self, job) -> None:
@@ -174,7 +288,8 @@ class Loader:
                 self._rates.append(len(entries) * self._page_nbytes / max(seconds, 1e-9))
             self._stats.first_load(seconds)
             self._stats.add(loads=1, load_pages=n, load_bytes=n * self._page_nbytes,
-                            load_seconds=seconds, load_host_pages=len(job.host_slots))
+                            load_seconds=seconds, load_host_pages=len(job.host_slots),
+                            load_copied_pages=job.copied)
         except BaseException as e:  # the forward must never hang; finish() reports it
             logger.error("tutti linker: load of %d pages failed: %s", n, e)
             self._counter.fail(index, e)
@@ -313,6 +428,7 @@ class Loader:
                 self._copy_chunk(slots[i], layer, len(ok), page_ids[rows])
                 if rows.stop == n:  # the layer's last chunk: hand the layer over
                     self._copy_host(job, layer)
+                    self._copy_dups(job, layer)
                     if layer + 1 == self._num_layers:  # before finish() can return
                         self._observer.reads_final(index, n, [c[0] for c in chunks], stream.done_ns())
                     self._counter.complete(index, layer, self._mark())

@@ -5,7 +5,8 @@
                                                     + allocator + UnifiedRadixCache + TuttiLinker
                                                     (through `dynamic`) over dirs
     slots = rig.fill(n_tokens, seed); rig.snapshot(slots); rig.insert(tokens, slots)
-    rig.commit_offloads(n); rig.restore(tokens) -> (host hit length, failed requests); rig.close()
+    rig.commit_offloads(n); rig.restore(tokens, rid, decode=True) -> (host hit length, failed
+                                                    requests); rig.close()
 
 restore() runs SGLang's own path: match_prefix -> init_load_back -> ready_to_load_host_cache ->
 the forward's per-layer get_key_buffer (the counter's waits) -> finish_external_linker_loads.
@@ -92,8 +93,9 @@ class Rig:
         assert self.linker.num_completed_offloads() >= expect
         self.cache.check_hicache_events()
 
-    def restore(self, toks, rid="r1"):
-        """match -> init_load_back -> start -> the forward's per-layer waits -> finish."""
+    def restore(self, toks, rid="r1", decode=True):
+        """match -> init_load_back -> start -> the forward's per-layer waits -> finish; then
+        (decode) the decode batch that follows a prefill."""
         from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams, MatchPrefixParams
         from sglang.srt.mem_cache.radix_cache import RadixKey
         req = SimpleNamespace(rid=rid, kv=None, swa_branching_seqlen=None, last_node=None, extra_key=None,
@@ -107,6 +109,8 @@ class Rig:
         for l in range(LAYERS):
             self.pool.get_key_buffer(l)
         failed = self.cache.finish_external_linker_loads([SimpleNamespace(rid=rid)])
+        if decode:
+            self.linker.layer_done_counter.set_consumer(-1)
         return m.host_hit_length, failed
 
     def close(self):
