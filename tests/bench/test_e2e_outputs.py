@@ -239,10 +239,14 @@ def test_report_columns_and_the_control_verdict():
     runs = _runs(misplaced={"context": 4096, "page": 4, "documents": [0, 1], "affected": affected,
                             "namespaces": ["tutti-x"], "swapped": 1, "verified": 1})
     text = e2e_report.report_markdown(runs, 1000)
-    assert "| m | tutti-linker+misplace | 100 | - (-) |  | 2/4, max logprob diff 0.5 | - |" in text
+    assert "| m | tutti-linker+misplace | 100 | - (-) | - |  | 2/4, max logprob diff 0.5 | - |" in text
     assert "| m | tutti-linker+misplace | sweep | 3 | 1 | 3 | 0.5 | sweep/4096/0.5, sweep/4096/0.5/l1 |" in text
     assert "| m | tutti-linker+misplace | page 4 of C=4096 documents 0 and 1 swapped (1/1 verified) | 2 | 2 | 0 " \
         "| caught |" in text
+    # the linker's pages loaded / copied over its two server starts (each start's stats file)
+    runs[1]["tutti_stats"] = [{"linker": {"load_pages": 300, "load_copied_pages": 0}},
+                              {"linker": {"load_pages": 200, "load_copied_pages": 100}}]
+    assert "| m | tutti-linker+misplace | 100 | - (-) | 500 / 100 |" in e2e_report.report_markdown(runs, 1000)
     runs[1]["phases"]["sweep"][0]["top_logprobs"] = runs[0]["phases"]["sweep"][0]["top_logprobs"]
     row, = e2e_report.control_rows(runs)
     assert (row["affected"], row["caught"], row["verdict"]) == (2, 1, "NOT caught")
@@ -257,13 +261,13 @@ def test_report_with_the_reference_of_another_call_and_from_the_json_alone():
     affected = ["sweep/4096/0.5", "sweep/4096/0.5/l1"]
     ref, linker = _runs(misplaced={"context": 4096, "page": 4, "documents": [0, 1], "affected": affected,
                                    "namespaces": ["tutti-x"], "swapped": 1, "verified": 1})
-    cell = "| m | tutti-linker+misplace | 100 | - (-) |  | 2/4, max logprob diff 0.5 | - |"
+    cell = "| m | tutti-linker+misplace | 100 | - (-) | - |  | 2/4, max logprob diff 0.5 | - |"
     text = e2e_report.report_markdown([linker], 1000, refs=[ref])
     assert cell in text and "| m | recompute |" not in text
     assert "| 2 | 2 | 0 | caught |" in text
     bare = e2e_report.report_markdown([linker], 1000)  # no reference, nothing stored: no check
     assert "| no recompute outputs to compare |" in bare  # not "NOT caught"
-    assert "| m | tutti-linker+misplace | 100 | - (-) |  | - | - |" in bare
+    assert "| m | tutti-linker+misplace | 100 | - (-) | - |  | - | - |" in bare
     linker["outputs_vs_recompute"] = e2e.outputs_vs([ref, linker])["tutti-linker+misplace@m"]
     assert cell in e2e_report.report_markdown([linker], 1000)
     assert "| m | tutti-linker+misplace | sweep | 3 | 1 | 3 | 0.5 |" in e2e_report.report_markdown([linker], 1000)

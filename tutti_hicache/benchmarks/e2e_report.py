@@ -371,7 +371,8 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = L
     eq = _outputs(runs, refs, tol)
     parts += ["### Per configuration", _table(
         ["medium", "config", "first request after start ms",
-         "restore GB/s over whole load spans, paced ones too (raw)", "server starts s",
+         "restore GB/s over whole load spans, paced ones too (raw)",
+         "pages loaded / copied from pages just restored (whole run)", "server starts s",
          "outputs = recompute (sequential phases)", "outputs = recompute (concurrent phases)"],
         [_config_row(run, eq.get(f"{run['config']}@{run.get('medium', '')}", {})) for run in runs])]
     outs = output_rows(runs, tol, refs)
@@ -502,5 +503,14 @@ def _config_row(run: dict, eq: dict) -> list:
     restore = run.get("restore_GBps")
     raw = run.get("raw_read_GBps")
     return [run.get("medium"), run["config"], _f(first * 1e3 if first else None),
-            f"{_f(restore, '.2f')} ({_f(raw, '.2f')})", "/".join(f"{s:.0f}" for s in run.get("start_s", [])),
-            frac(seq), frac(conc)]
+            f"{_f(restore, '.2f')} ({_f(raw, '.2f')})", _loaded_copied(run),
+            "/".join(f"{s:.0f}" for s in run.get("start_s", [])), frac(seq), frac(conc)]
+
+
+def _loaded_copied(run: dict) -> str:
+    """The linker's pages loaded (from the SSD or its DRAM tier) and copied in the pool from pages
+    it had just restored (loader.py) over the run's server starts; "-" without linker stats."""
+    lk = [s["linker"] for s in run.get("tutti_stats", []) if "load_pages" in s.get("linker", {})]
+    if not lk:
+        return "-"
+    return f"{sum(x['load_pages'] for x in lk)} / {sum(x.get('load_copied_pages', 0) for x in lk)}"
