@@ -76,11 +76,12 @@ def test_a_request_matched_during_the_last_restores_forward_copies_its_pages(tmp
     lw.close()
 
 
-def test_slots_released_and_handed_out_again_in_the_same_pass_still_get_the_right_bytes(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_slots_released_and_handed_out_again_in_the_same_pass_still_get_the_right_bytes(tmp_path, device):
     """A's request released its slots before B was admitted and B got them back in another order
     (every page lands on another key's source slot, and one on its own): B still gets its own
     page's bytes in every slot."""
-    lw, k, v, want = _setup(tmp_path, pages=64)
+    lw, k, v, want = _setup(tmp_path, device, pages=64)
     a = list(range(1, 65))
     assert _batch(lw, [("a", KEYS[:64], a)], decode=False)
     b = [a[(i * 9 + 8) % 64] for i in range(64)]  # a permutation of A's slots
@@ -91,10 +92,11 @@ def test_slots_released_and_handed_out_again_in_the_same_pass_still_get_the_righ
     lw.close()
 
 
-def test_a_forward_between_the_batches_means_the_pages_are_read_again(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_forward_between_the_batches_means_the_pages_are_read_again(tmp_path, device):
     """A decode batch ran between A's batch and B's: A's slots may hold other bytes (here they
     do), so B reads from the store."""
-    lw, k, v, want = _setup(tmp_path, pages=100)
+    lw, k, v, want = _setup(tmp_path, device, pages=100)
     a, b = list(range(1, 101)), list(range(101, 201))
     assert _batch(lw, [("a", KEYS[:100], a)])  # and the decode batch after it
     for t in k + v:
@@ -105,8 +107,9 @@ def test_a_forward_between_the_batches_means_the_pages_are_read_again(tmp_path):
     lw.close()
 
 
-def test_pages_of_a_failed_batch_are_never_copied(tmp_path):
-    lw, k, v, want = _setup(tmp_path, pages=100)
+@pytest.mark.parametrize("device", DEVICES)
+def test_pages_of_a_failed_batch_are_never_copied(tmp_path, device):
+    lw, k, v, want = _setup(tmp_path, device, pages=100)
     store = lw.store
     path, off = store.locate(KEYS[60])
     with open(path, "r+b") as f:  # one bit of page 60's layer 0 K
