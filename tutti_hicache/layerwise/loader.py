@@ -117,7 +117,7 @@ class Loader:
         # the next batch only, of the last one that landed: (key -> position, page ids, launches)
         self._started: dict[int, tuple] = {}
         self._recent: Optional[tuple] = None
-        self._copies = all(t.is_contiguous() for t in (k_bufs + list(v_bufs or [])))
+        self._can_copy = all(t.is_contiguous() for t in (k_bufs + list(v_bufs or [])))
         self._copier: Optional[ThreadPoolExecutor] = None  # copy-ups into the DRAM tier
         self.worker = Worker("tutti-load", self._run)  # drain(): every started load finished
 
@@ -192,7 +192,7 @@ class Loader:
             job.page_ids = page_ids[self._index(np.flatnonzero(slots < 0), dev)]
             job.host_page_ids = page_ids[self._index(np.flatnonzero(slots >= 0), dev)]
             job.host_slots = slots[slots >= 0]
-        if self._copies and job.entries:
+        if self._can_copy and job.entries:
             self._plan_copies(job, recent)
         index = job.index = self._counter.update_producer()
         self._started[index] = ([k for *_, ks in items for k in ks], page_ids)
@@ -252,10 +252,10 @@ class Loader:
         ps = self._page_size
         return (page_ids[:, None] * ps + torch.arange(ps, device=page_ids.device)).reshape(-1)
 
-    def _copy_rows(self, src, dst) -> None:
-        """Every layer's rows `src` of the pool onto rows `dst` (as bytes: any KV dtype), on the
-        current stream."""
-        for layer in range(self._num_layers):
+    def _copy_rows(self, src, dst, layers=None) -> None:
+        """Rows `src` of the pool onto rows `dst` in every layer (or those of `layers`), as bytes
+        (any KV dtype), on the current stream."""
+        for layer in range(self._num_layers) if layers is None else layers:
             for buf in (self._k_bufs[layer], None if self._v_bufs is None else self._v_bufs[layer]):
                 if buf is not None:
                     b = buf.view(torch.uint8).view(buf.shape[0], -1)
@@ -271,10 +271,7 @@ class Loader:
             src.record_stream(self._io.stream)
             dst.record_stream(self._io.stream)
         with torch.cuda.stream(self._io.stream) if self._cuda else contextlib.nullcontext():
-            for buf in (self._k_bufs[layer], None if self._v_bufs is None else self._v_bufs[layer]):
-                if buf is not None:
-                    b = buf.view(torch.uint8).view(buf.shape[0], -1)
-                    b.index_copy_(0, dst, b.index_select(0, src))
+            self._copy_rows(src, dst, (layer,))
 
     # --------------------------------------------------------------- [loader]
     def _run(self, job) -> None:
