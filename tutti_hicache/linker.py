@@ -65,7 +65,8 @@ class TuttiLinker(UnifiedCacheLinker):
                              pp=(params.pp_rank, params.pp_size),
                              cp=(params.attn_cp_rank, params.attn_cp_size), tp=(tp_rank, tp_size))
         self.kv = LayerwiseKV(cfg, geometry, ident, dm.k_bufs, dm.v_bufs, params.page_size,
-                              writer=is_writer(geometry.kind, tp_rank))
+                              writer=is_writer(geometry.kind, tp_rank),
+                              copy_recent=_copy_recent(server_args))
         self.layer_done_counter = self.kv.counter
         _warn_settings(server_args, params.page_size)
         hashwarm.start()  # SGLang's page-hash module, built now rather than in the first request
@@ -137,6 +138,25 @@ def _warn_settings(server_args, page_size: int) -> None:
     if graph:
         logger.warning("tutti linker: prefill CUDA graphs wait for every layer before replay, "
                        "which removes the layer-wise overlap; use --disable-prefill-cuda-graph")
+
+
+def _copy_recent(server_args) -> bool:
+    """Whether the loader may copy pages the previous batch restored (layerwise/loader.py): it
+    relies on every forward passing through set_consumer. Speculative decoding's verify forwards
+    (SGLang calls the target worker without a batch), pipeline stages, HiSparse's KV moves,
+    embedding forwards and split prefills do not: with any of them, such pages are read again."""
+    if server_args is None:
+        return True
+    get = lambda name, default=None: getattr(server_args, name, default)  # noqa: E731
+    off = [name for name, on in (("speculative decoding", get("speculative_algorithm")),
+                                 ("pipeline parallelism", (get("pp_size", 1) or 1) > 1),
+                                 ("HiSparse", get("enable_hisparse", False)),
+                                 ("an embedding model", get("is_embedding", False)),
+                                 ("split prefill (PD multiplexing)", get("enable_pdmux", False))) if on]
+    if off:
+        logger.info("tutti linker: with %s, a page the previous batch restored is read again, "
+                    "not copied from its slot", " and ".join(off))
+    return not off
 
 
 def _model_name(server_args) -> str:

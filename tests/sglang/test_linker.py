@@ -227,3 +227,16 @@ def test_a_request_matched_while_the_same_document_restores_copies_it(sg, tmp_pa
         assert kv.stats()["linker"]["load_copied_pages"] == copied, rid
     assert kv.stats()["linker"]["load_pages"] == 12  # read: A's and C's, not B's
     a.close()
+
+
+def test_copies_from_the_last_batch_are_off_where_a_forward_can_bypass_set_consumer(sg):
+    """Speculative decoding's verify forwards (the target worker called without a batch),
+    pipeline stages and HiSparse can write the pool without set_consumer: there the linker
+    builds its pipeline with copy_recent off (test_load_copies.py covers what that does)."""
+    from tutti_hicache.linker import _copy_recent
+    plain = dict(speculative_algorithm=None, pp_size=1, enable_hisparse=False, is_embedding=False,
+                 enable_pdmux=False)
+    assert _copy_recent(None) and _copy_recent(SimpleNamespace(**plain))
+    for change in (dict(speculative_algorithm="EAGLE"), dict(pp_size=2), dict(enable_hisparse=True),
+                   dict(is_embedding=True), dict(enable_pdmux=True)):
+        assert not _copy_recent(SimpleNamespace(**{**plain, **change})), change

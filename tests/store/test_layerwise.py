@@ -24,7 +24,7 @@ ENGINES = ["uring", "posix"] if extension().uring_compiled() else ["posix"]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # cuda: the GPU machine
 
 
-def make_lw(tmp_path, engine="posix", device="cpu", observer=None, **extra):
+def make_lw(tmp_path, engine="posix", device="cpu", observer=None, copy_recent=True, **extra):
     from tutti_hicache.layerwise import LayerwiseKV
     g = torch.Generator().manual_seed(7)
     rows = (N + 1) * PAGE
@@ -33,7 +33,8 @@ def make_lw(tmp_path, engine="posix", device="cpu", observer=None, **extra):
     cfg = TuttiConfig.from_sources({"tutti_dirs": [str(tmp_path / "a"), str(tmp_path / "b")],
                                     "tutti_capacity_gb": 0.05, "tutti_stage_mb": 1,
                                     "tutti_engine": engine, **extra}, env={})
-    return LayerwiseKV(cfg, GEOM, {"t": "layerwise"}, k, v, PAGE, observer=observer), k, v
+    return LayerwiseKV(cfg, GEOM, {"t": "layerwise"}, k, v, PAGE, observer=observer,
+                       copy_recent=copy_recent), k, v
 
 
 def offload_all(lw, keys, rows):

@@ -11,10 +11,10 @@ torch = pytest.importorskip("torch")
 KEYS = [f"p{i:063d}" for i in range(N)]
 
 
-def _setup(tmp_path, device="cpu", engine="posix", pages=N):
+def _setup(tmp_path, device="cpu", engine="posix", pages=N, **kw):
     """A pool of N + 1 pages (page 0 unused) whose first `pages` pages are offloaded, a record of
     their bytes per key, and the pool poisoned."""
-    lw, k, v = make_lw(tmp_path, engine, device)
+    lw, k, v = make_lw(tmp_path, engine, device, **kw)
     rows = torch.arange(PAGE, PAGE * (pages + 1), device=device)
     offload_all(lw, KEYS[:pages], rows)
     want = {key: [t[PAGE * (i + 1):PAGE * (i + 2)].clone() for t in k + v] for i, key in enumerate(KEYS[:pages])}
@@ -170,4 +170,18 @@ def test_restore_helper_without_decode_copies_and_with_it_reads(tmp_path):
     assert restore(lw, KEYS[:20], rows)
     assert _counts(lw) == (40, 20)
     assert _exact(k, v, KEYS[:20], list(range(1, 21)), want)
+    lw.close()
+
+
+
+def test_without_copy_recent_only_a_batchs_own_duplicates_are_copied(tmp_path):
+    """LayerwiseKV(..., copy_recent=False), as TuttiLinker builds it where a forward can write the
+    pool without set_consumer (test_linker.py): pages the last batch restored are read again;
+    one batch's duplicates are still read once."""
+    lw, k, v, want = _setup(tmp_path, pages=40, copy_recent=False)
+    a, b, c = list(range(1, 41)), list(range(41, 81)), list(range(81, 121))
+    assert _batch(lw, [("a", KEYS[:40], a), ("b", KEYS[:40], b)], decode=False)
+    assert _batch(lw, [("c", KEYS[:40], c)])
+    assert _counts(lw) == (80, 40)  # A read, B copied from A, C read again
+    assert all(_exact(k, v, KEYS[:40], p, want) for p in (a, b, c))
     lw.close()

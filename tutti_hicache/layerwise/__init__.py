@@ -2,7 +2,10 @@
 (the GPU benchmark runs it under SGLang 0.5.17, which has no UnifiedCacheLinker).
 
 At a glance:
-    lw = LayerwiseKV(cfg, geometry, identity, k_bufs, v_bufs, page_size, writer, observer=None)
+    lw = LayerwiseKV(cfg, geometry, identity, k_bufs, v_bufs, page_size, writer, observer=None,
+                     copy_recent=True)       copy_recent: pages the last batch restored may be
+                                            copied from their slots (loader.py; the linker turns
+                                            it off where a forward can bypass set_consumer)
     lw.lookup(keys) -> n                    leading pages present (memory only)
     lw.load(rid, keys, device_indices)      pin and queue; no I/O (each page from DRAM where the
                                             DRAM tier holds it, hosttier.py; else the SSD)
@@ -66,7 +69,7 @@ logger = logging.getLogger("tutti_hicache.linker")
 class LayerwiseKV:
     def __init__(self, cfg: TuttiConfig, geometry: PageGeometry, identity: dict, k_bufs: list,
                  v_bufs: Optional[list], page_size: int, writer: bool = True,
-                 observer: Optional[Observer] = None):
+                 observer: Optional[Observer] = None, copy_recent: bool = True):
         self.cfg = cfg
         self.k_bufs, self.v_bufs = list(k_bufs), (list(v_bufs) if v_bufs is not None else None)
         self.mla = v_bufs is None
@@ -99,7 +102,7 @@ class LayerwiseKV:
         self._stats = LinkerStats(self.store, cfg.stats_file, self.windows, self.host)
         self._loader = Loader(self.store, self.counter, self.stage, self.stage_pages, self.k_bufs,
                               self.v_bufs, page_size, self.io, cfg, self.windows, self._stats,
-                              self.observer, self.host)
+                              self.observer, self.host, copy_recent)
         self._offloader = Offloader(self.store, self.out, self.out_pages, self.k_bufs, self.v_bufs,
                                     page_size, self.io, writer, cfg.offload_backlog_pages,
                                     self._stats, self.host)

@@ -2,7 +2,7 @@
 
 At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's thread):
     loader = Loader(store, counter, stage, stage_pages, k_bufs, v_bufs, page_size, io, cfg,
-                    windows, stats, observer)
+                    windows, stats, observer, host=None, copy_recent=True)
     loader.load(rid, keys, device_indices) -> bool     [scheduler] pin and queue; no I/O
     loader.cancel(rid) -> bool, loader.cancel_all()    [scheduler] unpin queued pages
     loader.start(input_tokens) -> index                [scheduler] hand every queued page over:
@@ -27,7 +27,9 @@ A page is read from the SSD once per batch: two requests of one batch that resto
 page (concurrent requests on one document) read it once, and the later ones' slots get a
 device-to-device copy of it on the I/O stream once it landed. A page that the previous batch
 restored is copied from the slot it went to, when no other forward ran in between
-(counter.launches): SGLang keeps a restored request's slots private until its forward ends and
+(counter.launches; copy_recent, which the linker turns off where a forward can bypass
+set_consumer: speculative decoding's verify, pipeline stages, HiSparse, embedding forwards,
+split prefills). SGLang keeps a restored request's slots private until its forward ends and
 only then inserts them into its tree, so a request that arrives during that forward matches
 nothing on the device and would read the whole document from the SSD again. Those copies are
 enqueued at start() on the scheduler's current stream, which SGLang orders after the last
@@ -95,7 +97,8 @@ class _CopyUp:
 class Loader:
     def __init__(self, store, counter: LayerCounter, stage: Staging, stage_pages: int,
                  k_bufs: list, v_bufs, page_size: int, io, cfg: TuttiConfig, windows,
-                 stats: LinkerStats, observer: Observer, host: Optional[HostTier] = None):
+                 stats: LinkerStats, observer: Observer, host: Optional[HostTier] = None,
+                 copy_recent: bool = True):
         self._store, self._counter, self._stage = store, counter, stage
         self._host = host  # the DRAM tier (hosttier.py), or None
         self.stage_pages = stage_pages  # pages of one layer per ring slot
@@ -117,6 +120,7 @@ class Loader:
         # the next batch only, of the last one that landed: (key -> position, page ids, launches)
         self._started: dict[int, tuple] = {}
         self._recent: Optional[tuple] = None
+        self._copy_recent = copy_recent  # False: only one batch's own duplicates are copied
         self._can_copy = all(t.is_contiguous() for t in (k_bufs + list(v_bufs or [])))
         self._copier: Optional[ThreadPoolExecutor] = None  # copy-ups into the DRAM tier
         self.worker = Worker("tutti-load", self._run)  # drain(): every started load finished
@@ -167,7 +171,7 @@ class Loader:
         for i in [i for i in self._started if i < index]:  # never finished: not sources either
             del self._started[i]
         self._recent = None
-        if ok and done is not None and self._counter.consumer_index == index:
+        if ok and done is not None and self._copy_recent and self._counter.consumer_index == index:
             keys, page_ids = done
             self._recent = (dict(zip(keys, range(len(keys)))), page_ids, self._counter.launches)
 
