@@ -96,7 +96,10 @@ def make_tutti(model, dirs, cap_gb: float, read_ahead: int, observer=None,
                                     "tutti_stage_depth": STAGE_DEPTH, "tutti_read_ahead": read_ahead,
                                     "tutti_host_gb": host_gb})  # 0: the SSD path alone
     ident = {"bench": "llama-shaped", "layers": s["layers"], "page": s["page"]}
-    return LayerwiseKV(cfg, g, ident, model.k, model.v, s["page"], observer=observer)
+    # every point measures a restore from the medium: back-to-back restores of one prefix with no
+    # decode between them would otherwise copy the pages the last one restored (loader.py)
+    return LayerwiseKV(cfg, g, ident, model.k, model.v, s["page"], observer=observer,
+                       copy_recent=False)
 
 
 def write_prefix(lw: LayerwiseKV, model, keys: list, pages: int) -> float:
