@@ -173,7 +173,6 @@ def test_restore_helper_without_decode_copies_and_with_it_reads(tmp_path):
     lw.close()
 
 
-
 def test_without_copy_recent_only_a_batchs_own_duplicates_are_copied(tmp_path):
     """LayerwiseKV(..., copy_recent=False), as TuttiLinker builds it where a forward can write the
     pool without set_consumer (test_linker.py): pages the last batch restored are read again;

@@ -171,7 +171,7 @@ class Loader:
         for i in [i for i in self._started if i < index]:  # never finished: not sources either
             del self._started[i]
         self._recent = None
-        if ok and done is not None and self._copy_recent and self._counter.consumer_index == index:
+        if ok and done is not None and self._counter.consumer_index == index:
             keys, page_ids = done
             self._recent = (dict(zip(keys, range(len(keys)))), page_ids, self._counter.launches)
 
@@ -199,7 +199,8 @@ class Loader:
         if self._can_copy and job.entries:
             self._plan_copies(job, recent)
         index = job.index = self._counter.update_producer()
-        self._started[index] = ([k for *_, ks in items for k in ks], page_ids)
+        if self._copy_recent:  # its pages: the next batch's copy sources once it landed
+            self._started[index] = ([k for *_, ks in items for k in ks], page_ids)
         self._counter.describe(index, input_tokens, len(slots) * ps)
         if self._cuda:
             job.ready = torch.cuda.Event()
