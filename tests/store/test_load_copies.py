@@ -184,3 +184,21 @@ def test_without_copy_recent_only_a_batchs_own_duplicates_are_copied(tmp_path):
     assert _counts(lw) == (80, 40)  # A read, B copied from A, C read again
     assert all(_exact(k, v, KEYS[:40], p, want) for p in (a, b, c))
     lw.close()
+
+
+def test_a_copy_that_fails_at_start_reads_every_page_instead(tmp_path, monkeypatch, caplog):
+    """A copy raising in start() (e.g. no device memory for it) never reaches SGLang's scheduler:
+    the batch reads every page from the store, byte-exact."""
+    lw, k, v, want = _setup(tmp_path, pages=40)
+    a, b = list(range(1, 41)), list(range(41, 81))
+    assert _batch(lw, [("a", KEYS[:40], a)], decode=False)
+
+    def no_memory(*args, **kw):
+        raise RuntimeError("CUDA out of memory")
+    monkeypatch.setattr(lw._loader, "_copy_rows", no_memory)
+    with caplog.at_level("WARNING", logger="tutti_hicache.linker"):
+        assert _batch(lw, [("b", KEYS[:40], b)])
+    assert "reading them from the store instead" in caplog.text
+    assert _counts(lw) == (80, 0)
+    assert _exact(k, v, KEYS[:40], b, want)
+    lw.close()

@@ -197,7 +197,11 @@ class Loader:
             job.host_page_ids = page_ids[self._index(np.flatnonzero(slots >= 0), dev)]
             job.host_slots = slots[slots >= 0]
         if self._can_copy and job.entries:
-            self._plan_copies(job, recent)
+            try:
+                self._plan_copies(job, recent)
+            except Exception:  # e.g. no device memory for a copy: never into SGLang's scheduler
+                logger.warning("tutti linker: copying pages in the pool failed; reading them "
+                               "from the store instead", exc_info=True)
         index = job.index = self._counter.update_producer()
         if self._copy_recent:  # its pages: the next batch's copy sources once it landed
             self._started[index] = ([k for *_, ks in items for k in ks], page_ids)
@@ -226,21 +230,22 @@ class Loader:
             return
         read = np.flatnonzero(~own & ~dup)
         device = job.page_ids.device
-        if own.any():
-            at = np.flatnonzero(own)
-            self._copy_rows(self._rows(recent[1][self._index(src[at], device)]),
-                            self._rows(job.page_ids[self._index(at, device)]))
+        dup_rows = None
         if dup.any():
             at = np.flatnonzero(dup)
-            job.dup_rows = (self._rows(job.page_ids[self._index(first[at], device)]),
+            dup_rows = (self._rows(job.page_ids[self._index(first[at], device)]),
+                        self._rows(job.page_ids[self._index(at, device)]))
+        read_ids = job.page_ids[self._index(read, device)]
+        if own.any():  # the last device work: a failure until here leaves the job as it was
+            at = np.flatnonzero(own)
+            self._copy_rows(self._rows(recent[1][self._index(src[at], device)]),
                             self._rows(job.page_ids[self._index(at, device)]))
         unread = np.ones(n, dtype=bool)
         unread[read] = False
         self._store.unpin([job.entries[i] for i in np.flatnonzero(unread)])
-        job.copied = n - len(read)
+        job.dup_rows, job.copied, job.page_ids = dup_rows, n - len(read), read_ids
         job.entries = [job.entries[i] for i in read]
         job.ssd_keys = [keys[i] for i in read]
-        job.page_ids = job.page_ids[self._index(read, device)]
 
     @staticmethod
     def _index(positions: np.ndarray, device):
