@@ -122,7 +122,7 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
     if base in ("tutti-host-readme", "tutti-host-defaults"):
         run["host_pool_gb"] = None  # SGLang's --hicache-ratio 2: twice the device pool
     if base in configs.LMCACHE:  # the daemon's L1 (lmcache_daemon.daemon_cmd)
-        run["host_pool_gb"] = 2 if base == "lmcache-ssd" else args.dram_gb
+        run["host_pool_gb"] = lmcache_daemon.SSD_L1_GB if base == "lmcache-ssd" else args.dram_gb
     log = os.path.join(args.out_dir, f"server-{config}.log")
     cmd, env = configs.server_cmd(args, config, port)
     capacity = config in args.capacity_configs.split(",")
