@@ -23,11 +23,11 @@ when every chunk's reads were final; the counter tells it of each layer handed o
 The stream holds the batch's directories for reads (the scheduler's lease) from its first read
 to its last layer, except for write windows (windows.py: learned online from the forward, or a
 slack table) lent to writes while the reads run two layers ahead of the forward.
-A page is read from the SSD once per batch: two requests of one batch that restore the same
-page (concurrent requests on one document) read it once, and the later ones' slots get a
-device-to-device copy of it on the I/O stream once it landed. A page that the previous batch
-restored is copied from the slot it went to, when no other forward ran in between
-(counter.launches; copy_recent, which the linker turns off where a forward can bypass
+A page is read from the SSD, or copied from the DRAM tier, once per batch: two requests of one
+batch that restore the same page (concurrent requests on one document) take it once, and the
+later ones' slots get a device-to-device copy of it on the I/O stream once it landed. A page
+that the previous batch restored is copied from the slot it went to, when no other forward ran in
+between (counter.launches; copy_recent, which the linker turns off where a forward can bypass
 set_consumer: speculative decoding's verify, pipeline stages, HiSparse, embedding forwards,
 split prefills). SGLang keeps a restored request's slots private until its forward ends and
 only then inserts them into its tree, so a request that arrives during that forward matches
@@ -79,6 +79,7 @@ class _Job:
         self.copied = 0  # pages copied in the pool instead of read
         self.host_slots = np.zeros(0, dtype=np.int64)
         self.host_page_ids = None
+        self.host_keys: list = []
         self.host_slots_dev = None
         self.input_tokens = input_tokens
         self.index = -1
@@ -196,7 +197,8 @@ class Loader:
             job.page_ids = page_ids[self._index(np.flatnonzero(slots < 0), dev)]
             job.host_page_ids = page_ids[self._index(np.flatnonzero(slots >= 0), dev)]
             job.host_slots = slots[slots >= 0]
-        if self._can_copy and job.entries:
+            job.host_keys = [k for *_, sl, _, _, ks in items for k, s in zip(ks, sl.tolist()) if s >= 0]
+        if self._can_copy and (job.entries or len(job.host_slots)):
             try:
                 self._plan_copies(job, recent)
             except Exception:  # e.g. no device memory for a copy: never into SGLang's scheduler
@@ -213,11 +215,49 @@ class Loader:
         return index
 
     def _plan_copies(self, job, recent: Optional[tuple]) -> None:
-        """Of the batch's SSD pages, read each key once: a page the last batch brought into the
-        pool (`recent`) is copied from its slot now, on the current stream; a key a request
-        earlier in this batch reads too is copied from that request's slot once the layer
-        landed (job.dup_rows); the rest is read. Unread pages are unpinned."""
-        keys, n = job.ssd_keys, len(job.ssd_keys)
+        """Of the batch's SSD pages and, apart, of its DRAM pages, take each key once: a page the
+        last batch brought into the pool (`recent`) is copied from its slot now, on the current
+        stream; a key a request earlier in this batch takes too is copied from that request's
+        slot once the layer landed (job.dup_rows); the rest is read. Pages not taken are
+        unpinned."""
+        device = job.page_ids.device
+        ssd = self._dedup(job.ssd_keys, job.page_ids, recent, device) if job.entries else None
+        host = None
+        if len(job.host_slots):
+            host = self._dedup(job.host_keys, job.host_page_ids, recent, device)
+        parts = [p for p in (ssd, host) if p is not None]
+        if all(p[1] is None and p[2] is None for p in parts):
+            return
+        dups = [p[1] for p in parts if p[1] is not None]
+        dup_rows = tuple(torch.cat([d[i] for d in dups]) for i in (0, 1)) if dups else None
+        for _, _, own, _ in parts:  # the last device work: a failure until here changes no job
+            if own is not None:
+                self._copy_rows(*own)
+        job.dup_rows = dup_rows
+        if ssd is not None:
+            read, n = ssd[0], len(job.ssd_keys)
+            unread = np.ones(n, dtype=bool)
+            unread[read] = False
+            self._store.unpin([job.entries[i] for i in np.flatnonzero(unread)])
+            job.copied += n - len(read)
+            job.page_ids = ssd[3]
+            job.entries = [job.entries[i] for i in read]
+            job.ssd_keys = [job.ssd_keys[i] for i in read]
+        if host is not None:
+            read, n = host[0], len(job.host_slots)
+            unread = np.ones(n, dtype=bool)
+            unread[read] = False
+            self._host.unpin(job.host_slots[unread])
+            job.copied += n - len(read)
+            job.host_page_ids = host[3]
+            job.host_slots = job.host_slots[read]
+            job.host_keys = [job.host_keys[i] for i in read]
+
+    def _dedup(self, keys: list, page_ids, recent: Optional[tuple], device) -> tuple:
+        """(positions to read, (source rows, destination rows) of the copies once the layer
+        landed or None, those of the copies from the last batch's slots or None, the pool page
+        ids of the positions to read) for pages `keys` going to pool pages `page_ids`."""
+        n = len(keys)
         first_of = dict(zip(reversed(keys), range(n - 1, -1, -1)))  # each key's first position
         first = np.fromiter((first_of[k] for k in keys), dtype=np.int64, count=n)
         src = np.full(n, -1, dtype=np.int64)
@@ -226,26 +266,17 @@ class Loader:
             src = np.fromiter((where.get(k, -1) for k in keys), dtype=np.int64, count=n)
         own = src >= 0
         dup = ~own & (first != np.arange(n))
-        if not own.any() and not dup.any():
-            return
-        read = np.flatnonzero(~own & ~dup)
-        device = job.page_ids.device
-        dup_rows = None
+        dup_rows = own_rows = None
         if dup.any():
             at = np.flatnonzero(dup)
-            dup_rows = (self._rows(job.page_ids[self._index(first[at], device)]),
-                        self._rows(job.page_ids[self._index(at, device)]))
-        read_ids = job.page_ids[self._index(read, device)]
-        if own.any():  # the last device work: a failure until here leaves the job as it was
+            dup_rows = (self._rows(page_ids[self._index(first[at], device)]),
+                        self._rows(page_ids[self._index(at, device)]))
+        if own.any():
             at = np.flatnonzero(own)
-            self._copy_rows(self._rows(recent[1][self._index(src[at], device)]),
-                            self._rows(job.page_ids[self._index(at, device)]))
-        unread = np.ones(n, dtype=bool)
-        unread[read] = False
-        self._store.unpin([job.entries[i] for i in np.flatnonzero(unread)])
-        job.dup_rows, job.copied, job.page_ids = dup_rows, n - len(read), read_ids
-        job.entries = [job.entries[i] for i in read]
-        job.ssd_keys = [keys[i] for i in read]
+            own_rows = (self._rows(recent[1][self._index(src[at], device)]),
+                        self._rows(page_ids[self._index(at, device)]))
+        read = np.flatnonzero(~own & ~dup)
+        return read, dup_rows, own_rows, page_ids[self._index(read, device)]
 
     @staticmethod
     def _index(positions: np.ndarray, device):
@@ -403,6 +434,7 @@ class Loader:
             self._observer.stream_opened(index)
             for layer in range(self._num_layers):
                 self._copy_host(job, layer)
+                self._copy_dups(job, layer)
                 if layer + 1 == self._num_layers:
                     self._observer.reads_final(index, 0, [], [])
                 self._counter.complete(index, layer, self._mark())
