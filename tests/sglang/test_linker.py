@@ -229,6 +229,41 @@ def test_a_request_matched_while_the_same_document_restores_copies_it(sg, tmp_pa
     a.close()
 
 
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_a_request_matched_while_the_same_document_comes_from_dram_copies_it(sg, tmp_path, mla, fp8):
+    """The same with the document in the DRAM tier: A takes it from DRAM, B (matched during A's
+    forward) copies it from A's slots instead of taking it over the bus again, C (after a decode
+    batch) takes it from DRAM; byte-exact each time."""
+    toks = list(range(700, 724))  # 6 pages
+    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    a = Rig([tmp_path], mla=mla, dtype=dtype)
+    slots = a.fill(len(toks), seed=13)
+    want = a.snapshot(slots)
+    a.insert(toks, slots)
+    a.commit_offloads(1)
+    a.close()
+
+    b = Rig([tmp_path], mla=mla, dtype=dtype, tutti_host_gb=0.01)  # a restart: the tier empty
+    kv = b.linker.kv
+    for rid in ("warm", "copy-up"):  # the second load copies the pages up into the tier
+        b.cache.reset()
+        hit, failed = b.restore(toks, rid=rid)
+        assert hit == len(toks) and not failed, rid
+        kv.drain_loads()
+    b.cache.reset()
+    base = kv.stats()["linker"]
+    for rid, decode, copied, from_dram in (("A", False, 0, 6), ("B", True, 6, 6), ("C", True, 6, 12)):
+        hit, failed = b.restore(toks, rid=rid, decode=decode)
+        kv.drain_loads()
+        s = kv.stats()["linker"]
+        assert hit == len(toks) and not failed, rid
+        assert all(torch.equal(x, y) for x, y in zip(b.snapshot(b.loads[-1]), want)), rid
+        assert s["load_copied_pages"] - base["load_copied_pages"] == copied, rid
+        assert s["load_host_pages"] - base["load_host_pages"] == from_dram, rid
+    b.close()
+
+
 def test_copies_from_the_last_batch_are_off_where_a_forward_can_bypass_set_consumer(sg):
     """Speculative decoding's verify forwards (the target worker called without a batch),
     pipeline stages and HiSparse can write the pool without set_consumer: there the linker
