@@ -169,6 +169,16 @@ def test_the_dram_tier_serves_hits_byte_exact_and_sglang_files_them_under_host(s
     a.close()
 
 
+def _stored(tmp_path, toks, seed, **kw):
+    """A rig whose pool pages for `toks` hold seeded bytes, inserted and offloaded, and those bytes."""
+    a = Rig([tmp_path], **kw)
+    slots = a.fill(len(toks), seed=seed)
+    want = a.snapshot(slots)
+    a.insert(toks, slots)
+    a.commit_offloads(1)
+    return a, want
+
+
 @pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_the_dram_tier_copies_up_and_serves_mla_and_fp8_pools_byte_exact(sg, tmp_path, mla, fp8):
@@ -178,11 +188,7 @@ def test_the_dram_tier_copies_up_and_serves_mla_and_fp8_pools_byte_exact(sg, tmp
     each byte-exact, and nothing is read from the SSD twice."""
     toks = list(range(500, 520))  # 5 pages
     dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
-    a = Rig([tmp_path], mla=mla, dtype=dtype, tutti_host_gb=0.01)
-    slots = a.fill(len(toks), seed=7)
-    want = a.snapshot(slots)
-    a.insert(toks, slots)
-    a.commit_offloads(1)
+    a, want = _stored(tmp_path, toks, 7, mla=mla, dtype=dtype, tutti_host_gb=0.01)
     a.close()
 
     b = Rig([tmp_path], mla=mla, dtype=dtype, tutti_host_gb=0.01)  # a restart: the tier is empty
@@ -212,11 +218,7 @@ def test_a_request_matched_while_the_same_document_restores_copies_it(sg, tmp_pa
     a decode batch, C reads them from the store."""
     toks = list(range(600, 624))  # 6 pages
     dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
-    a = Rig([tmp_path], mla=mla, dtype=dtype)
-    slots = a.fill(len(toks), seed=11)
-    want = a.snapshot(slots)
-    a.insert(toks, slots)
-    a.commit_offloads(1)
+    a, want = _stored(tmp_path, toks, 11, mla=mla, dtype=dtype)
     a.cache.reset()
     kv = a.linker.kv
     for rid, decode, copied in (("A", False, 0), ("B", True, 6), ("C", True, 6)):
@@ -237,11 +239,7 @@ def test_a_request_matched_while_the_same_document_comes_from_dram_copies_it(sg,
     batch) takes it from DRAM; byte-exact each time."""
     toks = list(range(700, 724))  # 6 pages
     dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
-    a = Rig([tmp_path], mla=mla, dtype=dtype)
-    slots = a.fill(len(toks), seed=13)
-    want = a.snapshot(slots)
-    a.insert(toks, slots)
-    a.commit_offloads(1)
+    a, want = _stored(tmp_path, toks, 13, mla=mla, dtype=dtype)
     a.close()
 
     b = Rig([tmp_path], mla=mla, dtype=dtype, tutti_host_gb=0.01)  # a restart: the tier empty
