@@ -561,3 +561,24 @@ def test_lmcache_daemon_commands_and_why_it_cannot_start_here(tmp_path):
     assert not up.alive()
     with open(lmc.write_client_config(str(tmp_path / "c.yaml"), 35011)) as f:
         assert "mp_port: 35011" in f.read()
+
+
+def test_lmcache_restore_rate_comes_from_its_daemon_log(tmp_path):
+    """LMCache reports no restore rate to SGLang; its daemon logs each retrieve's tokens and
+    seconds, which with the model's KV bytes per token give the GB/s the report shows."""
+    from tutti_hicache.benchmarks import lmcache_daemon as lmc
+    log = tmp_path / "lmcache-lmcache-dram.log"
+    log.write_text(
+        "\x1b[32;20m[2026-12-04 12:27:41,830] LMCache INFO:\x1b[0m Retrieved 32768 tokens in 0.377 "
+        "seconds (lmcache_driven_transfer.py:1100:lmcache.v1.multiprocess.modules.lmcache_driven_transfer)\n"
+        "[2026-12-04 12:27:41,900] LMCache INFO: Stored 512 tokens in 0.019 seconds (x.py:834)\n"
+        "[2026-12-04 12:27:42,258] LMCache INFO: Retrieved 16384 tokens in 0.125 seconds (x.py:1100)\n"
+        "[2026-12-04 12:27:42,300] LMCache INFO: Retrieved 0 tokens in 0.000 seconds (x.py:1100)\n")
+    out = lmc.retrieve_summary(str(log), 131072)  # Llama-3-8B: 32 layers x K, V x 8 x 128 x 2 B
+    r = out["lmcache_retrieves"]
+    assert (r["count"], r["tokens"]) == (2, 49152) and r["seconds"] == pytest.approx(0.502)
+    assert out["restore_GBps"] == pytest.approx(49152 * 131072 / 0.502 / 1e9)
+    assert r["GBps_min"] == pytest.approx(32768 * 131072 / 0.377 / 1e9) and r["GBps_min"] < r["GBps_max"]
+    assert lmc.retrieve_summary(str(tmp_path / "none.log"), 131072) == {}
+    (tmp_path / "quiet.log").write_text("LMCache INFO: Stored 512 tokens in 0.019 seconds\n")
+    assert lmc.retrieve_summary(str(tmp_path / "quiet.log"), 131072) == {}

@@ -144,7 +144,8 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
 def with_lmcache(args, config: str, run: dict, port: int, phases) -> dict:
     """An LMCache configuration's phases with its daemon running beside the server (started
     first, outliving the server's restarts, stopped last), or the reason it cannot start here
-    in run["skipped"] (not installed) or run["error"] (the daemon exited: its log's last lines)."""
+    in run["skipped"] (not installed) or run["error"] (the daemon exited: its log's last lines).
+    Its restore rate comes from its own log (retrieve_summary)."""
     base = configs.split_config(config)[0]
     why = lmcache_daemon.unavailable()
     if why:
@@ -157,7 +158,8 @@ def with_lmcache(args, config: str, run: dict, port: int, phases) -> dict:
         os.makedirs(data, exist_ok=True)
     cmd = lmcache_daemon.daemon_cmd(base, d_port, d_port + 1000, args.one_dir, args.dram_gb,
                                     configs.lmcache_transfer_mode(config))
-    daemon = lmcache_daemon.Daemon(cmd, os.path.join(args.out_dir, f"lmcache-{config}.log"), d_port)
+    log = os.path.join(args.out_dir, f"lmcache-{config}.log")
+    daemon = lmcache_daemon.Daemon(cmd, log, d_port)
     try:
         run["lmcache_daemon_start_s"] = daemon.wait_ready(args.start_timeout)
     except (RuntimeError, TimeoutError) as e:
@@ -169,6 +171,7 @@ def with_lmcache(args, config: str, run: dict, port: int, phases) -> dict:
         return phases()
     finally:
         daemon.stop()
+        run.update(lmcache_daemon.retrieve_summary(log, args.bpt))  # its restore GB/s, as it logs them
 
 
 class Session:

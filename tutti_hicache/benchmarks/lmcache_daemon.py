@@ -7,6 +7,7 @@ At a glance:
     unavailable() -> None | reason           what stops LMCache from starting here, in one line
     daemon_cmd(config, port, http_port, one_dir, l1_gb) -> argv
     write_client_config(path, port)          the YAML SGLang's --lmcache-config-file reads
+    retrieve_summary(log_path, bytes_per_token) -> dict   LMCache's own retrieve times -> GB/s
     Daemon(argv, log_path, port).wait_ready(timeout) / .stop()
 
 The three configurations, named as the Tutti paper names LMCache's:
@@ -23,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -84,6 +86,29 @@ def daemon_cmd(config: str, port: int, http_port: int, one_dir: str, l1_gb: floa
                    "use_odirect": True}
         return cmd + ["--l1-size-gb", f"{SSD_L1_GB:g}", "--l2-adapter", json.dumps(adapter)]
     return cmd + ["--l1-size-gb", f"{l1_gb:g}", "--gds-l1-path", data_dir(config, one_dir)]
+
+
+_RETRIEVED = re.compile(r"Retrieved (\d+) tokens in ([0-9.]+) seconds")
+
+
+def retrieve_summary(log_path: str, bytes_per_token: int) -> dict:
+    """LMCache's restore rate as its daemon logs it: each retrieve into SGLang's pool ("Retrieved
+    N tokens in S seconds", LMCache 0.5.6's lmcache_driven transfer) at the model's KV bytes per
+    token. {} when the log has none (engine_driven transfers, or a daemon that did not start)."""
+    try:
+        with open(log_path, errors="replace") as f:
+            found = [(int(n), float(t)) for n, t in _RETRIEVED.findall(f.read())]
+    except OSError:
+        return {}
+    found = [(n, t) for n, t in found if n and t > 0]
+    if not found or bytes_per_token <= 0:
+        return {}
+    tokens, seconds = sum(n for n, _ in found), sum(t for _, t in found)
+    rates = sorted(n * bytes_per_token / t / 1e9 for n, t in found)
+    return {"restore_GBps": tokens * bytes_per_token / seconds / 1e9,
+            "lmcache_retrieves": {"count": len(found), "tokens": tokens, "seconds": seconds,
+                                  "GBps_p50": rates[len(rates) // 2], "GBps_min": rates[0],
+                                  "GBps_max": rates[-1]}}
 
 
 def write_client_config(path: str, port: int) -> str:
