@@ -35,8 +35,8 @@ CONNECTOR = "lmcache.integration.sglang.unified_lmcache_mp_connector"
 DIRS = {"lmcache-ssd": "lmc", "lmcache-gds": "lmc-gds"}  # under --one-dir
 # lmcache-ssd's L1. LMCache restores an L2 hit through L1: a prefetch reserves L1 for every chunk
 # of the prefix before it reads one, 4.3 GB for a 32K document of the Llama-3-8B shape. With a
-# 2 GB L1 each such reservation failed ("L1 reservations failed with out-of-memory", 0 chunks from
-# L2) and every document was recomputed. 10 GB holds two documents' prefetches and less than the
+# 2 GB L1 those reservations failed ("L1 reservations failed with out-of-memory", 0 chunks from
+# L2) and the first question on each document recomputed it. 10 GB holds two documents' prefetches and less than the
 # benchmark's 4 (17 GB), so what is read back mostly comes from the SSD.
 SSD_L1_GB = 10
 
