@@ -5,7 +5,8 @@
       OUTDIR/e2e_rates.png     mean TTFT vs request rate, with the 1 s SLO line
       OUTDIR/e2e_capacity.png  capacity phase: mean TTFT and hit rate per configuration
 Several files are merged (one call of the GPU machine each); a configuration measured twice keeps
-the last run. The tables are tutti_hicache.benchmarks.e2e_report.report_markdown's; without
+the last run, plus the rate points of earlier calls on the same shape that it lacks
+(e2e_report.merge_runs). The tables are tutti_hicache.benchmarks.e2e_report.report_markdown's; without
 matplotlib they are printed and the plots skipped.
 """
 import json
@@ -23,14 +24,12 @@ except ImportError:
 
 
 def load(paths):
-    runs = {}
+    runs = []
     for p in paths:
         with open(p) as f:
             data = json.load(f)
-            for r in data.get("runs", []) if isinstance(data, dict) else data:
-                if "phases" in r:
-                    runs[(r["config"], r.get("medium"))] = r
-    return list(runs.values())
+            runs += [r for r in (data.get("runs", []) if isinstance(data, dict) else data) if "phases" in r]
+    return e2e_report.merge_runs(runs)
 
 
 def plot_sweep(rows, out):

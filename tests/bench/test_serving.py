@@ -496,3 +496,31 @@ def test_baseline_rows_compare_tutti_at_the_reference_rate_and_by_slo_rate():
     row = e2e_report.baseline_rows(short)[0]
     assert row["tutti_slo_rate_bound"] and not row["baseline_slo_rate_bound"] and row["tutti_ttft_s"] is None
     assert "| 1 / >=0.5 | >=0.50 |" in e2e_report.report_markdown(short, 1024)
+
+
+def test_a_rate_sweep_split_over_two_calls_is_merged_when_its_shape_is_the_same():
+    """merge_runs (plot_e2e's several files): the later call's run, plus the earlier call's rate
+    points it lacks where the model, settings and rate-phase shape are the same; the highest rate
+    under the SLO over the merged points. Another shape or another setting: the later run alone."""
+    def run(points, docs=4, pool=30, config="lmcache-dram"):
+        shape = {"groups": docs, "per_group": 3, "system": 32768}
+        return {"config": config, "medium": "array-8", "model_shape": "llama3-8b", "layers": 32,
+                "host_pool_gb": pool,
+                "phases": {f"rate{r:g}": [{"id": f"rate{r:g}/0", "ttft_s": t}] for r, t in points.items()},
+                "summaries": {f"rate{r:g}": {"ttft_mean_ms": t * 1e3} for r, t in points.items()},
+                "serving": {f"rate{r:g}": {"rate": r, "shape": shape} for r in points},
+                "rate_sweep": {"slo_s": 1.0, "mean_ttft_s": {f"{r:g}": t for r, t in points.items()},
+                               "highest_rate_under_slo": serving.highest_rate(points, 1.0)}}
+    first, second = run({0.5: 0.23, 4: 0.39}), run({8: 2.18})
+    assert second["rate_sweep"]["highest_rate_under_slo"] is None  # alone: broke at its only rate
+    (merged,) = e2e_report.merge_runs([first, second])
+    assert merged["rate_sweep"]["mean_ttft_s"] == {"8": 2.18, "0.5": 0.23, "4": 0.39}
+    assert merged["rate_sweep"]["highest_rate_under_slo"] == 4
+    assert set(merged["phases"]) == set(merged["summaries"]) == {"rate0.5", "rate4", "rate8"}
+    assert merged["merged_rates_from_earlier_call"] == ["0.5", "4"]
+    assert "rate0.5" not in second["phases"]  # the inputs are left as they were
+    for other in (run({8: 2.18}, docs=2), run({8: 2.18}, pool=10)):
+        (alone,) = e2e_report.merge_runs([first, other])
+        assert alone is other and alone["rate_sweep"]["highest_rate_under_slo"] is None
+    both = e2e_report.merge_runs([first, run({1: 0.2}, config="tutti-linker"), second])
+    assert sorted(r["config"] for r in both) == ["lmcache-dram", "tutti-linker"]

@@ -8,6 +8,8 @@ At a glance:
     output_rows(runs, tol) / control_rows(runs, tol) -> [dict]   outputs against recompute (greedy
                                                        ids, top-k logprobs); the +misplace control
     report_markdown(runs, bytes_per_token) -> str          every table of the e2e section
+    merge_runs(runs) -> [run]         several calls' runs, one per (config, medium): the last one,
+                                      with the rate points of earlier calls on the same shape
 
 Runs and records are those of e2e.py's docstring. Pure: no server, no GPU (tested on CPU).
 """
@@ -18,6 +20,48 @@ import numpy as np
 
 from .configs import CONFIGS
 from .e2e import LOGPROB_TOL, outputs_vs, summarize
+from .serving import highest_rate
+
+# what must match for two calls' rate points of one configuration to be one sweep
+_SAME_SWEEP = ("model_shape", "layers", "page_size", "kv_cache_dtype", "attention_backend", "weights",
+               "cuda_graph_max_bs", "host_pool_gb")
+
+
+def merge_runs(runs: list) -> list:
+    """Runs of several calls (in call order) -> one per (config, medium): the last call's, with the
+    rate points of earlier calls on the same model, settings and rate-phase shape that it lacks
+    (a sweep split over calls; the GPU machine's calls are short). The highest rate under the SLO
+    is taken again over the merged points. Anything else of an earlier call is dropped."""
+    out: dict = {}
+    for run in runs:
+        key = (run.get("config"), run.get("medium"))
+        old = out.get(key)
+        out[key] = run
+        if not old or not old.get("rate_sweep") or not run.get("rate_sweep"):
+            continue
+        if any(old.get(k) != run.get(k) for k in _SAME_SWEEP):
+            continue
+        shape = lambda r, ph: (r.get("serving", {}).get(ph) or {}).get("shape")  # noqa: E731
+        new_pts = run["rate_sweep"].get("mean_ttft_s", {})
+        lacking = [r for r in old["rate_sweep"].get("mean_ttft_s", {}) if r not in new_pts]
+        ref = shape(run, f"rate{next(iter(new_pts), '')}")
+        lacking = [r for r in lacking if shape(old, f"rate{r}") == ref]
+        if not lacking:
+            continue
+        run = out[key] = {**run, "phases": dict(run.get("phases", {})),
+                          "summaries": dict(run.get("summaries", {})),
+                          "serving": dict(run.get("serving", {})),
+                          "rate_sweep": dict(run["rate_sweep"], mean_ttft_s=dict(new_pts)),
+                          "merged_rates_from_earlier_call": sorted(lacking, key=float)}
+        for r in lacking:
+            ph = f"rate{r}"
+            for part in ("phases", "summaries", "serving"):
+                if ph in old.get(part, {}):
+                    run[part][ph] = old[part][ph]
+            run["rate_sweep"]["mean_ttft_s"][r] = old["rate_sweep"]["mean_ttft_s"][r]
+        pts = {float(r): t for r, t in run["rate_sweep"]["mean_ttft_s"].items()}
+        run["rate_sweep"]["highest_rate_under_slo"] = highest_rate(pts, run["rate_sweep"].get("slo_s", 1.0))
+    return list(out.values())
 
 
 def sweep_rows(runs: list, bpt: int) -> list:
