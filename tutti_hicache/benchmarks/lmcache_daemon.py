@@ -36,8 +36,9 @@ DIRS = {"lmcache-ssd": "lmc", "lmcache-gds": "lmc-gds"}  # under --one-dir
 # lmcache-ssd's L1. LMCache restores an L2 hit through L1: a prefetch reserves L1 for every chunk
 # of the prefix before it reads one, 4.3 GB for a 32K document of the Llama-3-8B shape. With a
 # 2 GB L1 those reservations failed ("L1 reservations failed with out-of-memory", 0 chunks from
-# L2) and the first question on each document recomputed it. 10 GB holds two documents' prefetches and less than the
-# benchmark's 4 (17 GB), so what is read back mostly comes from the SSD.
+# L2) and the first question on each document recomputed it. 10 GB holds two documents'
+# prefetches and less than the benchmark's 4 (17 GB), so what is read back mostly comes from the
+# SSD.
 SSD_L1_GB = 10
 
 
@@ -69,9 +70,9 @@ TRANSFER_MODES = ("lmcache_driven", "engine_driven")
 def daemon_cmd(config: str, port: int, http_port: int, one_dir: str, l1_gb: float,
                transfer_mode: str = "lmcache_driven") -> list:
     """The `lmcache server` command of a configuration: L1 of l1_gb (lmcache-dram; lmcache-ssd's
-    is SSD_L1_GB, the staging its L2 restores need), LRU, observability off, every socket on 127.0.0.1,
-    and who moves the KV: the daemon through CUDA IPC (lmcache_driven, LMCache's default) or
-    SGLang's worker through shared memory (engine_driven)."""
+    is SSD_L1_GB, the staging its L2 restores need), LRU, observability off, every socket on
+    127.0.0.1, and who moves the KV: the daemon through CUDA IPC (lmcache_driven, LMCache's
+    default) or SGLang's worker through shared memory (engine_driven)."""
     if config not in CONFIGS:
         raise ValueError(f"unknown LMCache configuration {config!r} (one of {', '.join(CONFIGS)})")
     if transfer_mode not in TRANSFER_MODES:

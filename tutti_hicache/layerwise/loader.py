@@ -48,7 +48,7 @@ import time
 from collections import deque
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -84,6 +84,16 @@ class _Job:
         self.input_tokens = input_tokens
         self.index = -1
         self.ready = None
+
+
+class _Taken(NamedTuple):
+    """How one batch takes a list of pages (loader._dedup): which positions it reads (`read`, a
+    mask), the copies once the layer landed and those from the last batch's slots ((source rows,
+    destination rows) or None), and the pool page ids of the positions read."""
+    read: np.ndarray
+    dup_rows: Optional[tuple]
+    own_rows: Optional[tuple]
+    read_ids: torch.Tensor
 
 
 class _CopyUp:
@@ -197,7 +207,8 @@ class Loader:
             job.page_ids = page_ids[self._index(np.flatnonzero(slots < 0), dev)]
             job.host_page_ids = page_ids[self._index(np.flatnonzero(slots >= 0), dev)]
             job.host_slots = slots[slots >= 0]
-            job.host_keys = [k for *_, sl, _, _, ks in items for k, s in zip(ks, sl.tolist()) if s >= 0]
+            job.host_keys = [k for *_, sl, _, _, ks in items
+                             for k, s in zip(ks, sl.tolist()) if s >= 0]
         if self._can_copy and (job.entries or len(job.host_slots)):
             try:
                 self._plan_copies(job, recent)
@@ -225,38 +236,30 @@ class Loader:
         host = None
         if len(job.host_slots):
             host = self._dedup(job.host_keys, job.host_page_ids, recent, device)
-        parts = [p for p in (ssd, host) if p is not None]
-        if all(p[1] is None and p[2] is None for p in parts):
+        if ssd is None and host is None:
             return
-        dups = [p[1] for p in parts if p[1] is not None]
+        dups = [p.dup_rows for p in (ssd, host) if p is not None and p.dup_rows is not None]
         dup_rows = tuple(torch.cat([d[i] for d in dups]) for i in (0, 1)) if dups else None
-        for _, _, own, _ in parts:  # the last device work: a failure until here changes no job
-            if own is not None:
-                self._copy_rows(*own)
+        for p in (ssd, host):  # the last device work: a failure until here changes no job
+            if p is not None and p.own_rows is not None:
+                self._copy_rows(*p.own_rows)
         job.dup_rows = dup_rows
         if ssd is not None:
-            read, n = ssd[0], len(job.ssd_keys)
-            unread = np.ones(n, dtype=bool)
-            unread[read] = False
-            self._store.unpin([job.entries[i] for i in np.flatnonzero(unread)])
-            job.copied += n - len(read)
-            job.page_ids = ssd[3]
-            job.entries = [job.entries[i] for i in read]
-            job.ssd_keys = [job.ssd_keys[i] for i in read]
+            self._store.unpin([e for e, r in zip(job.entries, ssd.read) if not r])
+            job.copied += int((~ssd.read).sum())
+            job.page_ids = ssd.read_ids
+            job.entries = [e for e, r in zip(job.entries, ssd.read) if r]
+            job.ssd_keys = [k for k, r in zip(job.ssd_keys, ssd.read) if r]
         if host is not None:
-            read, n = host[0], len(job.host_slots)
-            unread = np.ones(n, dtype=bool)
-            unread[read] = False
-            self._host.unpin(job.host_slots[unread])
-            job.copied += n - len(read)
-            job.host_page_ids = host[3]
-            job.host_slots = job.host_slots[read]
-            job.host_keys = [job.host_keys[i] for i in read]
+            self._host.unpin(job.host_slots[~host.read])
+            job.copied += int((~host.read).sum())
+            job.host_page_ids = host.read_ids
+            job.host_slots = job.host_slots[host.read]
+            job.host_keys = [k for k, r in zip(job.host_keys, host.read) if r]
 
-    def _dedup(self, keys: list, page_ids, recent: Optional[tuple], device) -> tuple:
-        """(positions to read, (source rows, destination rows) of the copies once the layer
-        landed or None, those of the copies from the last batch's slots or None, the pool page
-        ids of the positions to read) for pages `keys` going to pool pages `page_ids`."""
+    def _dedup(self, keys: list, page_ids, recent: Optional[tuple], device) -> Optional[_Taken]:
+        """How the batch takes pages `keys`, going to pool pages `page_ids`: each key once, the
+        rest copied (_Taken); None when every page is read."""
         n = len(keys)
         first_of = dict(zip(reversed(keys), range(n - 1, -1, -1)))  # each key's first position
         first = np.fromiter((first_of[k] for k in keys), dtype=np.int64, count=n)
@@ -266,6 +269,8 @@ class Loader:
             src = np.fromiter((where.get(k, -1) for k in keys), dtype=np.int64, count=n)
         own = src >= 0
         dup = ~own & (first != np.arange(n))
+        if not own.any() and not dup.any():
+            return None
         dup_rows = own_rows = None
         if dup.any():
             at = np.flatnonzero(dup)
@@ -275,8 +280,8 @@ class Loader:
             at = np.flatnonzero(own)
             own_rows = (self._rows(recent[1][self._index(src[at], device)]),
                         self._rows(page_ids[self._index(at, device)]))
-        read = np.flatnonzero(~own & ~dup)
-        return read, dup_rows, own_rows, page_ids[self._index(read, device)]
+        read = ~own & ~dup
+        return _Taken(read, dup_rows, own_rows, page_ids[self._index(np.flatnonzero(read), device)])
 
     @staticmethod
     def _index(positions: np.ndarray, device):
