@@ -29,6 +29,9 @@
 #   cachetools, cryptography (imported unconditionally by lmcache/v1/distributed/serde), blake3 (the
 #   daemon's default token hash): the only imports of the daemon and the connector that neither the
 #   machine's image nor the SGLang overlay holds.
+#   cufile-python (5 KB, ctypes over libcufile.so): lmcache-gds's GDS L1 imports cufile.bindings;
+#   without it the daemon exits with "No module named 'cufile'". The image's nvidia-cufile has
+#   libcufile.so.0 only: gpu_setup.sh links libcufile.so to it.
 # Assumed present, not carried:
 #   image: torch (and cuda-bindings, a dependency of torch 2.11+cu130, for CUDA IPC), numpy, numba,
 #     llvmlite, py-cpuinfo, psutil, sortedcontainers, prometheus-client, pyyaml, aiohttp, httpx
@@ -39,7 +42,7 @@
 #     (only the API is imported with --disable-observability; lmcache asks for <= 1.40 but imports
 #     and runs with it), cffi 2.1.1 (_cffi_backend, needed by cryptography), pycparser.
 # Not carried, needed only elsewhere: redis, awscrt, aiofile (older non-unified SGLang adapters),
-# google-cloud-bigtable, nvtx, opentelemetry-sdk/exporters (observability on), cufile-python (GDS).
+# google-cloud-bigtable, nvtx, opentelemetry-sdk/exporters (observability on).
 # The daemon sends usage telemetry to stats.lmcache.ai; set LMCACHE_TRACK_USAGE=false there.
 # Usage (here, where pip reaches the package index): bench/build_lmcache_payload.sh [OUTDIR]
 #   (PYVER=3.11 builds the same tree for a CPython 3.11 check host)
@@ -51,7 +54,8 @@ PYVER=${PYVER:-3.12}
 W=$(mktemp -d /tmp/lmcwh.XXXX); S=$W/site; trap 'rm -rf "$W"' EXIT
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d "$W" lmcache==0.5.6 cachetools==8.0.2 cryptography==50.0.2 blake3==1.0.11
+  -d "$W" lmcache==0.5.6 cachetools==8.0.2 cryptography==50.0.2 blake3==1.0.11 \
+  cufile-python==0.2.0
 mkdir -p "$S" && for w in "$W"/*.whl; do python3 -m zipfile -e "$w" "$S"; done
 cd "$S"
 rm -rf lmcache/cuda_ops.*.so lmcache/lmcache_redis.*.so lmcache/lmcache_frontend lmcache/tools

@@ -35,6 +35,16 @@ if [ -d /tmp/site/mooncake-syslibs ]; then
   fi
   export LD_LIBRARY_PATH=/tmp/mooncake-sys${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
+if [ -d /tmp/site/cufile ] && ! ldconfig -p | grep -q 'libcufile.so '; then
+  # LMCache's GDS L1 (cufile-python) dlopens libcufile.so; the image's nvidia-cufile has .so.0 only
+  cufile=$(python3 -c 'import glob, site; print(next(iter(sorted(glob.glob(site.getsitepackages()[0] + "/nvidia/**/libcufile.so.0*", recursive=True))), ""))')
+  if [ -n "$cufile" ]; then
+    mkdir -p /tmp/cufile-lib && ln -sf "$cufile" /tmp/cufile-lib/libcufile.so
+    export LD_LIBRARY_PATH=/tmp/cufile-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  else
+    echo "gpu_setup: no libcufile.so.0 in site-packages: lmcache-gds will not start" >&2
+  fi
+fi
 # SGLang 0.5.23 on torch 2.11: sglang-kernel 0.4.5 (0.5.23 asks for >= 0.4.9), and the Python tree
 # core (the overlay's Rust one is built for torch 2.14.1).
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python

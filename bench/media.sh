@@ -9,7 +9,8 @@
 #                                     the first halves one directory each (as `array`), the second
 #                                     halves one filesystem on a device-mapper stripe (or mdadm RAID-0)
 #                                     over the same K devices, for backends that take one directory.
-#                                     Prints "DIRS=d0,...", "ONE=dir" and "TOOL=dmsetup|mdadm|none"
+#                                     Prints "DIRS=d0,...", "ONE=dir" and "TOOL=dmsetup|mdadm|none";
+#                                     without device-mapper ONE is one more device, of ONE_GIB
 #   bench/media.sh teardown
 # RAM-backed and throttled media are emulations of fast NVMe drives; reports say so.
 set -euo pipefail
@@ -45,7 +46,7 @@ dm_works() { command -v dmsetup >/dev/null && dmsetup version >/dev/null 2>&1; }
 striped() {  # K GiB: one image per device; with device-mapper, each split in halves
   local k=$1 gib=$2 i loop half dirs="" parts="" tool=none dm=0
   dm_works && dm=1
-  shm_room $(((dm + 1) * k * gib + 8))
+  shm_room $(((dm + 1) * k * gib + ${ONE_GIB:-$gib}))
   for i in $(seq 0 $((k - 1))); do
     truncate -s "$(((dm + 1) * gib))G" "/dev/shm/tutti-d$i.img"
     loop=$(losetup --direct-io=on -f --show "/dev/shm/tutti-d$i.img")
@@ -64,9 +65,10 @@ striped() {  # K GiB: one image per device; with device-mapper, each split in ha
     dmsetup create tutti-stripe --table "0 $((half / 1024 * 1024 * k)) striped $k 1024$parts"  # 512 KiB chunks
     mkfs_mount /dev/mapper/tutti-stripe "$ROOT/stripe"
     tool=dmsetup
-  else  # no device-mapper in this kernel: one more device of the same kind (a single drive)
+  else  # no device-mapper in this kernel: one more device of the same kind (a single drive),
+    # of ONE_GIB where a backend needs more room there (LMCache's GDS slab)
     echo "striped: device-mapper unavailable; ONE is a single loop device" >&2
-    truncate -s "${gib}G" /dev/shm/tutti-d$k.img
+    truncate -s "${ONE_GIB:-$gib}G" /dev/shm/tutti-d$k.img
     mkfs_mount "$(losetup --direct-io=on -f --show /dev/shm/tutti-d$k.img)" "$ROOT/stripe"
   fi
   echo "DIRS=${dirs#,}"

@@ -582,3 +582,43 @@ def test_lmcache_restore_rate_comes_from_its_daemon_log(tmp_path):
     assert lmc.retrieve_summary(str(tmp_path / "none.log"), 131072) == {}
     (tmp_path / "quiet.log").write_text("LMCache INFO: Stored 512 tokens in 0.019 seconds\n")
     assert lmc.retrieve_summary(str(tmp_path / "quiet.log"), 131072) == {}
+
+
+def test_lmcache_l2_prefetches_come_from_its_daemon_log(tmp_path):
+    """lmcache-ssd restores through L1: its daemon logs each L2 -> L1 prefetch (chunks from L1 and
+    from L2, and how long it took) and each prefetch refused L1 room. The summary keeps both, and
+    the L2 rate over the prefetches that read any."""
+    from tutti_hicache.benchmarks import lmcache_daemon as lmc
+    log = tmp_path / "lmcache-lmcache-ssd.log"
+    log.write_text(  # lines as LMCache 0.5.6's daemon wrote them on the GPU machine
+        "\x1b[33;20m[2026-12-04 14:31:44,684] LMCache WARNING:\x1b[0m prefetch:4: 128 L1 reservations "
+        "failed with out-of-memory; L1 may be under memory pressure (prefetch_controller.py:278)\n"
+        "[2026-12-04 14:31:45,485] LMCache INFO: Prefetch request completed (L1+L2): 32/128 retained keys "
+        "(32 L1, 0 L2) in 1942.1 ms (external_request_id=52e2, prefetch_request_id=5)\n"
+        "[2026-12-04 14:31:47,571] LMCache WARNING: prefetch:8: 97 L1 reservations failed with out-of-memory\n"
+        "[2026-12-04 14:31:48,638] LMCache INFO: Prefetch request completed (L1+L2): 97/128 retained keys "
+        "(0 L1, 97 L2) in 3094.6 ms (external_request_id=89ca, prefetch_request_id=7)\n")
+    out = lmc.retrieve_summary(str(log), 131072)
+    assert "restore_GBps" not in out  # no retrieve reached SGLang's pool
+    p = out["lmcache_prefetches"]
+    assert (p["count"], p["chunks_asked"], p["chunks_retained"], p["from_l1"], p["from_l2"]) == \
+        (2, 256, 129, 32, 97)
+    assert p["l2_seconds"] == pytest.approx(3.0946)
+    assert p["l2_GBps"] == pytest.approx(97 * 256 * 131072 / 3.0946 / 1e9)  # ~1.05 GB/s
+    assert p["reservations_failed"] == {"prefetches": 2, "chunks": 225}
+
+
+def test_lmcache_configurations_refuse_a_directory_too_small(tmp_path, monkeypatch):
+    """lmcache-gds fallocates its whole L1 in ONE_DIR and lmcache-ssd's L2 keeps every chunk there:
+    where the filesystem is too small the harness says so before starting the daemon, naming the
+    sizes, instead of a daemon dying with ENOSPC or a run measuring recompute."""
+    import shutil
+    from tutti_hicache.benchmarks import lmcache_daemon as lmc
+    free = shutil.disk_usage(tmp_path).free / 1e9
+    assert lmc.room_error("lmcache-dram", str(tmp_path), 1e6, 1e6) is None  # DRAM only
+    assert lmc.room_error("lmcache-gds", str(tmp_path), free / 2, 1e6) is None
+    why = lmc.room_error("lmcache-gds", str(tmp_path), free * 2, 0)
+    assert why and "GDS L1 slab" in why and "ONE_GIB" in why
+    assert lmc.room_error("lmcache-ssd", str(tmp_path), 1e6, free / 2) is None  # its L1 is DRAM
+    why = lmc.room_error("lmcache-ssd", str(tmp_path), 1, free * 2)
+    assert why and "working set" in why and f"{free * 2:.1f} GB" in why

@@ -546,8 +546,10 @@ def _config_row(run: dict, eq: dict) -> list:
         return f"{sum(v['equal'] for v in vals)}/{n}{worst}" if n else "-"
     restore = run.get("restore_GBps")
     raw = run.get("raw_read_GBps")
+    l2 = (run.get("lmcache_prefetches") or {}).get("l2_GBps")  # LMCache's L2 -> L1 prefetches
+    l2 = f", L2 prefetch {l2:.2f}" if l2 else ""
     return [run.get("medium"), run["config"], _f(first * 1e3 if first else None),
-            f"{_f(restore, '.2f')} ({_f(raw, '.2f')})", _loaded_copied(run),
+            f"{_f(restore, '.2f')}{l2} ({_f(raw, '.2f')})", _loaded_copied(run),
             "/".join(f"{s:.0f}" for s in run.get("start_s", [])), frac(seq), frac(conc)]
 
 

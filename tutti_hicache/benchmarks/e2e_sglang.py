@@ -156,6 +156,13 @@ def with_lmcache(args, config: str, run: dict, port: int, phases) -> dict:
     data = lmcache_daemon.data_dir(base, args.one_dir)
     if data:
         os.makedirs(data, exist_ok=True)
+    working_set_gb = max(args.docs * sum(int(c) for c in args.contexts.split(",")) * args.bpt / 1e9,
+                         run.get("capacity_working_set_gb") or 0)
+    why = lmcache_daemon.room_error(base, args.one_dir, args.dram_gb, working_set_gb)
+    if why:
+        print(f"  {config}: {why}", flush=True)
+        run["error"] = why
+        return finish_run(args, config, run)
     cmd = lmcache_daemon.daemon_cmd(base, d_port, d_port + 1000, args.one_dir, args.dram_gb,
                                     configs.lmcache_transfer_mode(config))
     log = os.path.join(args.out_dir, f"lmcache-{config}.log")

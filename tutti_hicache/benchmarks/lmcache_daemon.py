@@ -5,6 +5,7 @@ lmcache.integration.sglang.unified_lmcache_mp_connector, first shipped in LMCach
 At a glance:
     CONFIGS                                  lmcache-dram, lmcache-ssd, lmcache-gds
     unavailable() -> None | reason           what stops LMCache from starting here, in one line
+    room_error(config, one_dir, l1_gb, working_set_gb)  ONE_DIR too small for it: why, else None
     daemon_cmd(config, port, http_port, one_dir, l1_gb) -> argv
     write_client_config(path, port)          the YAML SGLang's --lmcache-config-file reads
     retrieve_summary(log_path, bytes_per_token) -> dict   LMCache's own retrieve times -> GB/s
@@ -59,6 +60,28 @@ def unavailable() -> Optional[str]:
     return None
 
 
+def room_error(config: str, one_dir: str, l1_gb: float, working_set_gb: float) -> Optional[str]:
+    """Where ONE_DIR's filesystem cannot hold what the configuration writes there, why (else
+    None), before the daemon starts: lmcache-gds fallocates its whole L1 as one slab file at start
+    (the daemon dies with ENOSPC), and lmcache-ssd's fs_native L2 keeps every stored chunk (a full
+    filesystem fails its store tasks, and the benchmark would measure recompute)."""
+    need = {"lmcache-gds": l1_gb, "lmcache-ssd": working_set_gb}.get(config)
+    if not need:
+        return None
+    import shutil
+    where = data_dir(config, one_dir)
+    try:
+        free = shutil.disk_usage(where if os.path.isdir(where) else one_dir).free / 1e9
+    except OSError as e:
+        return f"cannot read the free space of {one_dir}: {e}"
+    if free < need:
+        what = f"its GDS L1 slab of {need:g} GB" if config == "lmcache-gds" else \
+            f"the working set of {need:.1f} GB in its fs_native L2"
+        return (f"{config}: {what} does not fit in {one_dir} ({free:.1f} GB free); give that "
+                f"filesystem more room (bench/media.sh: ONE_GIB) or a smaller --dram-gb / --docs")
+    return None
+
+
 def data_dir(config: str, one_dir: str) -> Optional[str]:
     name = DIRS.get(config)
     return os.path.join(one_dir, name) if name else None
@@ -79,7 +102,7 @@ def daemon_cmd(config: str, port: int, http_port: int, one_dir: str, l1_gb: floa
         raise ValueError(f"unknown LMCache transfer mode {transfer_mode!r} (one of {', '.join(TRANSFER_MODES)})")
     cmd = [sys.executable, "-m", "lmcache.cli.main", "server", "--host", "127.0.0.1", "--port", str(port),
            "--http-host", "127.0.0.1", "--http-port", str(http_port), "--eviction-policy", "LRU",
-           "--disable-observability", "--chunk-size", "256", "--supported-transfer-mode", transfer_mode]
+           "--disable-observability", "--chunk-size", str(CHUNK_TOKENS), "--supported-transfer-mode", transfer_mode]
     if config == "lmcache-dram":
         return cmd + ["--l1-size-gb", f"{l1_gb:g}"]
     if config == "lmcache-ssd":
@@ -90,26 +113,52 @@ def daemon_cmd(config: str, port: int, http_port: int, one_dir: str, l1_gb: floa
 
 
 _RETRIEVED = re.compile(r"Retrieved (\d+) tokens in ([0-9.]+) seconds")
+# A prefetch (L2 -> L1 ahead of a retrieve): "Prefetch request completed (L1+L2): 97/128 retained
+# keys (0 L1, 97 L2) in 3094.6 ms"; and the prefetches that could not reserve L1 for their chunks.
+_PREFETCHED = re.compile(r"Prefetch request completed \([^)]*\): (\d+)/(\d+) retained keys "
+                         r"\((\d+) L1, (\d+) L2\) in ([0-9.]+) ms")
+_RESERVE_FAILED = re.compile(r"prefetch:\d+: (\d+) L1 reservations failed")
+CHUNK_TOKENS = 256  # daemon_cmd's --chunk-size
 
 
 def retrieve_summary(log_path: str, bytes_per_token: int) -> dict:
-    """LMCache's restore rate as its daemon logs it: each retrieve into SGLang's pool ("Retrieved
-    N tokens in S seconds", LMCache 0.5.6's lmcache_driven transfer) at the model's KV bytes per
-    token. {} when the log has none (engine_driven transfers, or a daemon that did not start)."""
+    """LMCache's restores as its daemon logs them, at the model's KV bytes per token ({} when the
+    log has none: engine_driven transfers, or a daemon that did not start):
+      restore_GBps, lmcache_retrieves   each retrieve into SGLang's pool ("Retrieved N tokens in
+                                        S seconds", LMCache 0.5.6's lmcache_driven transfer)
+      lmcache_prefetches                its L2 -> L1 prefetches (lmcache-ssd): chunks asked for,
+                                        found in L1 and read from L2, and the L2 rate over the
+                                        prefetches that read any (their whole wall time: a floor);
+                                        reservations_failed counts the chunks refused L1 room."""
     try:
         with open(log_path, errors="replace") as f:
-            found = [(int(n), float(t)) for n, t in _RETRIEVED.findall(f.read())]
+            text = f.read()
     except OSError:
         return {}
-    found = [(n, t) for n, t in found if n and t > 0]
-    if not found or bytes_per_token <= 0:
+    if bytes_per_token <= 0:
         return {}
-    tokens, seconds = sum(n for n, _ in found), sum(t for _, t in found)
-    rates = sorted(n * bytes_per_token / t / 1e9 for n, t in found)
-    return {"restore_GBps": tokens * bytes_per_token / seconds / 1e9,
-            "lmcache_retrieves": {"count": len(found), "tokens": tokens, "seconds": seconds,
-                                  "GBps_p50": rates[len(rates) // 2], "GBps_min": rates[0],
-                                  "GBps_max": rates[-1]}}
+    out = {}
+    found = [(int(n), float(t)) for n, t in _RETRIEVED.findall(text)]
+    found = [(n, t) for n, t in found if n and t > 0]
+    if found:
+        tokens, seconds = sum(n for n, _ in found), sum(t for _, t in found)
+        rates = sorted(n * bytes_per_token / t / 1e9 for n, t in found)
+        out["restore_GBps"] = tokens * bytes_per_token / seconds / 1e9
+        out["lmcache_retrieves"] = {"count": len(found), "tokens": tokens, "seconds": seconds,
+                                    "GBps_p50": rates[len(rates) // 2], "GBps_min": rates[0],
+                                    "GBps_max": rates[-1]}
+    pre = [tuple(int(x) for x in m[:4]) + (float(m[4]) / 1e3,) for m in _PREFETCHED.findall(text)]
+    failed = [int(n) for n in _RESERVE_FAILED.findall(text)]
+    if pre or failed:
+        l2 = [(c, t) for _, _, _, c, t in pre if c and t > 0]
+        l2_chunks, l2_s = sum(c for c, _ in l2), sum(t for _, t in l2)
+        out["lmcache_prefetches"] = {
+            "count": len(pre), "chunks_asked": sum(p[1] for p in pre),
+            "chunks_retained": sum(p[0] for p in pre), "from_l1": sum(p[2] for p in pre),
+            "from_l2": l2_chunks, "l2_seconds": l2_s,
+            "l2_GBps": l2_chunks * CHUNK_TOKENS * bytes_per_token / l2_s / 1e9 if l2_s else None,
+            "reservations_failed": {"prefetches": len(failed), "chunks": sum(failed)}}
+    return out
 
 
 def write_client_config(path: str, port: int) -> str:
