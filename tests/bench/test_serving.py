@@ -496,6 +496,13 @@ def test_baseline_rows_compare_tutti_at_the_reference_rate_and_by_slo_rate():
     row = e2e_report.baseline_rows(short)[0]
     assert row["tutti_slo_rate_bound"] and not row["baseline_slo_rate_bound"] and row["tutti_ttft_s"] is None
     assert "| 1 / >=0.5 | >=0.50 |" in e2e_report.report_markdown(short, 1024)
+    # two tutti runs at the same highest rate: the one whose sweep never broke decides, a bound
+    tied = [run("lmcache-dram", {1.5: 0.25, 4: 0.39, 8: 2.18}),
+            run("tutti-linker", {1.5: 0.18, 4: 0.23, 8: 0.76, 16: 1.06}),
+            run("tutti-tiered", {1.5: 0.12, 4: 0.12, 8: 0.18})]
+    row = e2e_report.baseline_rows(tied)[0]
+    assert row["tutti_slo_rate"] == 8 and row["tutti_slo_rate_bound"] and row["tutti"] == "tutti-tiered"
+    assert "| 4 / >=8 | >=2.00 |" in e2e_report.report_markdown(tied, 1024)
 
 
 def test_a_rate_sweep_split_over_two_calls_is_merged_when_its_shape_is_the_same():

@@ -247,7 +247,9 @@ def baseline_rows(runs: list, reference: str = "lmcache-dram", prefix: str = "lm
         ours = [r for r in here if r["config"].startswith("tutti-")]
         ref = next((r for r in here if r["config"] == reference), None)
         ref_rate = sweep(ref)[1] if ref else None
-        best_run = max((r for r in ours if sweep(r)[1] is not None), key=lambda r: sweep(r)[1], default=None)
+        # the highest rate; between equals, a sweep that never broke (its rate may be higher still)
+        best_run = max((r for r in ours if sweep(r)[1] is not None), key=lambda r: (sweep(r)[1], unbroken(r)),
+                       default=None)
         ours_best = sweep(best_run)[1] if best_run else None
         for base in (r for r in here if r["config"].startswith(prefix)):
             points, best = sweep(base)
