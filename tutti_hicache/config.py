@@ -173,11 +173,13 @@ class TuttiConfig:
         "table: the slack table alone; off: writes run only when no read is pending.",
         choices=("online", "table", "off"))
     timeline_file: str = setting("",
-        "Linker: append one JSON line per layer-wise load to this file ({pid} is replaced): "
+        "Append JSON lines to this file ({pid} is replaced), to see where a restore's time goes. "
+        "Host tier: one per exists/get/set call SGLang makes (CLOCK_MONOTONIC entry and return, "
+        "keys, hits, thread). Linker: one per layer-wise load: "
         "CLOCK_MONOTONIC nanoseconds of the load's start, each staging chunk's reads becoming "
         "final, each layer handed to the forward, the forward's wait_until entry and exit per "
-        "layer and finish_layer_wise_loading's, to see where a restore's time goes "
-        "(tutti_hicache/benchmarks/timeline.py reads it). Empty: off.")
+        "layer and finish_layer_wise_loading's "
+        "(tutti_hicache/benchmarks/timeline.py reads both). Empty: off.")
     stats_file: str = setting("",
         "Write the backend's counters (hits, misses, bytes, checksum failures, engine calls) as "
         "JSON to this file, at most once a second and at close ({pid} is replaced).")

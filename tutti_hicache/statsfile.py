@@ -1,11 +1,15 @@
-"""`tutti_stats_file`: a backend's counters as JSON, rewritten atomically at most once a second.
+"""The backends' observability files: `tutti_stats_file` (counters as JSON, rewritten atomically
+at most once a second) and `tutti_timeline_file` (JSON lines appended: the linker's loads,
+layerwise/timeline.py, and the host tier's calls, storage.py).
 
 At a glance:
     sf = StatsFile(path_template)       "{pid}" in the template is replaced by the process id
     sf.dump(counters, force=False)      -> bool written; never raises (observability must not
                                         break storage): the first failure is logged once
-    warn_once(failed, log, setting, path, error) -> True   that logging, shared with timeline.py
-Thread-safe: one lock around the rate limit and the write.
+    tf = TimelineFile(path_template)    the same template rule
+    tf.write(record)                    appends json.dumps(record) + newline -> bool; never raises
+    warn_once(failed, log, setting, path, error) -> True   that logging
+Thread-safe: one lock around each file's writes.
 """
 
 from __future__ import annotations
@@ -51,3 +55,22 @@ def warn_once(failed: bool, log: logging.Logger, setting: str, path: str, error:
     if not failed:
         log.warning("tutti: cannot write %s %s: %s", setting, path, error)
     return True
+
+
+class TimelineFile:
+    def __init__(self, template: str):
+        self.path = template.replace("{pid}", str(os.getpid())) if template else ""
+        self._failed = False
+        self._lock = threading.Lock()
+
+    def write(self, record: dict) -> bool:
+        if not self.path:
+            return False
+        try:
+            line = json.dumps(record) + "\n"
+            with self._lock, open(self.path, "a") as f:
+                f.write(line)
+            return True
+        except (OSError, TypeError, ValueError) as e:
+            self._failed = warn_once(self._failed, logger, "tutti_timeline_file", self.path, e)
+            return False

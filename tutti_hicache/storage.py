@@ -12,6 +12,7 @@ At a glance (SGLang calls; thread in brackets):
     get/batch_get/set/batch_set/exists              legacy flat-page API (SGLang's generic path)
     clear() / close() / get_stats()                 [scheduler] get_stats also exports the SSD
                                                     wear counters to Prometheus (wearmetrics.py)
+With tutti_timeline_file set, each exists/get/set call appends one JSON line (_trace).
 
 Selected unpatched with ``--hicache-storage-backend dynamic
 --hicache-storage-backend-extra-config '{"backend_name":"tutti","module_path":
@@ -38,7 +39,7 @@ from .hostmap import HostMap
 from . import hashwarm
 from .prefetch import server_args, warn_cuts
 from .identity import identity_for, is_writer
-from .statsfile import StatsFile
+from .statsfile import StatsFile, TimelineFile
 from .store import ObjectStore
 from .wearmetrics import WearMetrics
 
@@ -88,6 +89,7 @@ class TuttiStorage(HiCacheStorage):
                          "backup_bandwidth": []}
         self._warned: set[str] = set()  # under _metrics_lock
         self._stats_file = StatsFile(self.cfg.stats_file)
+        self._timeline = TimelineFile(self.cfg.timeline_file)  # tutti_timeline_file ("": off)
         self._wear_metrics = WearMetrics()
 
     # ------------------------------------------------------------ attach
@@ -122,11 +124,14 @@ class TuttiStorage(HiCacheStorage):
     # ----------------------------------------------------------- queries
     def batch_exists(self, keys: List[str], extra_info=None) -> int:
         store = self.store  # once: close() on the scheduler thread may set it to None
+        t0 = time.monotonic_ns()
         try:
-            return store.prefix_len(list(keys)) if store is not None else 0
+            n = store.prefix_len(list(keys)) if store is not None else 0
         except Exception:
             logger.exception("tutti: batch_exists failed; reporting a miss")
-            return 0
+            n = 0
+        self._trace("exists", t0, len(keys), n)
+        return n
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
@@ -146,16 +151,19 @@ class TuttiStorage(HiCacheStorage):
         if store is None:
             self._warn_once("noattach", "tutti: storage called before register_mem_pool_host")
             return [False] * len(keys)
+        t0 = time.monotonic_ns()
         try:
-            t0 = time.perf_counter()
             addrs = addresses()
             fn = store.read_pages if op == "get" else store.write_pages
             ok = fn(keys, addrs, aligned)
-            self._record(op, int(ok.sum()), time.perf_counter() - t0)
+            done = int(ok.sum())
+            self._record(op, done, (time.monotonic_ns() - t0) / 1e9)
+            self._trace(op, t0, len(keys), done)
             self._dump_stats()
             return ok.tolist()
         except Exception:
             logger.exception("tutti: batch %s of %d pages failed; reported as a miss", op, len(keys))
+            self._trace(op, t0, len(keys), 0)
             return [False] * len(keys)
 
     # ----------------------------------------------------- legacy flat API
@@ -254,6 +262,15 @@ class TuttiStorage(HiCacheStorage):
             self._metrics[f"{prefix}_bandwidth"].append(gbps)
             for v in self._metrics.values():
                 del v[:-4096]  # bounded when nobody polls (metrics disabled)
+
+    def _trace(self, op: str, t0_ns: int, keys: int, found: int) -> None:
+        """tutti_timeline_file: one line per call SGLang made (exists, get, set): its
+        CLOCK_MONOTONIC entry and return, the keys asked and the leading hits (exists) or pages
+        done, and SGLang's thread, to see where a host-tier restore's time goes."""
+        if self._timeline.path:
+            self._timeline.write({"host_op": op, "t0_ns": t0_ns, "t1_ns": time.monotonic_ns(),
+                                  "keys": keys, "found": found,
+                                  "thread": threading.current_thread().name})
 
     def _warn_once(self, tag: str, msg: str, *args, exc_info: bool = False) -> None:
         with self._metrics_lock:

@@ -622,3 +622,20 @@ def test_lmcache_configurations_refuse_a_directory_too_small(tmp_path, monkeypat
     assert lmc.room_error("lmcache-ssd", str(tmp_path), 1e6, free / 2) is None  # its L1 is DRAM
     why = lmc.room_error("lmcache-ssd", str(tmp_path), 1, free * 2)
     assert why and "working set" in why and f"{free * 2:.1f} GB" in why
+
+
+def test_report_shows_the_host_tiers_first_and_later_restores():
+    """e2e_report.host_restore_rows: from a run's host_calls (timeline.host_summary), the first
+    restore's time, pages, rate and SGLang's hit-query-to-read delay beside the later ones'
+    medians, so a slow first restore after a restart says on which side it is slow."""
+    from tutti_hicache.benchmarks import e2e_report
+    rs = [{"start_ms": 0.0, "ms": 380.0, "calls": 5, "pages": 516, "GBps": 11.4, "exists_to_get_ms": 120.0},
+          {"start_ms": 900.0, "ms": 250.0, "calls": 5, "pages": 516, "GBps": 17.3, "exists_to_get_ms": 2.0},
+          {"start_ms": 1500.0, "ms": 260.0, "calls": 5, "pages": 516, "GBps": 16.6, "exists_to_get_ms": 4.0}]
+    run = {"config": "tutti-host-readme", "medium": "array-8",
+           "host_calls": {"restores": rs, "exists": {"calls": 3, "ms_p50": 0.2, "ms_max": 0.9}}}
+    (row,) = e2e_report.host_restore_rows([run, {"config": "dram", "medium": "array-8"}])
+    assert (row["restores"], row["first_ms"], row["first_exists_to_get_ms"]) == (3, 380.0, 120.0)
+    assert row["later_ms"] == 255.0 and row["later_exists_to_get_ms"] == 3.0
+    md = e2e_report.report_markdown([run], 131072)
+    assert "| array-8 | tutti-host-readme | 3 | 380.0 / 516 / 11.40 / 120.0 | 255.0 / 16.95 / 3.0 | 0.20 / 0.90 |" in md

@@ -307,3 +307,38 @@ def test_stats_file_is_written(sglang, tmp_path):
     (path,) = tmp_path.glob("stats-*.json")
     stats = json.loads(path.read_text())
     assert stats["hits"] == 2 and stats["write_pages"] == 2 and stats["checksum_failures"] == 0
+
+
+def test_timeline_file_traces_the_host_tiers_calls(sglang, store_dirs, tmp_path):
+    """tutti_timeline_file on the host tier: one line per exists/get/set call SGLang's own
+    controller makes, which timeline.host_summary groups into a restore of every page read,
+    SGLang's hit query before it, and the backup's pages; a read of pages never stored is a
+    get that found nothing."""
+    from tutti_hicache.benchmarks import timeline
+    h = sglang
+    pool = make_pool(h, "mha", "layer_first")
+    src, dst = pool.alloc(N * PAGE), pool.alloc(N * PAGE)
+    h.fill_random(pool, src, seed=1)
+    keys = h.make_page_keys(N, seed=2)
+    template = str(tmp_path / "timeline-host-{pid}.jsonl")
+    st, sc = tutti(h, store_dirs, "mha", "layer_first", tutti_timeline_file=template)
+    ctrl = controller(h, st, pool, sc)
+    assert HC.controller_backup(ctrl, keys, src) == N
+    assert HC.controller_hit_query(ctrl, keys) == N
+    assert HC.controller_transfer(ctrl, keys, dst) == N * PAGE
+    assert st.batch_get_v1(h.make_page_keys(2, seed=9), dst[:2 * PAGE]) == [False, False]
+    st.close()
+    assert h.page_bytes(pool, dst) == h.page_bytes(pool, src)
+    files = sorted(str(p) for p in tmp_path.glob("timeline-host-*.jsonl"))
+    calls = timeline.host_calls(files)
+    assert {c["host_op"] for c in calls} == {"exists", "get", "set"}
+    assert all(c["t1_ns"] >= c["t0_ns"] for c in calls)
+    page_bytes = st.hostmap.geometry.page_nbytes
+    out = timeline.host_summary(files, page_bytes)
+    assert out["sets"]["pages"] == N and out["exists"]["calls"] >= 1
+    pages = [r["pages"] for r in out["restores"]]
+    assert sum(pages) == N and pages[0] > 0  # the miss adds a get of 0 pages, not pages
+    first = out["restores"][0]
+    assert first["exists_to_get_ms"] is not None and first["exists_to_get_ms"] >= 0
+    assert first["GBps"] > 0
+    assert timeline.host_summary([str(tmp_path / "none.jsonl")], page_bytes) == {}

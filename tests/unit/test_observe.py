@@ -95,3 +95,27 @@ def test_a_trace_keeps_the_records_in_memory():
     assert [r["seq"] for r in trace.loads] == [0, 1] and "error" in trace.loads[1]
     assert reader.summarize(trace.loads[0])["reads_ms"] is not None
     trace.close()  # no forwards' records to write, no thread to end
+
+
+def test_host_restores_group_gets_and_time_sglangs_hit_query(tmp_path):
+    """The host tier's calls (storage.py's _trace lines) as a restore: gets each entered within
+    HOST_GAP_MS of the previous one's return are one restore; the time from the last exists
+    call's entry to its first get is SGLang's queue; a later get is another restore."""
+    import json
+    from tutti_hicache.benchmarks import timeline
+    ms = 1_000_000
+    lines = [{"host_op": "set", "t0_ns": 0, "t1_ns": 5 * ms, "keys": 4, "found": 4, "thread": "backup"},
+             {"host_op": "exists", "t0_ns": 100 * ms, "t1_ns": 101 * ms, "keys": 4, "found": 4},
+             {"host_op": "get", "t0_ns": 130 * ms, "t1_ns": 150 * ms, "keys": 2, "found": 2},
+             {"host_op": "get", "t0_ns": 160 * ms, "t1_ns": 170 * ms, "keys": 2, "found": 2},
+             {"host_op": "get", "t0_ns": 500 * ms, "t1_ns": 540 * ms, "keys": 4, "found": 4}]
+    path = tmp_path / "timeline-x-1.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in reversed(lines)) + "not json\n")
+    out = timeline.host_summary([str(path)], 1_000_000)
+    first, second = out["restores"]
+    assert (first["start_ms"], first["ms"], first["calls"], first["pages"]) == (130.0, 40.0, 2, 4)
+    assert first["exists_to_get_ms"] == 30.0 and first["GBps"] == pytest.approx(4e6 / 0.04 / 1e9)
+    assert (second["calls"], second["pages"], second["exists_to_get_ms"]) == (1, 4, 400.0)
+    assert out["exists"] == {"calls": 1, "ms_p50": 1.0, "ms_max": 1.0, "first_ms": 1.0}
+    assert out["sets"]["pages"] == 4 and out["sets"]["calls"] == 1
+    assert timeline.read([str(path)]) == []  # no linker load among them

@@ -444,6 +444,17 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = L
                       [[r["medium"], r["config"], r["loads"], _f(r["read_GBps"], ".2f"), _f(r["reads_ms"], ".1f"),
                         _f(r["handed_ms"], ".1f"), _f(r["react_ms_p50"], ".2f"),
                         _f(r["forward_wait_ms"], ".1f"), _f(r["finish_ms"], ".1f")] for r in tl])]
+    hr = host_restore_rows(runs)
+    if hr:
+        parts += ["### The host tier's restores (tutti_timeline_file: its get calls grouped per restore; "
+                  "exists to get = SGLang's hit query to its first read, ms)", _table(
+                      ["medium", "config", "restores", "first: ms / pages / GB/s / exists to get",
+                       "later p50: ms / GB/s / exists to get", "exists calls: p50 / max ms"],
+                      [[r["medium"], r["config"], r["restores"],
+                        f"{_f(r['first_ms'], '.1f')} / {r['first_pages']} / {_f(r['first_GBps'], '.2f')} / "
+                        f"{_f(r['first_exists_to_get_ms'], '.1f')}",
+                        f"{_f(r['later_ms'], '.1f')} / {_f(r['later_GBps'], '.2f')} / {_f(r['later_exists_to_get_ms'], '.1f')}",
+                        f"{_f(r['exists_p50_ms'], '.2f')} / {_f(r['exists_max_ms'], '.2f')}"] for r in hr])]
     split = split_rows(runs, bpt)
     if split:
         parts += ["### The sweep's TTFT around its load (client clock joined with the timeline's; ms)", _table(
@@ -461,6 +472,30 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = L
               f"{_f(r.get('layers_compute_ms'), '.1f')} / {_f(r.get('next_bare_compute_ms'), '.1f')}"]
              for r in split])]
     return "\n\n".join(parts)
+
+
+def host_restore_rows(runs: list) -> list:
+    """Per run with host-tier timeline records (run["host_calls"], timeline.host_summary): its
+    restores, the first one's time, pages, rate and SGLang's delay from hit query to read, and
+    the medians of the later ones (None where there is one restore only)."""
+    rows = []
+    for run in runs:
+        hc = run.get("host_calls") or {}
+        rs = hc.get("restores") or []
+        if not rs:
+            continue
+        later = rs[1:]
+
+        def med(key):
+            vals = [r[key] for r in later if r.get(key) is not None]
+            return float(np.median(vals)) if vals else None
+        ex = hc.get("exists") or {}
+        rows.append({"medium": run.get("medium"), "config": run["config"], "restores": len(rs),
+                     "first_ms": rs[0]["ms"], "first_pages": rs[0]["pages"], "first_GBps": rs[0]["GBps"],
+                     "first_exists_to_get_ms": rs[0]["exists_to_get_ms"], "later_ms": med("ms"),
+                     "later_GBps": med("GBps"), "later_exists_to_get_ms": med("exists_to_get_ms"),
+                     "exists_p50_ms": ex.get("ms_p50"), "exists_max_ms": ex.get("ms_max")})
+    return rows
 
 
 def split_rows(runs: list, bpt: int = 0) -> list:

@@ -253,8 +253,11 @@ def own_phases(args, sess: Session, wl: e2e.Workload, deadline: float, store_fro
 def finish_run(args, config: str, run: dict) -> dict:
     """The server's own records into the run: tutti's stats and timeline, restore and wear."""
     run["tutti_stats"] = tutti_stats(args.out_dir, config)
-    run["timeline"] = [timeline.summarize(r) for r in timeline.read(
-        config_files(args.out_dir, "timeline", config))]
+    files = config_files(args.out_dir, "timeline", config)
+    run["timeline"] = [timeline.summarize(r) for r in timeline.read(files)]
+    host = timeline.host_summary(files, args.bpt * args.page_size) if files else {}  # host tier's calls
+    if host:
+        run["host_calls"] = host
     run.update(restore_summary(run["tutti_stats"]))
     run.update(wear_summary(run["tutti_stats"]))
     return run

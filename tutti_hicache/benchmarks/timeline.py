@@ -33,6 +33,15 @@ At a glance:
         next_bare_compute_ms  the same for the longest forward without a load between this
                           load and the next (a benchmark's compute-only twin)
     table(records) -> markdown
+The host tier's records in the same file (storage.py: one per exists/get/set call):
+    host_calls(paths) -> [call]     those records, by entry time
+    host_restores(calls, page_bytes) -> [restore]   the gets grouped into restores (a run of gets
+                          each entered within HOST_GAP_MS of the last one's return): start_ms
+                          (from the first call of the file), ms, calls, pages, GBps, and
+                          exists_to_get_ms: from the entry of the last exists call before it
+                          (SGLang's hit query) to its first get (SGLang's prefetch queue)
+    host_summary(paths, page_bytes) -> dict   the restores, and the exists and set calls' counts
+                          and times ({} without host records)
 """
 
 from __future__ import annotations
@@ -42,6 +51,20 @@ import statistics
 import sys
 
 
+def _lines(path: str) -> list:
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    except OSError:
+        pass
+    return [r for r in out if isinstance(r, dict)]
+
+
 def read(paths) -> list:
     """The loads' records of every file, each with its forward's record (written later, by the
     same process: `forward_of` = the load's `seq`, its number since the counter was made; files
@@ -49,16 +72,7 @@ def read(paths) -> list:
     under "forward" when there is one."""
     out = []
     for p in paths:
-        lines = []
-        try:
-            with open(p) as f:
-                for line in f:
-                    try:
-                        lines.append(json.loads(line))
-                    except ValueError:
-                        continue
-        except OSError:
-            continue
+        lines = _lines(p)
         forwards = {r["forward_of"]: r for r in lines if isinstance(r, dict) and "forward_of" in r}
         bare = {}
         for r in lines:  # the longest forward without a load between a load and the next: a
@@ -138,6 +152,58 @@ def summarize(rec: dict) -> dict:
     if nxt:
         out["next_bare_compute_ms"] = round(sum(nxt), 3)
     return out
+
+
+HOST_GAP_MS = 50.0  # gets entered within this of the last one's return: one restore
+
+
+def host_calls(paths) -> list:
+    calls = [r for p in paths for r in _lines(p) if "host_op" in r and "t0_ns" in r and "t1_ns" in r]
+    return sorted(calls, key=lambda r: r["t0_ns"])
+
+
+def host_restores(calls: list, page_bytes: int, gap_ms: float = HOST_GAP_MS) -> list:
+    if not calls:
+        return []
+    base = calls[0]["t0_ns"]
+    out, cur, last_exists = [], None, None
+    for c in calls:
+        if c["host_op"] == "exists":
+            last_exists = c
+            continue
+        if c["host_op"] != "get" or not c.get("keys"):
+            continue
+        if cur is not None and (c["t0_ns"] - cur["t1_ns"]) / 1e6 <= gap_ms:
+            cur["t1_ns"] = max(cur["t1_ns"], c["t1_ns"])
+            cur["calls"] += 1
+            cur["pages"] += c.get("found", 0)
+            continue
+        cur = {"t0_ns": c["t0_ns"], "t1_ns": c["t1_ns"], "calls": 1, "pages": c.get("found", 0),
+               "exists_ns": last_exists["t0_ns"] if last_exists else None}
+        out.append(cur)
+    rows = []
+    for r in out:
+        secs = (r["t1_ns"] - r["t0_ns"]) / 1e9
+        rows.append({"start_ms": round((r["t0_ns"] - base) / 1e6, 3), "ms": round(secs * 1e3, 3),
+                     "calls": r["calls"], "pages": r["pages"],
+                     "GBps": round(r["pages"] * page_bytes / secs / 1e9, 2) if secs > 0 and page_bytes else None,
+                     "exists_to_get_ms": round((r["t0_ns"] - r["exists_ns"]) / 1e6, 3) if r["exists_ns"] else None})
+    return rows
+
+
+def host_summary(paths, page_bytes: int) -> dict:
+    calls = host_calls(paths)
+    if not calls:
+        return {}
+
+    def times(op):
+        ms = [(c["t1_ns"] - c["t0_ns"]) / 1e6 for c in calls if c["host_op"] == op]
+        return {"calls": len(ms), "ms_p50": round(statistics.median(ms), 3) if ms else None,
+                "ms_max": round(max(ms), 3) if ms else None, "first_ms": round(ms[0], 3) if ms else None}
+    sets = [c for c in calls if c["host_op"] == "set"]
+    return {"restores": host_restores(calls, page_bytes), "exists": times("exists"),
+            "sets": {**times("set"), "pages": sum(c.get("found", 0) for c in sets)},
+            "threads": sorted({c.get("thread", "") for c in calls})}
 
 
 COLUMNS = ("index", "pages", "begin_ms", "opened_ms", "first_read_ms", "reads_ms", "handed_ms",

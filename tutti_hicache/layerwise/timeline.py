@@ -39,16 +39,14 @@ hook's thread); the forwards' records are written under a lock of their own.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 import time
 from typing import Callable, Optional
 
 import torch
 
-from ..statsfile import warn_once
+from ..statsfile import TimelineFile  # noqa: F401 - this module's API (statsfile.py holds it)
 from .observe import Observer
 
 logger = logging.getLogger("tutti_hicache.timeline")
@@ -57,25 +55,6 @@ BARE_MIN_MS = 20.0  # a forward without a load is written when its layers took t
 
 def now_ns() -> int:
     return time.monotonic_ns()  # CLOCK_MONOTONIC on Linux, as the read stream's done_ns
-
-
-class TimelineFile:
-    def __init__(self, template: str):
-        self.path = template.replace("{pid}", str(os.getpid())) if template else ""
-        self._failed = False
-        self._lock = threading.Lock()
-
-    def write(self, record: dict) -> bool:
-        if not self.path:
-            return False
-        try:
-            line = json.dumps(record) + "\n"
-            with self._lock, open(self.path, "a") as f:
-                f.write(line)
-            return True
-        except (OSError, TypeError, ValueError) as e:
-            self._failed = warn_once(self._failed, logger, "tutti_timeline_file", self.path, e)
-            return False
 
 
 class Timeline(Observer):
