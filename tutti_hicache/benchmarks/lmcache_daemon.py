@@ -39,7 +39,7 @@ DIRS = {"lmcache-ssd": "lmc", "lmcache-gds": "lmc-gds"}  # under --one-dir
 # 2 GB L1 those reservations failed ("L1 reservations failed with out-of-memory", 0 chunks from
 # L2) and the first question on each document recomputed it. 10 GB holds two documents'
 # prefetches and less than the benchmark's 4 (17 GB), so what is read back mostly comes from the
-# SSD.
+# SSD (once the L2's filesystem holds all 4: room_error).
 SSD_L1_GB = 10
 
 
