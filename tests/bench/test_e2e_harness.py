@@ -639,3 +639,22 @@ def test_report_shows_the_host_tiers_first_and_later_restores():
     assert row["later_ms"] == 255.0 and row["later_exists_to_get_ms"] == 3.0
     md = e2e_report.report_markdown([run], 131072)
     assert "| array-8 | tutti-host-readme | 3 | 380.0 / 516 / 11.40 / 120.0 | 255.0 / 16.95 / 3.0 | 0.20 / 0.90 |" in md
+
+
+def test_report_splits_a_host_tier_requests_ttft_around_its_reads():
+    """e2e_report.host_split_rows: a request of the harness's own client (send and first token on
+    CLOCK_MONOTONIC) joined with the host-tier restore that began between them: before SGLang's
+    hit query, the query to the first read, the reads, and after them; a request with no restore
+    inside its span (a device hit) has no row."""
+    from tutti_hicache.benchmarks import e2e_report
+    ms = 1_000_000
+    restores = [{"t0_ns": 1130 * ms, "t1_ns": 1380 * ms, "exists_ns": 1010 * ms, "ms": 250.0, "pages": 516,
+                 "GBps": 17.0, "exists_to_get_ms": 120.0, "start_ms": 0.0, "calls": 5}]
+    run = {"config": "tutti-host-readme", "medium": "array-8", "host_calls": {"restores": restores},
+           "phases": {"first": [{"id": "first/32768", "sent_ns": 1000 * ms, "first_token_ns": 1470 * ms}],
+                      "sweep": [{"id": "sweep/32768/0.99", "sent_ns": 5000 * ms, "first_token_ns": 5100 * ms}]}}
+    (row,) = e2e_report.host_split_rows([run])
+    assert row["id"] == "first/32768" and row["ttft_ms"] == 470.0
+    assert (row["before_ms"], row["queue_ms"], row["reads_ms"], row["after_ms"]) == (10.0, 120.0, 250.0, 90.0)
+    assert "| array-8 | tutti-host-readme | first/32768 | 470 | 516 | 10.0 | 120.0 | 250.0 | 90.0 |" in \
+        e2e_report.report_markdown([run], 131072)

@@ -455,6 +455,13 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = L
                         f"{_f(r['first_exists_to_get_ms'], '.1f')}",
                         f"{_f(r['later_ms'], '.1f')} / {_f(r['later_GBps'], '.2f')} / {_f(r['later_exists_to_get_ms'], '.1f')}",
                         f"{_f(r['exists_p50_ms'], '.2f')} / {_f(r['exists_max_ms'], '.2f')}"] for r in hr])]
+    hs = host_split_rows(runs)
+    if hs:
+        parts += ["### The host tier's TTFT around its reads (client clock joined with its timeline; ms)", _table(
+            ["medium", "config", "request", "TTFT", "pages read", "send to SGLang's hit query",
+             "hit query to the first read", "reads", "reads' return to the first token"],
+            [[r["medium"], r["config"], r["id"], _f(r["ttft_ms"]), r["pages"], _f(r["before_ms"], ".1f"),
+              _f(r["queue_ms"], ".1f"), _f(r["reads_ms"], ".1f"), _f(r["after_ms"], ".1f")] for r in hs])]
     split = split_rows(runs, bpt)
     if split:
         parts += ["### The sweep's TTFT around its load (client clock joined with the timeline's; ms)", _table(
@@ -496,6 +503,35 @@ def host_restore_rows(runs: list) -> list:
                      "later_GBps": med("GBps"), "later_exists_to_get_ms": med("exists_to_get_ms"),
                      "exists_p50_ms": ex.get("ms_p50"), "exists_max_ms": ex.get("ms_max")})
     return rows
+
+
+def host_split_rows(runs: list) -> list:
+    """The host tier's TTFT around its reads, per request of the harness's own client (send and
+    first-token times on CLOCK_MONOTONIC, as split_rows) joined with the restore whose first get
+    entered between them (run["host_calls"]): before = send to SGLang's hit query (HTTP, tokens,
+    scheduling, prefix match), queue = the hit query to the first read (SGLang's prefetch
+    threads), reads = the restore's gets, after = their return to the first token (SGLang moving
+    the prefix to the GPU, the forward, the response)."""
+    out = []
+    for run in runs:
+        restores = [r for r in (run.get("host_calls") or {}).get("restores") or [] if r.get("t0_ns")]
+        if not restores:
+            continue
+        for phase in ("first", "reuse", "sweep"):
+            for q in run.get("phases", {}).get(phase, []):
+                sent, first = q.get("sent_ns"), q.get("first_token_ns")
+                if not sent or not first:
+                    continue
+                r = next((x for x in restores if sent <= x["t0_ns"] <= first), None)
+                if r is None:
+                    continue
+                asked = r["exists_ns"] if r.get("exists_ns") and sent <= r["exists_ns"] <= r["t0_ns"] else None
+                out.append({"medium": run.get("medium"), "config": run["config"], "id": q["id"],
+                            "ttft_ms": (first - sent) / 1e6, "pages": r["pages"],
+                            "before_ms": (asked - sent) / 1e6 if asked else None,
+                            "queue_ms": (r["t0_ns"] - asked) / 1e6 if asked else None,
+                            "reads_ms": r["ms"], "after_ms": (first - r["t1_ns"]) / 1e6})
+    return out
 
 
 def split_rows(runs: list, bpt: int = 0) -> list:

@@ -36,8 +36,10 @@ At a glance:
 The host tier's records in the same file (storage.py: one per exists/get/set call):
     host_calls(paths) -> [call]     those records, by entry time
     host_restores(calls, page_bytes) -> [restore]   the gets grouped into restores (a run of gets
-                          each entered within HOST_GAP_MS of the last one's return): start_ms
-                          (from the first call of the file), ms, calls, pages, GBps, and
+                          each entered within HOST_GAP_MS of the last one's return): t0_ns,
+                          t1_ns (CLOCK_MONOTONIC: a client on the same machine joins them with its
+                          requests, e2e_report.host_split_rows), start_ms (from the first call of
+                          the files), ms, calls, pages, GBps, exists_ns, and
                           exists_to_get_ms: from the entry of the last exists call before it
                           (SGLang's hit query) to its first get (SGLang's prefetch queue)
     host_summary(paths, page_bytes) -> dict   the restores, and the exists and set calls' counts
@@ -184,7 +186,8 @@ def host_restores(calls: list, page_bytes: int, gap_ms: float = HOST_GAP_MS) -> 
     rows = []
     for r in out:
         secs = (r["t1_ns"] - r["t0_ns"]) / 1e9
-        rows.append({"start_ms": round((r["t0_ns"] - base) / 1e6, 3), "ms": round(secs * 1e3, 3),
+        rows.append({"t0_ns": r["t0_ns"], "t1_ns": r["t1_ns"], "exists_ns": r["exists_ns"],
+                     "start_ms": round((r["t0_ns"] - base) / 1e6, 3), "ms": round(secs * 1e3, 3),
                      "calls": r["calls"], "pages": r["pages"],
                      "GBps": round(r["pages"] * page_bytes / secs / 1e9, 2) if secs > 0 and page_bytes else None,
                      "exists_to_get_ms": round((r["t0_ns"] - r["exists_ns"]) / 1e6, 3) if r["exists_ns"] else None})
