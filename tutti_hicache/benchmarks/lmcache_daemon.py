@@ -26,6 +26,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import socket
 import sys
 import time
@@ -41,6 +42,7 @@ DIRS = {"lmcache-ssd": "lmc", "lmcache-gds": "lmc-gds"}  # under --one-dir
 # prefetches and less than the benchmark's 4 (17 GB), so what is read back mostly comes from the
 # SSD (once the L2's filesystem holds all 4: room_error).
 SSD_L1_GB = 10
+CHUNK_TOKENS = 256  # the daemon's --chunk-size: LMCache's unit of storage and of its log's keys
 
 
 def unavailable() -> Optional[str]:
@@ -68,7 +70,6 @@ def room_error(config: str, one_dir: str, l1_gb: float, working_set_gb: float) -
     need = {"lmcache-gds": l1_gb, "lmcache-ssd": working_set_gb}.get(config)
     if not need:
         return None
-    import shutil
     where = data_dir(config, one_dir)
     try:
         free = shutil.disk_usage(where if os.path.isdir(where) else one_dir).free / 1e9
@@ -118,7 +119,6 @@ _RETRIEVED = re.compile(r"Retrieved (\d+) tokens in ([0-9.]+) seconds")
 _PREFETCHED = re.compile(r"Prefetch request completed \([^)]*\): (\d+)/(\d+) retained keys "
                          r"\((\d+) L1, (\d+) L2\) in ([0-9.]+) ms")
 _RESERVE_FAILED = re.compile(r"prefetch:\d+: (\d+) L1 reservations failed")
-CHUNK_TOKENS = 256  # daemon_cmd's --chunk-size
 
 
 def retrieve_summary(log_path: str, bytes_per_token: int) -> dict:
@@ -130,12 +130,12 @@ def retrieve_summary(log_path: str, bytes_per_token: int) -> dict:
                                         found in L1 and read from L2, and the L2 rate over the
                                         prefetches that read any (their whole wall time: a floor);
                                         reservations_failed counts the chunks refused L1 room."""
+    if bytes_per_token <= 0:
+        return {}
     try:
         with open(log_path, errors="replace") as f:
             text = f.read()
     except OSError:
-        return {}
-    if bytes_per_token <= 0:
         return {}
     out = {}
     found = [(int(n), float(t)) for n, t in _RETRIEVED.findall(text)]

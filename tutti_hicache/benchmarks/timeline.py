@@ -75,16 +75,16 @@ def read(paths) -> list:
     out = []
     for p in paths:
         lines = _lines(p)
-        forwards = {r["forward_of"]: r for r in lines if isinstance(r, dict) and "forward_of" in r}
+        forwards = {r["forward_of"]: r for r in lines if "forward_of" in r}
         bare = {}
         for r in lines:  # the longest forward without a load between a load and the next: a
             # benchmark's compute-only twin (a prefill; eager decode steps are written too)
-            if isinstance(r, dict) and "bare_after" in r:
+            if "bare_after" in r:
                 k = r["bare_after"]
                 if k not in bare or sum(r["span_ms"]) > sum(bare[k]["span_ms"]):
                     bare[k] = r
-        offloads = {r["offload_after"]: r for r in lines if isinstance(r, dict) and "offload_after" in r}
-        loads = [r for r in lines if isinstance(r, dict) and "start_ns" in r]
+        offloads = {r["offload_after"]: r for r in lines if "offload_after" in r}
+        loads = [r for r in lines if "start_ns" in r]
         old = [r.get("index") for r in loads if "seq" not in r]
         ambiguous = len(old) != len(set(old))  # a file from before seq, its index reset
         for r in loads:
