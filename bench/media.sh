@@ -17,6 +17,17 @@ set -euo pipefail
 ROOT=${TUTTI_MEDIA_ROOT:-/mnt/tutti-media}
 CG=/sys/fs/cgroup/tutti-nvme
 
+udev_record() {  # dev: cuFile (lmcache-gds) asks udev for a volume's filesystem (ID_FS_USAGE) and refuses
+  # to register a file when there is no answer; with no udevd here nobody writes that record, so write it
+  local dev=$1 rec
+  rec=/run/udev/data/b$(printf '%d:%d' "0x$(stat -L -c %t "$dev")" "0x$(stat -L -c %T "$dev")")
+  [ -e "$rec" ] && return 0
+  mkdir -p /run/udev/data
+  printf 'I:%s\nE:ID_FS_TYPE=ext4\nE:ID_FS_USAGE=filesystem\nE:ID_FS_UUID=%s\n' \
+    "$(($(date +%s%N) / 1000))" "$(blkid -s UUID -o value "$dev" 2>/dev/null || true)" > "$rec"
+  echo "$rec" >> /dev/shm/tutti-udev-records
+}
+
 make_loop() {  # name size_gib -> mount dir
   local name=$1 gib=$2 img=/dev/shm/tutti-$1.img dir=$ROOT/$1 dev
   mkdir -p "$dir"
@@ -25,6 +36,7 @@ make_loop() {  # name size_gib -> mount dir
     dev=$(losetup --direct-io=on -f --show "$img")
     mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$dev"
     mount -o noatime "$dev" "$dir"
+    udev_record "$dev"
   fi
   echo "$dir"
 }
@@ -39,6 +51,7 @@ mkfs_mount() {  # dev dir
   mkdir -p "$2"
   mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$1"
   mount -o noatime "$1" "$2"
+  udev_record "$1"
 }
 
 dm_works() { command -v dmsetup >/dev/null && dmsetup version >/dev/null 2>&1; }
@@ -105,6 +118,7 @@ case "${1:-}" in
     for l in $(losetup -j /dev/shm/tutti-d0.img -O NAME -n 2>/dev/null; losetup -a | awk -F: '/tutti-d/{print $1}'); do
       losetup -d "$l" 2>/dev/null || true
     done
-    rm -f /dev/shm/tutti-*.img; rmdir "$CG" 2>/dev/null || true ;;
+    [ -f /dev/shm/tutti-udev-records ] && xargs -r rm -f < /dev/shm/tutti-udev-records
+    rm -f /dev/shm/tutti-*.img /dev/shm/tutti-udev-records; rmdir "$CG" 2>/dev/null || true ;;
   *) sed -n '2,10p' "$0"; exit 2 ;;
 esac
