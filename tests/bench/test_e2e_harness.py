@@ -658,3 +658,16 @@ def test_report_splits_a_host_tier_requests_ttft_around_its_reads():
     assert (row["before_ms"], row["queue_ms"], row["reads_ms"], row["after_ms"]) == (10.0, 120.0, 250.0, 90.0)
     assert "| array-8 | tutti-host-readme | first/32768 | 470 | 516 | 10.0 | 120.0 | 250.0 | 90.0 |" in \
         e2e_report.report_markdown([run], 131072)
+
+
+def test_nixl_missing_is_named_before_a_server_starts(tmp_path, monkeypatch):
+    """SGLang's nixl backend imports NIXL only when the server attaches it (a minute in); the
+    harness finds a missing NIXL first and says what to carry."""
+    from tutti_hicache.benchmarks import e2e_sglang
+    if __import__("importlib").util.find_spec("nixl") is None:
+        why = e2e_sglang.nixl_unavailable()
+        assert "NIXL is not installed" in why and "build_nixl_payload.sh" in why
+    (tmp_path / "nixl").mkdir()
+    (tmp_path / "nixl" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert e2e_sglang.nixl_unavailable() is None

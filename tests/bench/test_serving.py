@@ -484,13 +484,17 @@ def test_baseline_rows_compare_tutti_at_the_reference_rate_and_by_slo_rate():
     assert dram["at_rate"] == 1 and dram["tutti"] == "tutti-tiered" and dram["tutti_ttft_s"] == 0.3
     assert dram["ttft_ratio"] == pytest.approx(3.0) and dram["rate_ratio"] == pytest.approx(2.0)
     ssd = rows[("array-8", "lmcache-ssd")]
-    assert ssd["at_rate"] == 1 and ssd["baseline_ttft_s"] is None and ssd["ttft_ratio"] is None
-    assert ssd["baseline_slo_rate"] is None and ssd["rate_ratio"] is None
+    # over the SLO at its only rate (0.5): compared there, and its SLO rate is below 0.5
+    assert ssd["at_rate"] == 0.5 and ssd["baseline_ttft_s"] == 3.0 and ssd["tutti_ttft_s"] == 0.2
+    assert ssd["ttft_ratio"] == pytest.approx(15.0)
+    assert ssd["baseline_slo_rate"] is None and ssd["baseline_below_rate"] == 0.5
+    assert ssd["rate_ratio"] == pytest.approx(4.0)
     assert rows[("array-8", "lmcache-gds")]["rate_ratio"] == pytest.approx(4.0)
     disk = rows[("disk", "lmcache-dram")]  # no tutti run on that medium
     assert disk["tutti"] is None and disk["ttft_ratio"] is None and disk["rate_ratio"] is None
     md = e2e_report.report_markdown(runs, 1024)
     assert "| array-8 | lmcache-dram | 1 | 0.90 | tutti-tiered | 0.30 | 3.00 | 1 / 2 | 2.00 |" in md
+    assert "| array-8 | lmcache-ssd | 0.5 | 3.00 | tutti-tiered | 0.20 | 15.00 | <0.5 / 2 | >4.00 |" in md
     # a tutti sweep cut short (out of time at 0.5 req/s, under the SLO): its rate is a lower bound
     short = [runs[0], run("tutti-linker", {0.5: 0.19})]
     row = e2e_report.baseline_rows(short)[0]
@@ -531,3 +535,9 @@ def test_a_rate_sweep_split_over_two_calls_is_merged_when_its_shape_is_the_same(
         assert alone is other and alone["rate_sweep"]["highest_rate_under_slo"] is None
     both = e2e_report.merge_runs([first, run({1: 0.2}, config="tutti-linker"), second])
     assert sorted(r["config"] for r in both) == ["lmcache-dram", "tutti-linker"]
+    # a later call where the configuration did not start (an error, no phase) leaves the earlier run
+    failed = {"config": "lmcache-dram", "medium": "array-8", "phases": {}, "error": "daemon exited"}
+    (kept,) = e2e_report.merge_runs([first, failed])
+    assert kept is first
+    (only,) = e2e_report.merge_runs([failed])
+    assert only is failed

@@ -31,11 +31,14 @@ def merge_runs(runs: list) -> list:
     """Runs of several calls (in call order) -> one per (config, medium): the last call's, with the
     rate points of earlier calls on the same model, settings and rate-phase shape that it lacks
     (a sweep split over calls; the GPU machine's calls are short). The highest rate under the SLO
-    is taken again over the merged points. Anything else of an earlier call is dropped."""
+    is taken again over the merged points. Anything else of an earlier call is dropped, except
+    where the later call measured nothing (the configuration did not start): the earlier run stays."""
     out: dict = {}
     for run in runs:
         key = (run.get("config"), run.get("medium"))
         old = out.get(key)
+        if old and old.get("phases") and not run.get("phases"):
+            continue
         out[key] = run
         if not old or not old.get("rate_sweep") or not run.get("rate_sweep"):
             continue
@@ -231,8 +234,11 @@ def baseline_rows(runs: list, reference: str = "lmcache-dram", prefix: str = "lm
     baseline / tutti, and the ratio of the highest rates under the SLO (tutti's best / the
     baseline's; None where either has none). A sweep that never reached the SLO (out of rates or
     of time) gives a lower bound only: `*_slo_rate_bound` says so, and the rate ratio is then a
-    lower bound (tutti's) or an upper one (the baseline's). Runs on another medium are compared
-    per medium."""
+    lower bound (tutti's) or an upper one (the baseline's). A baseline over the SLO at its lowest
+    rate has no highest rate, only one it is below (`baseline_below_rate`): the rate ratio is then
+    more than tutti's rate over that one. Where the baseline has no point at the comparison rate
+    (its sweep stopped below it), both are compared at its nearest rate below (else its lowest).
+    Runs on another medium are compared per medium."""
     def sweep(run):
         s = run.get("rate_sweep") or {}
         return {float(r): t for r, t in s.get("mean_ttft_s", {}).items()}, s.get("highest_rate_under_slo")
@@ -254,6 +260,10 @@ def baseline_rows(runs: list, reference: str = "lmcache-dram", prefix: str = "lm
         for base in (r for r in here if r["config"].startswith(prefix)):
             points, best = sweep(base)
             at = ref_rate if ref_rate is not None else best
+            if points and (at is None or at not in points):  # its sweep stopped short of that rate
+                below = [r for r in points if at is not None and r <= at]
+                at = max(below) if below else min(points)
+            below_rate = min(points) if best is None and points else None
             cands = [(sweep(r)[0].get(at), r) for r in ours] if at is not None else []
             cands = [(t, r) for t, r in cands if t is not None]
             t_ours, mine = min(cands, key=lambda c: c[0]) if cands else (None, None)
@@ -263,9 +273,10 @@ def baseline_rows(runs: list, reference: str = "lmcache-dram", prefix: str = "lm
                          "tutti_ttft_s": t_ours,
                          "ttft_ratio": t_base / t_ours if t_base is not None and t_ours else None,
                          "baseline_slo_rate": best, "tutti_slo_rate": ours_best,
-                         "baseline_slo_rate_bound": unbroken(base),
+                         "baseline_slo_rate_bound": unbroken(base), "baseline_below_rate": below_rate,
                          "tutti_slo_rate_bound": bool(best_run) and unbroken(best_run),
-                         "rate_ratio": ours_best / best if best and ours_best is not None else None})
+                         "rate_ratio": (ours_best / best if best else ours_best / below_rate if below_rate
+                                        else None) if ours_best is not None else None})
     return rows
 
 
@@ -277,6 +288,8 @@ def _rate_ratio(row: dict) -> str:
     """The ratio, marked where a sweep stopped short of its breaking point."""
     if row["rate_ratio"] is None:
         return "-"
+    if row.get("baseline_below_rate"):  # the baseline's rate is under its lowest one
+        return f">{row['rate_ratio']:.2f}"
     ours_short, theirs_short = row["tutti_slo_rate_bound"], row["baseline_slo_rate_bound"]
     if ours_short and theirs_short:
         return "unknown (both sweeps stopped short)"
@@ -386,13 +399,14 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = L
     base = baseline_rows(runs)
     if base:
         parts += ["### tutti against the paper's baselines (bench_serving rate sweeps; at the rate where "
-                  "lmcache-dram last met the SLO)", _table(
+                  "lmcache-dram last met the SLO, or the baseline's nearest measured rate below it)", _table(
                       ["medium", "baseline", "at req/s", "baseline mean TTFT s", "tutti's best there",
                        "its mean TTFT s", "baseline / tutti", "highest rate under the SLO: baseline / tutti",
                        "rate ratio (tutti / baseline)"],
                       [[r["medium"], r["baseline"], _f(r["at_rate"], "g"), _f(r["baseline_ttft_s"], ".2f"),
                         r["tutti"] or "-", _f(r["tutti_ttft_s"], ".2f"), _f(r["ttft_ratio"], ".2f"),
-                        f"{_bound(r, 'baseline')}{_f(r['baseline_slo_rate'], 'g')} / "
+                        (f"<{r['baseline_below_rate']:g}" if r.get("baseline_below_rate") else
+                         f"{_bound(r, 'baseline')}{_f(r['baseline_slo_rate'], 'g')}") + " / "
                         f"{_bound(r, 'tutti')}{_f(r['tutti_slo_rate'], 'g')}",
                         _rate_ratio(r)] for r in base])]
     ident = identity_rows(runs)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -138,7 +139,23 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
         phases = lambda: sess.run(lambda: own_phases(args, sess, wl, deadline, store_from, capacity, cap_docs))
     if base in configs.LMCACHE:
         return with_lmcache(args, config, run, port, phases)
+    why = nixl_unavailable() if base == "nixl" else None
+    if why:  # found before a server start, not 60 s into one
+        print(f"skipped {config}: {why}", flush=True)
+        run["skipped"] = why
+        return finish_run(args, config, run)
     return phases()
+
+
+def nixl_unavailable() -> Optional[str]:
+    """None where SGLang's `nixl` backend can import NIXL here, else why not (one line)."""
+    try:
+        if importlib.util.find_spec("nixl") is None:
+            return "NIXL is not installed: SGLang's nixl backend imports it (on the GPU machine carry " \
+                   ".nixl/nixl.tar.xz, built by bench/build_nixl_payload.sh .nixl)"
+    except Exception as e:  # noqa: BLE001 - a broken install is a reason too
+        return f"nixl does not import: {e!r}"
+    return None
 
 
 def with_lmcache(args, config: str, run: dict, port: int, phases) -> dict:
