@@ -513,7 +513,11 @@ def test_lmcache_daemon_commands_and_why_it_cannot_start_here(tmp_path):
     adapter = json.loads(ssd[ssd.index("--l2-adapter") + 1])
     assert adapter == {"type": "fs_native", "base_path": f"{one}/lmc", "num_workers": 16, "use_odirect": True}
     # its L1 stages the L2's restores (one 32K document's prefetch is 4.3 GB), whatever --dram-gb
-    assert ssd[ssd.index("--l1-size-gb") + 1] == str(lmc.SSD_L1_GB) == "10"
+    assert ssd[ssd.index("--l1-size-gb") + 1] == str(lmc.SSD_L1_GB) == "16"
+    # its L1 stages L2 reads: evicted early so a prefetch of a whole 32K document finds room
+    assert ssd[ssd.index("--eviction-trigger-watermark") + 1] == "0.25"
+    assert ssd[ssd.index("--eviction-ratio") + 1] == "0.8"
+    assert "--eviction-ratio" not in dram  # LMCache's defaults where L1 is the cache
     gds = lmc.daemon_cmd("lmcache-gds", 35013, 36013, one, 30)
     assert gds[gds.index("--gds-l1-path") + 1] == f"{one}/lmc-gds"
     with pytest.raises(ValueError, match="unknown LMCache configuration"):

@@ -13,8 +13,9 @@ At a glance:
 
 The three configurations, named as the Tutti paper names LMCache's:
     lmcache-dram  L1 only: pinned DRAM of --dram-gb (the same host GB as `dram`)
-    lmcache-ssd   an L1 of SSD_L1_GB in front of LMCache's fs_native L2 (C++ file I/O, O_DIRECT)
-                  in ONE_DIR/lmc: the same medium as `file` and `nixl`
+    lmcache-ssd   an L1 of SSD_L1_GB, evicting early (SSD_EVICTION), in front of LMCache's
+                  fs_native L2 (C++ file I/O, O_DIRECT) in ONE_DIR/lmc: the same medium as `file`
+                  and `nixl`
     lmcache-gds   GDS L1 in ONE_DIR/lmc-gds (cuFile; compatibility mode where nvidia-fs is absent)
 The daemon outlives SGLang's restarts, so a restart phase keeps what it holds (fs_native also
 survives the daemon's own restart). Its directories are the harness's to empty (clear_storage).
@@ -35,13 +36,15 @@ from typing import Optional
 CONFIGS = ("lmcache-dram", "lmcache-ssd", "lmcache-gds")
 CONNECTOR = "lmcache.integration.sglang.unified_lmcache_mp_connector"
 DIRS = {"lmcache-ssd": "lmc", "lmcache-gds": "lmc-gds"}  # under --one-dir
-# lmcache-ssd's L1. LMCache restores an L2 hit through L1: a prefetch reserves L1 for every chunk
-# of the prefix before it reads one, 4.3 GB for a 32K document of the Llama-3-8B shape. With a
-# 2 GB L1 those reservations failed ("L1 reservations failed with out-of-memory", 0 chunks from
-# L2) and the first question on each document recomputed it. 10 GB holds two documents'
-# prefetches and less than the benchmark's 4 (17 GB), so what is read back mostly comes from the
-# SSD (once the L2's filesystem holds all 4: room_error).
-SSD_L1_GB = 10
+# lmcache-ssd's L1, LMCache's staging for its L2 reads: a prefetch reserves L1 for every chunk of
+# the prefix before it reads one (4.3 GB for a 32K document of the Llama-3-8B shape), and fails
+# whole when L1 lacks the room. LMCache frees L1 from a once-a-second loop that, by default, evicts
+# 20% of it when it passes 80% full: a 10 GB L1 then never has 4.3 GB free once it has filled, and
+# under load every prefetch failed (1440 chunks refused, nothing read from L2; a 2 GB L1 the same).
+# So L1 holds three documents' prefetches (what 1-4 req/s keeps in flight) and evicts to a few
+# percent once a quarter full: it stages, and what is read back comes from the SSD.
+SSD_L1_GB = 16
+SSD_EVICTION = ("--eviction-trigger-watermark", "0.25", "--eviction-ratio", "0.8")
 CHUNK_TOKENS = 256  # the daemon's --chunk-size: LMCache's unit of storage and of its log's keys
 
 
@@ -94,7 +97,7 @@ TRANSFER_MODES = ("lmcache_driven", "engine_driven")
 def daemon_cmd(config: str, port: int, http_port: int, one_dir: str, l1_gb: float,
                transfer_mode: str = "lmcache_driven") -> list:
     """The `lmcache server` command of a configuration: L1 of l1_gb (lmcache-dram; lmcache-ssd's
-    is SSD_L1_GB, the staging its L2 restores need), LRU, observability off, every socket on
+    is SSD_L1_GB with SSD_EVICTION, the staging its L2 restores need), LRU, observability off, every socket on
     127.0.0.1, and who moves the KV: the daemon through CUDA IPC (lmcache_driven, LMCache's
     default) or SGLang's worker through shared memory (engine_driven)."""
     if config not in CONFIGS:
@@ -109,7 +112,7 @@ def daemon_cmd(config: str, port: int, http_port: int, one_dir: str, l1_gb: floa
     if config == "lmcache-ssd":
         adapter = {"type": "fs_native", "base_path": data_dir(config, one_dir), "num_workers": 16,
                    "use_odirect": True}
-        return cmd + ["--l1-size-gb", f"{SSD_L1_GB:g}", "--l2-adapter", json.dumps(adapter)]
+        return cmd + ["--l1-size-gb", f"{SSD_L1_GB:g}", *SSD_EVICTION, "--l2-adapter", json.dumps(adapter)]
     return cmd + ["--l1-size-gb", f"{l1_gb:g}", "--gds-l1-path", data_dir(config, one_dir)]
 
 
