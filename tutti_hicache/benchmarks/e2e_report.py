@@ -261,7 +261,7 @@ def baseline_rows(runs: list, reference: str = "lmcache-dram", prefix: str = "lm
             points, best = sweep(base)
             at = ref_rate if ref_rate is not None else best
             if points and (at is None or at not in points):  # its sweep stopped short of that rate
-                below = [r for r in points if at is not None and r <= at]
+                below = [r for r in points if r <= at] if at is not None else []
                 at = max(below) if below else min(points)
             below_rate = min(points) if best is None and points else None
             cands = [(sweep(r)[0].get(at), r) for r in ours] if at is not None else []

@@ -97,9 +97,9 @@ TRANSFER_MODES = ("lmcache_driven", "engine_driven")
 def daemon_cmd(config: str, port: int, http_port: int, one_dir: str, l1_gb: float,
                transfer_mode: str = "lmcache_driven") -> list:
     """The `lmcache server` command of a configuration: L1 of l1_gb (lmcache-dram; lmcache-ssd's
-    is SSD_L1_GB with SSD_EVICTION, the staging its L2 restores need), LRU, observability off, every socket on
-    127.0.0.1, and who moves the KV: the daemon through CUDA IPC (lmcache_driven, LMCache's
-    default) or SGLang's worker through shared memory (engine_driven)."""
+    is SSD_L1_GB with SSD_EVICTION, the staging its L2 restores need), LRU, observability off,
+    every socket on 127.0.0.1, and who moves the KV: the daemon through CUDA IPC (lmcache_driven,
+    LMCache's default) or SGLang's worker through shared memory (engine_driven)."""
     if config not in CONFIGS:
         raise ValueError(f"unknown LMCache configuration {config!r} (one of {', '.join(CONFIGS)})")
     if transfer_mode not in TRANSFER_MODES:
