@@ -327,3 +327,52 @@ def test_scatter_rows_rejects_rows_outside_the_source(device):
         tk.scatter_rows(src, torch.tensor([0, 1], device=device), obj_bytes, k, v, ids, page_size)
     with pytest.raises(ValueError, match="3 rows for 2 page ids"):
         tk.scatter_rows(src, torch.tensor([0, 1, 2], device=device), 2 * obj_bytes, k, v, ids, page_size)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["NHD", "HND", "MLA"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.uint8], ids=str)
+def test_copy_pages_copies_pool_pages_onto_others(device, layout, dtype):
+    """The linker's in-pool copy (a page two requests of one batch restore is read once): page src[i] onto
+    page dst[i] of each buffer, every other page untouched; the kernel and the reference agree."""
+    page_size, n = 4, 7
+    bufs = [pool(layout, dtype, device) for _ in range(1 if layout == "MLA" else 2)]
+    for j, buf in enumerate(bufs):  # random pool contents; sources and destinations are disjoint
+        buf.view(-1).view(torch.uint8).copy_(random_bytes(buf.numel() * buf.element_size(), seed=20 + j))
+    ids = page_ids(2 * n, torch.int64, device, seed=8)
+    src, dst = ids[:n], ids[n:]
+    before = [page_bytes(b, page_size).clone() for b in bufs]
+    ref_bufs = [b.clone() for b in bufs]
+    k_buf, v_buf = bufs[0], (bufs[1] if len(bufs) == 2 else None)
+    tk.copy_pages(k_buf, v_buf, src, dst, page_size)
+    tk.copy_pages_ref(ref_bufs[0], ref_bufs[1] if len(bufs) == 2 else None, src, dst, page_size)
+    for buf, ref, old in zip(bufs, ref_bufs, before):
+        assert_same_bytes(buf, ref)
+        expect = old.clone()
+        expect[dst.cpu()] = old[src.cpu()]
+        assert torch.equal(page_bytes(buf, page_size), expect)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_copy_pages_ref_reads_every_source_before_writing(device):
+    """A page that is a destination and, for another copy, a source (a slot SGLang freed and handed out
+    again) gives the reference its old bytes: the linker's copies from the last batch's slots rely on it."""
+    page_size = 4
+    k = pool("NHD", torch.bfloat16, device)
+    k.view(-1).view(torch.uint8).copy_(random_bytes(k.numel() * k.element_size(), seed=3))
+    old = page_bytes(k, page_size).clone()
+    tk.copy_pages_ref(k, None, torch.tensor([1, 2], device=device), torch.tensor([2, 3], device=device),
+                      page_size)
+    pages = page_bytes(k, page_size)
+    assert torch.equal(pages[2], old[1]) and torch.equal(pages[3], old[2])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (CPU page ids are bounds-checked)")
+def test_copy_pages_skips_page_minus_one():
+    """The loader compiles copy_pages at attach with page id -1 only: nothing in the pool changes."""
+    k, v = pool("NHD", torch.bfloat16, "cuda"), pool("NHD", torch.bfloat16, "cuda")
+    before = [k.clone(), v.clone()]
+    none = torch.full((1,), -1, dtype=torch.int64, device="cuda")
+    tk.copy_pages(k, v, none, none, 4)
+    assert_same_bytes(k, before[0])
+    assert_same_bytes(v, before[1])

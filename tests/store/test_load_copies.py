@@ -229,7 +229,7 @@ def test_a_copy_that_fails_at_start_reads_every_page_instead(tmp_path, monkeypat
 
     def no_memory(*args, **kw):
         raise RuntimeError("CUDA out of memory")
-    monkeypatch.setattr(lw._loader, "_copy_rows", no_memory)
+    monkeypatch.setattr(lw._loader, "_copy_own", no_memory)
     with caplog.at_level("WARNING", logger="tutti_hicache.linker"):
         assert _batch(lw, [("b", KEYS[:40], b)])
     assert "reading them from the store instead" in caplog.text

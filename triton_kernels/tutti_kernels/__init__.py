@@ -6,6 +6,7 @@ import ``tutti_hicache``.
 
 * ``scatter_layer`` / ``scatter_pages``: staging -> pool (restore); ``scatter_rows``: rows of a larger
   source (the linker's DRAM tier) -> pool, no staging.
+* ``copy_pages``: pool pages -> other pages of the same pool (one request's restored pages into another's).
 * ``gather_layer`` / ``gather_pages``: pool -> staging (offload).
 * ``*_ref``: plain-torch references with the same contracts.
 
@@ -14,9 +15,9 @@ One signature for MHA and MLA: ``(staging, k_buf(s), v_buf(s), page_ids, page_si
 """
 
 from .gather import gather_layer, gather_layer_ref, gather_pages, gather_pages_ref
-from .scatter import (scatter_layer, scatter_layer_ref, scatter_pages, scatter_pages_ref, scatter_rows,
-                      scatter_rows_ref)
+from .scatter import (copy_pages, copy_pages_ref, scatter_layer, scatter_layer_ref, scatter_pages,
+                      scatter_pages_ref, scatter_rows, scatter_rows_ref)
 
-__all__ = ["gather_layer", "gather_layer_ref", "gather_pages", "gather_pages_ref",
+__all__ = ["copy_pages", "copy_pages_ref", "gather_layer", "gather_layer_ref", "gather_pages", "gather_pages_ref",
            "scatter_layer", "scatter_layer_ref", "scatter_pages", "scatter_pages_ref", "scatter_rows",
            "scatter_rows_ref"]

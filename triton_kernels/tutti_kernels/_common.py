@@ -129,7 +129,7 @@ def _check_staging(where: str, staging, n_objects: int, obj_bytes: int, obj_stri
     return stride
 
 
-def _word_bytes(sizes: Sequence[int], ptrs: Sequence[int]) -> int:
+def word_bytes(sizes: Sequence[int], ptrs: Sequence[int]) -> int:
     """Widest word (8, 4, 2 or 1 bytes) dividing every size and address."""
     return next(w for w in (8, 4, 2, 1) if all(v % w == 0 for v in (*sizes, *ptrs)))
 
@@ -156,7 +156,7 @@ def _plan(where, staging, layers, page_ids, page_size, obj_stride, check_bounds,
     n_objects = page_ids.numel() * len(layers) * len(layers[0])
     stride = _check_staging(where, staging, n_objects, obj_bytes, obj_stride)
     ptrs = [staging.data_ptr()] + [b.data_ptr() for bufs in layers for b in bufs]
-    word = _word_bytes((obj_bytes, stride), ptrs)
+    word = word_bytes((obj_bytes, stride), ptrs)
     obj_words = obj_bytes // word
     block, num_warps, chunks = _launch_shape(obj_words, word)
     if page_ids.numel() * len(layers) * chunks > MAX_PROGRAMS:
@@ -239,7 +239,7 @@ def plan_rows(where: str, src, rows, row_stride, bufs: Sequence, page_ids, page_
     if src.device.type == "cpu" and not is_interpreted(kernel):
         _fail(where, "CPU tensors need Triton's interpreter (set TRITON_INTERPRET=1 before importing triton)")
     ptrs = [src.data_ptr()] + [b.data_ptr() for b in bufs]
-    word = _word_bytes((obj_bytes, stride, row_stride), ptrs)
+    word = word_bytes((obj_bytes, stride, row_stride), ptrs)
     block, num_warps, chunks = _launch_shape(obj_bytes // word, word)
     if page_ids.numel() * chunks > MAX_PROGRAMS:
         _fail(where, f"{page_ids.numel()} pages is too many for one launch")

@@ -8,6 +8,8 @@ Primitives at a glance:
   on-disk order (page-major, then layer, then K before V); ``v_bufs=None`` for MLA.
 * ``scatter_rows(src, rows, row_stride, k_buf, v_buf, page_ids, page_size)``: one layer straight from rows of a
   larger source (the linker's pinned DRAM tier, mapped into the device's address space), no staging.
+* ``copy_pages(k_buf, v_buf, src_page_ids, dst_page_ids, page_size)``: pages of one layer's pool onto other pages
+  of it, one pass (``scatter_rows`` reading the pool itself); ``copy_pages_ref`` reads every source first.
 * ``scatter_layer_ref`` / ``scatter_pages_ref`` / ``scatter_rows_ref``: the same in plain torch, same arguments.
 
 Staging holds object j (0-based, in the order above) at byte ``j * obj_stride``; ``obj_stride`` defaults to the
@@ -26,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (launch_layer, launch_pages, layer_tuples, plan_layer, plan_pages, plan_rows, pool_pages,
-                      staging_objects, table_pointer)
+from ._common import (WORD_DTYPES, word_bytes, launch_layer, launch_pages, layer_tuples, plan_layer, plan_pages,
+                      plan_rows, pool_geometry, pool_pages, staging_objects, table_pointer)
 
 
 @triton.jit
@@ -152,3 +154,24 @@ def scatter_rows_ref(src, rows, row_stride: int, k_buf, v_buf, page_ids, page_si
     for j, buf in enumerate(bufs):
         objs = flat.as_strided((n_rows, obj_bytes), (row_stride, 1), flat.storage_offset() + j * stride)
         pool_pages(buf, page_size).index_copy_(0, ids, objs.index_select(0, rows))
+
+
+def copy_pages(k_buf, v_buf, src_page_ids, dst_page_ids, page_size: int, *, check_bounds=False):
+    """Page ``src_page_ids[i]`` of ``k_buf`` (and ``v_buf``; MLA: ``v_buf=None``) onto page ``dst_page_ids[i]`` of
+    the same buffer, byte-exact, one launch per buffer that reads each source once and writes each destination
+    once (``scatter_rows`` over the pool itself, 16-byte words where the sizes allow). The two id sets must be
+    disjoint: a page that is both a source and a destination may be read before or after it is written
+    (``copy_pages_ref`` reads every source first). Returns None."""
+    for buf in (k_buf,) if v_buf is None else (k_buf, v_buf):
+        obj_bytes, _ = pool_geometry("copy_pages", "buf", buf, page_size)
+        scatter_rows(buf, src_page_ids, obj_bytes, buf, None, dst_page_ids, page_size, check_bounds=check_bounds)
+
+
+def copy_pages_ref(k_buf, v_buf, src_page_ids, dst_page_ids, page_size: int) -> None:
+    """Plain-torch ``copy_pages``, defined for overlapping id sets too: every source page is read (into a
+    temporary) before any destination is written; pages move as the widest word dividing them."""
+    src, dst = src_page_ids.long(), dst_page_ids.long()
+    for buf in (k_buf,) if v_buf is None else (k_buf, v_buf):
+        pages = pool_pages(buf, page_size)
+        words = pages.view(WORD_DTYPES[word_bytes((pages.shape[1],), (buf.data_ptr(),))])
+        words.index_copy_(0, dst, words.index_select(0, src))

@@ -75,7 +75,7 @@ class _Job:
 
     def __init__(self, entries, page_ids, slots, ssd_keys, input_tokens):
         self.entries, self.page_ids, self.ssd_keys = entries, page_ids, ssd_keys
-        self.dup_rows = None  # (source rows, destination rows): pages read once for two requests
+        self.dup_pages = None  # (source pages, destination pages): pages read once for two requests
         self.copied = 0  # pages copied in the pool instead of read
         self.host_slots = np.zeros(0, dtype=np.int64)
         self.host_page_ids = None
@@ -88,11 +88,11 @@ class _Job:
 
 class _Taken(NamedTuple):
     """How one batch takes a list of pages (loader._dedup): which positions it reads (`read`, a
-    mask), the copies once the layer landed and those from the last batch's slots ((source rows,
-    destination rows) or None), and the pool page ids of the positions read."""
+    mask), the copies once the layer landed and those from the last batch's slots ((source pool
+    pages, destination pool pages) or None), and the pool page ids of the positions read."""
     read: np.ndarray
-    dup_rows: Optional[tuple]
-    own_rows: Optional[tuple]
+    dup_pages: Optional[tuple]
+    own_pages: Optional[tuple]
     read_ids: torch.Tensor
 
 
@@ -229,7 +229,7 @@ class Loader:
         """Of the batch's SSD pages and, apart, of its DRAM pages, take each key once: a page the
         last batch brought into the pool (`recent`) is copied from its slot now, on the current
         stream; a key a request earlier in this batch takes too is copied from that request's
-        slot once the layer landed (job.dup_rows); the rest is read. Pages not taken are
+        slot once the layer landed (job.dup_pages); the rest is read. Pages not taken are
         unpinned."""
         device = job.page_ids.device
         ssd = self._dedup(job.ssd_keys, job.page_ids, recent, device) if job.entries else None
@@ -238,12 +238,12 @@ class Loader:
             host = self._dedup(job.host_keys, job.host_page_ids, recent, device)
         if ssd is None and host is None:
             return
-        dups = [p.dup_rows for p in (ssd, host) if p is not None and p.dup_rows is not None]
-        dup_rows = tuple(torch.cat([d[i] for d in dups]) for i in (0, 1)) if dups else None
+        dups = [p.dup_pages for p in (ssd, host) if p is not None and p.dup_pages is not None]
+        dup_pages = tuple(torch.cat([d[i] for d in dups]) for i in (0, 1)) if dups else None
         for p in (ssd, host):  # the last device work: a failure until here changes no job
-            if p is not None and p.own_rows is not None:
-                self._copy_rows(*p.own_rows)
-        job.dup_rows = dup_rows
+            if p is not None and p.own_pages is not None:
+                self._copy_own(*p.own_pages)
+        job.dup_pages = dup_pages
         if ssd is not None:
             self._store.unpin([e for e, r in zip(job.entries, ssd.read) if not r])
             job.copied += int((~ssd.read).sum())
@@ -271,17 +271,15 @@ class Loader:
         dup = ~own & (first != np.arange(n))
         if not own.any() and not dup.any():
             return None
-        dup_rows = own_rows = None
+        dup_pages = own_pages = None
         if dup.any():
             at = np.flatnonzero(dup)
-            dup_rows = (self._rows(page_ids[self._index(first[at], device)]),
-                        self._rows(page_ids[self._index(at, device)]))
+            dup_pages = (page_ids[self._index(first[at], device)], page_ids[self._index(at, device)])
         if own.any():
             at = np.flatnonzero(own)
-            own_rows = (self._rows(recent[1][self._index(src[at], device)]),
-                        self._rows(page_ids[self._index(at, device)]))
+            own_pages = (recent[1][self._index(src[at], device)], page_ids[self._index(at, device)])
         read = ~own & ~dup
-        return _Taken(read, dup_rows, own_rows, page_ids[self._index(np.flatnonzero(read), device)])
+        return _Taken(read, dup_pages, own_pages, page_ids[self._index(np.flatnonzero(read), device)])
 
     @staticmethod
     def _index(positions: np.ndarray, device):
@@ -293,31 +291,30 @@ class Loader:
             return t
         return t.pin_memory().to(device, non_blocking=True)
 
-    def _rows(self, page_ids):
-        """Pool page ids -> the pool rows they cover, in page order."""
-        ps = self._page_size
-        return (page_ids[:, None] * ps + torch.arange(ps, device=page_ids.device)).reshape(-1)
-
-    def _copy_rows(self, src, dst, layers=None) -> None:
-        """Rows `src` of the pool onto rows `dst` in every layer (or those of `layers`), as bytes
-        (any KV dtype), on the current stream."""
-        for layer in range(self._num_layers) if layers is None else layers:
-            for buf in (self._k_bufs[layer], None if self._v_bufs is None else self._v_bufs[layer]):
-                if buf is not None:
-                    b = buf.view(torch.uint8).view(buf.shape[0], -1)
-                    b.index_copy_(0, dst, b.index_select(0, src))
+    def _copy_own(self, src, dst) -> None:
+        """Pool pages `src` (the last batch's slots) onto pages `dst` in every layer, on the current
+        stream, every source read before any destination is written (copy_pages_ref): a slot SGLang
+        released and handed out again in this pass can be both."""
+        import tutti_kernels as tk
+        for layer in range(self._num_layers):
+            v_buf = None if self._v_bufs is None else self._v_bufs[layer]
+            tk.copy_pages_ref(self._k_bufs[layer], v_buf, src, dst, self._page_size)
 
     def _copy_dups(self, job, layer: int) -> None:
         """Layer `layer` landed: the pages two requests of the batch share, into the later
-        requests' slots (on the I/O stream)."""
-        if job.dup_rows is None:
+        requests' slots (on the I/O stream; sources and destinations are this batch's own slots,
+        disjoint, so on a GPU one pass copies them: copy_pages)."""
+        if job.dup_pages is None:
             return
-        src, dst = job.dup_rows
+        src, dst = job.dup_pages
         if self._cuda and layer == 0:  # made on the scheduler's stream, read on this one
             src.record_stream(self._io.stream)
             dst.record_stream(self._io.stream)
+        import tutti_kernels as tk
+        v_buf = None if self._v_bufs is None else self._v_bufs[layer]
         with torch.cuda.stream(self._io.stream) if self._cuda else contextlib.nullcontext():
-            self._copy_rows(src, dst, (layer,))
+            (tk.copy_pages if self._cuda else tk.copy_pages_ref)(self._k_bufs[layer], v_buf, src, dst,
+                                                                self._page_size)
 
     # --------------------------------------------------------------- [loader]
     def _run(self, job) -> None:
@@ -536,11 +533,17 @@ class Loader:
 
     def warm(self, dev) -> None:
         """Load the scatter kernel at attach: every layer of pool page 0, staged in device
-        memory `dev` (gathered from page 0 just before), scattered back onto itself."""
+        memory `dev` (gathered from page 0 just before), scattered back onto itself; and the
+        in-pool copy's (copy_pages) with page id -1 only, which its mask skips."""
+        import tutti_kernels as tk
         ids = torch.zeros(1, dtype=torch.int64, device=dev.device)
+        none = torch.full((1,), -1, dtype=torch.int64, device=dev.device)
         per_layer = self._k_objs * self._obj_stride
         for layer in range(self._num_layers):
             self._scatter(dev[layer * per_layer:(layer + 1) * per_layer], layer, ids)
+            if self._can_copy:
+                v_buf = None if self._v_bufs is None else self._v_bufs[layer]
+                tk.copy_pages(self._k_bufs[layer], v_buf, none, none, self._page_size)
 
     def warm_host(self) -> None:
         """Load the DRAM tier's kernel (scatter_rows) as the tier comes online, so the first
