@@ -65,6 +65,25 @@ def test_two_requests_of_one_batch_on_one_document_read_it_once(tmp_path, device
     lw.close()
 
 
+def test_the_timeline_records_each_loads_copied_pages(tmp_path):
+    """tutti_timeline_file: a load's record says how many of its pages were copied in the pool and
+    how many came from the DRAM tier, beside the pages read (what a batch of requests on one
+    document cost, from the record alone)."""
+    import json
+
+    from tutti_hicache.benchmarks import timeline
+    lw, k, v, want = _setup(tmp_path, pages=40, tutti_timeline_file=str(tmp_path / "tl-{pid}.jsonl"))
+    a, b = list(range(1, 41)), list(range(41, 81))
+    assert _batch(lw, [("a", KEYS[:40], a), ("b", KEYS[:40], b)])
+    assert _counts(lw) == (40, 40)
+    lw.close()
+    (path,) = tmp_path.glob("tl-*.jsonl")
+    (rec,) = [r for r in map(json.loads, path.read_text().splitlines()) if "start_ns" in r]
+    s = timeline.summarize(rec)
+    assert (s["pages"], s["copied_pages"], s["host_pages"]) == (40, 40, 0)
+    assert _exact(k, v, KEYS[:40], b, want)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_one_document_of_two_requests_partly_in_the_dram_tier(tmp_path, device):
     """With the DRAM tier on, each page is taken once per batch, from DRAM where the tier holds

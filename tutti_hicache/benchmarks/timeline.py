@@ -107,6 +107,9 @@ def summarize(rec: dict) -> dict:
 
     out = {"index": rec.get("index"), "pages": rec.get("pages"),
            "error": rec.get("error"), "start_ns": t0}
+    for key in ("host_pages", "copied_pages"):  # from the DRAM tier; copied in the pool
+        if key in rec:
+            out[key] = rec[key]
     look = rec.get("lookup_ns") or [0, 0]
     if look[0] and look[1]:  # the linker's lookups before the start (negative: before it)
         out["lookup_ms"], out["lookup_took_ms"] = ms(look[0]), round((look[1] - look[0]) / 1e6, 3)

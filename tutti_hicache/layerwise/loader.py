@@ -428,7 +428,7 @@ class Loader:
         copied and scattered in layer order; while the reads run two layers ahead of the
         forward, a write window may follow a layer."""
         index, entries, ready = job.index, job.entries, job.ready
-        self._observer.load_begun(index)
+        self._observer.load_begun(index, len(job.host_slots), job.copied)
         self._windows.learn()  # the forwards that ran since the last load
         if ready is not None:
             self._io.stream.wait_event(ready)

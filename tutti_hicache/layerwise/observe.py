@@ -16,7 +16,8 @@ the index does not restart at reset):
     looked_up(begin_ns, end_ns)            [scheduler] a prefix lookup (LayerwiseKV.lookup)
     load_called()                          [scheduler] LayerwiseKV.load
     started(index, seq, layers)            [scheduler] a batch handed to the loader
-    load_begun(index)                      [loader] the loader took the batch
+    load_begun(index, host_pages, copied_pages)   [loader] the loader took the batch (of its pages,
+                                           those from the DRAM tier and those copied in the pool)
     stream_opened(index)                   [loader] its pages planned, directories held for reads
     reads_final(index, pages, chunk_layers, done_ns)   [loader] every chunk's reads final
                                            (done_ns: when each became final, the read stream's
@@ -51,7 +52,7 @@ class Observer:
     def started(self, index: int, seq: int, layers: int) -> None:
         pass
 
-    def load_begun(self, index: int) -> None:
+    def load_begun(self, index: int, host_pages: int = 0, copied_pages: int = 0) -> None:
         pass
 
     def stream_opened(self, index: int) -> None:

@@ -100,8 +100,8 @@ class Timeline(Observer):
         if rec is not None:
             rec.update(fields)
 
-    def load_begun(self, index: int) -> None:
-        self._set(index, begin_ns=now_ns())
+    def load_begun(self, index: int, host_pages: int = 0, copied_pages: int = 0) -> None:
+        self._set(index, begin_ns=now_ns(), host_pages=host_pages, copied_pages=copied_pages)
 
     def stream_opened(self, index: int) -> None:
         self._set(index, opened_ns=now_ns())
