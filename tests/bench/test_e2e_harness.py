@@ -170,6 +170,7 @@ def test_output_ids_cumulative_or_incremental():
     assert e2e.output_ids([[5], [6], [7]]) == [5, 6, 7]
 
 
+@pytest.mark.slow
 @pytest.mark.sglang
 def test_every_configuration_parses_with_sglangs_own_arguments(tmp_path):
     from tutti_hicache.testing.sglang import ensure_sglang
@@ -499,6 +500,7 @@ def test_model_shapes_their_kv_bytes_and_server_flags(tmp_path):
     assert "--kv-cache-dtype" not in configs.server_cmd(args, "recompute", 30000)[0]
 
 
+@pytest.mark.slow
 def test_lmcache_daemon_commands_and_why_it_cannot_start_here(tmp_path):
     import socket
     import sys

@@ -91,6 +91,7 @@ def test_a_checkpoint_already_there_is_kept_and_another_replaces_it(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == sorted(set(index["weight_map"].values()))
 
 
+@pytest.mark.slow
 def test_write_model_and_the_server_flag(tmp_path, monkeypatch):
     """dummy: a config.json and the tokenizer only, and --load-format dummy; seeded: the checkpoint beside it (drawn
     in a child process), fp32 logits in the config, and the server loads it (no --load-format)."""

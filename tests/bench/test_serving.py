@@ -399,6 +399,7 @@ class _Srv:
         return self.up
 
 
+@pytest.mark.slow
 def test_one_client_process_serves_every_phase_and_dies_with_the_server(tmp_path):
     (tmp_path / "fakeworker.py").write_text(FAKE_WORKER)
     client = serving.Client(str(tmp_path / "bs.log"), cwd=str(tmp_path), module="fakeworker")

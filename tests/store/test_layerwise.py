@@ -347,6 +347,7 @@ def test_stats_file_counts_loads_and_offloads(tmp_path, device):
     assert all(torch.equal(t[:PAGE], w) for t, w in zip(k + v, page0))
 
 
+@pytest.mark.slow
 def test_offload_backlog_stays_exact_under_contention(tmp_path, monkeypatch, caplog):
     """offload() adds to the backlog on SGLang's scheduler thread while the offload thread takes
     finished jobs off it. Every len() here first lets the other thread run (so a switch lands

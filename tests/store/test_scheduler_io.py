@@ -262,6 +262,7 @@ def test_linker_opens_write_windows_when_ahead(tmp_path):
     lw.close()
 
 
+@pytest.mark.slow
 def test_linker_learns_write_windows_from_its_forwards(tmp_path):
     """No slack table: the windows come from the forwards' own per-layer compute (a forward that
     spends >= 40 ms per layer on the CPU), learned over a few loads, then lent to writes."""
