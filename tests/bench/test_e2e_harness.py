@@ -134,6 +134,19 @@ def test_slo_and_outputs_and_report():
     assert "| 4.0 |" in text  # recompute / linker
 
 
+def test_sweep_table_names_whose_ratio_to_the_bound_it_shows():
+    """With the linker in the rows its ratio is the column; without it (a baseline's call alone),
+    the column is headed by the configuration it comes from."""
+    runs, bpt, _ = _runs()
+    assert "| linker / max(compute, I/O) |" in e2e_report.report_markdown(runs, bpt)
+    runs = [r for r in runs if r["config"] != "dram"]
+    for r in runs:
+        if r["config"] == "tutti-linker":
+            r["config"] = "lmcache-dram"
+    text = e2e_report.report_markdown(runs, bpt)
+    assert "| lmcache-dram / max(compute, I/O) |" in text and "| linker / max" not in text
+
+
 def test_capacity_rows_hit_rate():
     runs = [{"config": "dram", "medium": "m", "phases": {"capacity": [
         _rec("cap/1", 0.5, cached=0, prompt=1000), _rec("cap/2", 0.1, cached=960, prompt=1000)]}}]

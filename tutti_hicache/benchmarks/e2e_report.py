@@ -108,18 +108,22 @@ def io_floor_s(rec: dict, raw_GBps, bpt: int):
 
 def sweep_pivot(rows: list) -> str:
     """One line per (medium, context, h): each configuration's TTFT, the compute-only time and the
-    I/O floor (from the linker's run when there is one), and the linker's ratios."""
+    I/O floor (from the linker's run when there is one), and the linker's ratios; without a linker
+    run in the rows, the ratio to the bound is the first configuration's, and says so."""
     configs = [c for c in CONFIGS if any(r["config"] == c for r in rows)]
+    ours = "tutti-linker" if "tutti-linker" in configs else next((c for c in configs if c != "recompute"),
+                                                                 "tutti-linker")
     cells: dict = {}
     for r in rows:
         cells.setdefault((r["medium"], r["context"], r["h"]), {})[r["config"]] = r
     lines = []
     for (medium, c, h), by in sorted(cells.items(), key=lambda kv: (kv[0][0] or "", kv[0][1], kv[0][2])):
-        ref = by.get("tutti-linker") or next(iter(by.values()))
+        ref = by.get(ours) or next(iter(by.values()))
         lines.append([medium, c, f"{h:g}"] + [_f(by[k]["ttft_ms"]) if k in by else "-" for k in configs] +
-                     [_f(ref["compute_ms"]), _f(ref["io_floor_ms"]), _f(ref.get("vs_bound"), ".2f"),
+                     [_f(ref["compute_ms"]), _f(ref["io_floor_ms"]), _f(by.get(ours, {}).get("vs_bound"), ".2f"),
                       _f(_ratio(by, "recompute", "tutti-linker"), ".1f")])
-    return _table(["medium", "C", "h"] + configs + ["compute only", "I/O floor", "linker / max(compute, I/O)",
+    name = "linker" if ours == "tutti-linker" else ours
+    return _table(["medium", "C", "h"] + configs + ["compute only", "I/O floor", f"{name} / max(compute, I/O)",
                                                     "recompute / linker"], lines)
 
 
