@@ -176,9 +176,9 @@ class TuttiConfig:
         "Append JSON lines to this file ({pid} is replaced), to see where a restore's time goes. "
         "Host tier: one per exists/get/set call SGLang makes (CLOCK_MONOTONIC entry and return, "
         "keys, hits, thread). Linker: one per layer-wise load: its pages read, from the DRAM "
-        "tier and copied in the pool; CLOCK_MONOTONIC nanoseconds of the load's start, each staging chunk's reads becoming "
-        "final, each layer handed to the forward, the forward's wait_until entry and exit per "
-        "layer and finish_layer_wise_loading's "
+        "tier and copied in the pool; CLOCK_MONOTONIC nanoseconds of the load's start, each "
+        "staging chunk's reads becoming final, each layer handed to the forward, the forward's "
+        "wait_until entry and exit per layer and finish_layer_wise_loading's "
         "(tutti_hicache/benchmarks/timeline.py reads both). Empty: off.")
     stats_file: str = setting("",
         "Write the backend's counters (hits, misses, bytes, checksum failures, engine calls) as "
