@@ -10,6 +10,8 @@ Primitives at a glance:
 "green": kernels on ``.stream`` are confined to ``.num_sms`` SMs of a green context, made by the extension's CUDA
 part (driver API, ``driver.green_stream``; ``torch.cuda.green_contexts`` when that fails), so restore/offload
 kernels leave the other SMs to the forward pass. The forward's kernels may still use every SM: the partition bounds the I/O, not the compute.
+The driver API's stream has the greatest priority, so the I/O kernels' blocks start before the forward's queued ones
+on the partition's SMs (torch's fallback takes its GreenContext's own stream).
 "priority": no partition was asked for (``num_sms=0``), or green contexts are unavailable (pre-sm_90 GPU, old
 driver); ``.stream`` is an ordinary stream of the highest priority and may use every SM. "none": no CUDA; ``.stream`` is None.
 Every outcome is logged once, with its reason, on the logger ``tutti_hicache.green``.

@@ -47,6 +47,7 @@ struct Api {
   CUresult (*DevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
   CUresult (*CtxGetCurrent)(CUcontext*) = nullptr;
   CUresult (*CtxSetCurrent)(CUcontext) = nullptr;
+  CUresult (*CtxGetStreamPriorityRange)(int*, int*) = nullptr;  // (least, greatest)
   // green contexts (12.4+, their streams 12.5+): null where the driver has none
   CUresult (*DeviceGetDevResource)(CUdevice, DevResource*, int) = nullptr;
   CUresult (*DevSmResourceSplitByCount)(DevResource*, unsigned*, const DevResource*, DevResource*,
@@ -90,6 +91,7 @@ std::string load(Api& a) {
                         resolve(get, v, "cuCtxGetCurrent", a.CtxGetCurrent) &&
                         resolve(get, v, "cuCtxSetCurrent", a.CtxSetCurrent);
   if (!required) return "the CUDA driver lacks a context call";
+  resolve(get, v, "cuCtxGetStreamPriorityRange", a.CtxGetStreamPriorityRange);
   resolve(get, v, "cuDeviceGetDevResource", a.DeviceGetDevResource);
   resolve(get, v, "cuDevSmResourceSplitByCount", a.DevSmResourceSplitByCount);
   resolve(get, v, "cuDevResourceGenerateDesc", a.DevResourceGenerateDesc);
@@ -157,10 +159,17 @@ GreenStreams green_streams(int device, unsigned min_sms, unsigned n_streams) {
   check(a.DevResourceGenerateDesc(&desc, &group, 1), "cuDevResourceGenerateDesc");
   CUgreenCtx green = nullptr;  // never destroyed (see green.py)
   check(a.GreenCtxCreate(&green, desc, dev, kGreenCtxDefaultStream), "cuGreenCtxCreate");
+  // The greatest priority: when an SM of the partition frees, the block scheduler starts the I/O
+  // kernel's blocks before the forward's queued ones (whose kernels may use every SM), as it does
+  // for the "priority" stream green.py falls back to.
+  int least = 0, greatest = 0;
+  if (a.CtxGetStreamPriorityRange != nullptr)
+    check(a.CtxGetStreamPriorityRange(&least, &greatest), "cuCtxGetStreamPriorityRange");
   GreenStreams out{{}, group.u.sm.sm_count};
   for (unsigned i = 0; i < n_streams; ++i) {
     CUstream stream = nullptr;
-    check(a.GreenCtxStreamCreate(&stream, green, kStreamNonBlocking, 0), "cuGreenCtxStreamCreate");
+    check(a.GreenCtxStreamCreate(&stream, green, kStreamNonBlocking, greatest),
+          "cuGreenCtxStreamCreate");
     out.streams.push_back(reinterpret_cast<uint64_t>(stream));
   }
   return out;

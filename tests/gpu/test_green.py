@@ -165,3 +165,13 @@ def test_green_stream_confines_triton_kernels_to_its_sms():
     io.stream.synchronize()
     used = torch.unique(out).numel()
     assert bool((out >= 0).all()) and used <= io.num_sms, f"{used} SMs used, partition has {io.num_sms}"
+
+
+@gpu
+@pytest.mark.gpu
+def test_green_stream_has_the_greatest_priority():
+    io = green.io_stream(8)
+    if io.kind != "green" or not io.reason.startswith("driver API"):
+        pytest.skip(f"no driver-API green context here: {io.reason}")
+    _least, greatest = torch.cuda.Stream.priority_range()
+    assert io.stream.priority == greatest
