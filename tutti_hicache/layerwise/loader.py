@@ -297,8 +297,7 @@ class Loader:
         released and handed out again in this pass can be both."""
         import tutti_kernels as tk
         for layer in range(self._num_layers):
-            v_buf = None if self._v_bufs is None else self._v_bufs[layer]
-            tk.copy_pages_ref(self._k_bufs[layer], v_buf, src, dst, self._page_size)
+            tk.copy_pages_ref(*self._bufs(layer), src, dst, self._page_size)
 
     def _copy_dups(self, job, layer: int) -> None:
         """Layer `layer` landed: the pages two requests of the batch share, into the later
@@ -311,10 +310,8 @@ class Loader:
             src.record_stream(self._io.stream)
             dst.record_stream(self._io.stream)
         import tutti_kernels as tk
-        v_buf = None if self._v_bufs is None else self._v_bufs[layer]
         with torch.cuda.stream(self._io.stream) if self._cuda else contextlib.nullcontext():
-            (tk.copy_pages if self._cuda else tk.copy_pages_ref)(self._k_bufs[layer], v_buf, src, dst,
-                                                                self._page_size)
+            (tk.copy_pages if self._cuda else tk.copy_pages_ref)(*self._bufs(layer), src, dst, self._page_size)
 
     # --------------------------------------------------------------- [loader]
     def _run(self, job) -> None:
@@ -400,14 +397,13 @@ class Loader:
         if not len(slots):
             return
         import tutti_kernels as tk
-        v_buf = None if self._v_bufs is None else self._v_bufs[layer]
         rows = self._host.device_rows(layer) if self._cuda else self._host.rows(layer)
         if rows is not None:
             with torch.cuda.stream(self._io.stream) if self._cuda else contextlib.nullcontext():
                 if job.host_slots_dev is None:  # once per batch, ordered before its copies
                     job.host_slots_dev = torch.from_numpy(slots).to(self._k_bufs[0].device)
                 fn = tk.scatter_rows if self._cuda else tk.scatter_rows_ref
-                fn(rows, job.host_slots_dev, self._host.page_nbytes, self._k_bufs[layer], v_buf,
+                fn(rows, job.host_slots_dev, self._host.page_nbytes, *self._bufs(layer),
                    job.host_page_ids, self._page_size, self._obj_stride)
             return
         step, per_layer = self.stage_pages, self._k_objs * self._obj_stride
@@ -542,8 +538,7 @@ class Loader:
         for layer in range(self._num_layers):
             self._scatter(dev[layer * per_layer:(layer + 1) * per_layer], layer, ids)
             if self._can_copy:
-                v_buf = None if self._v_bufs is None else self._v_bufs[layer]
-                tk.copy_pages(self._k_bufs[layer], v_buf, none, none, self._page_size)
+                tk.copy_pages(*self._bufs(layer), none, none, self._page_size)
 
     def warm_host(self) -> None:
         """Load the DRAM tier's kernel (scatter_rows) as the tier comes online, so the first
@@ -557,15 +552,17 @@ class Loader:
         none = torch.full((1,), -1, dtype=torch.int64, device=device)
         with torch.cuda.device(device), torch.cuda.stream(self._io.stream):  # a thread of its own
             for layer in range(self._num_layers):
-                v_buf = None if self._v_bufs is None else self._v_bufs[layer]
                 tk.scatter_rows(self._host.device_rows(layer), rows, self._host.page_nbytes,
-                                self._k_bufs[layer], v_buf, none, self._page_size, self._obj_stride)
+                                *self._bufs(layer), none, self._page_size, self._obj_stride)
         self._io.stream.synchronize()
+
+    def _bufs(self, layer: int) -> tuple:
+        """(K buffer, V buffer) of a layer of the pool; MLA: (its one buffer, None)."""
+        return self._k_bufs[layer], None if self._v_bufs is None else self._v_bufs[layer]
 
     def _scatter(self, staging, layer: int, page_ids) -> None:
         import tutti_kernels as tk
-        v_buf = None if self._v_bufs is None else self._v_bufs[layer]
-        args = (staging, self._k_bufs[layer], v_buf, page_ids, self._page_size, self._obj_stride)
+        args = (staging, *self._bufs(layer), page_ids, self._page_size, self._obj_stride)
         if not self._cuda:
             tk.scatter_layer_ref(*args)
         else:
