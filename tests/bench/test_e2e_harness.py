@@ -119,6 +119,18 @@ def test_sweep_rows_ratios():
     assert row["vs_dram"] == pytest.approx(1.25) and row["vs_recompute"] == pytest.approx(0.25)
 
 
+def test_each_run_prices_its_io_floor_at_its_own_bytes_per_token():
+    """A report over a bf16 and an fp8 run (plot_e2e passes one bpt for all): each run's floor
+    comes from the page bytes its server recorded, so fp8's floor is half of bf16's."""
+    runs, bpt, cached = _runs()
+    fp8 = dict(runs[2], config="tutti-linker", medium="fp8", page_size=64, page_bytes=bpt * 64 // 2)
+    bf16 = dict(runs[2], page_size=64, page_bytes=bpt * 64)
+    floors = {r["medium"]: r["io_floor_ms"] for r in e2e_report.sweep_rows([bf16, fp8], bpt * 4)
+              if r["config"] == "tutti-linker"}
+    assert floors[fp8["medium"]] == pytest.approx(cached * bpt / 2 / 10e9 * 1e3)
+    assert floors[bf16["medium"]] == pytest.approx(cached * bpt / 10e9 * 1e3)
+
+
 def test_slo_and_outputs_and_report():
     runs, bpt, _ = _runs()
     slo = {r["config"]: r["max_rate_within_slo"] for r in e2e_report.slo_rows(runs, 1000.0)}

@@ -85,7 +85,7 @@ def sweep_rows(runs: list, bpt: int) -> list:
                 continue
             _, c, h = rid.split("/")
             l1 = recs.get(rid + "/l1", {}).get("ttft_s")
-            io = io_floor_s(r, raw, bpt)
+            io = io_floor_s(r, raw, run_bpt(run, bpt))
             bound = max(x for x in (l1, io) if x is not None) if (l1 or io) else None
             row = {"config": run["config"], "medium": run.get("medium"), "context": int(c),
                    "h": float(h), "ttft_ms": r["ttft_s"] * 1e3,
@@ -97,6 +97,14 @@ def sweep_rows(runs: list, bpt: int) -> list:
                 row[f"vs_{b}"] = r["ttft_s"] / t if t else None
             rows.append(row)
     return sorted(rows, key=lambda x: (x["medium"] or "", x["config"], x["context"], x["h"]))
+
+
+def run_bpt(run: dict, bpt: int) -> int:
+    """KV bytes per token of the run's own server (page_bytes / page_size, which the harness records
+    from the model shape, layer count and KV dtype), else ``bpt``: a report over runs of several
+    shapes or KV dtypes (fp8 halves the bytes) must not price every run's I/O floor as one shape's."""
+    page_bytes, page_size = run.get("page_bytes"), run.get("page_size")
+    return page_bytes // page_size if page_bytes and page_size else bpt
 
 
 def io_floor_s(rec: dict, raw_GBps, bpt: int):
@@ -594,7 +602,7 @@ def split_rows(runs: list, bpt: int = 0) -> list:
                    **{k: load.get(k) for k in ("stream_stall_first_ms", "stream_stall_ms",
                                                 "layers_compute_ms", "next_bare_compute_ms",
                                                 "gpu_layer0_ms", "gpu_last_layer_ms")}}
-            io = io_floor_s(r, run.get("raw_read_GBps"), bpt)
+            io = io_floor_s(r, run.get("raw_read_GBps"), run_bpt(run, bpt))
             if io is not None:
                 row["floor_ms"] = io * 1e3 + row["before_ms"] + row["after_ms"]
             out.append(row)
