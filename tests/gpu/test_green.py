@@ -173,5 +173,7 @@ def test_green_stream_has_the_greatest_priority():
     io = green.io_stream(8)
     if io.kind != "green" or not io.reason.startswith("driver API"):
         pytest.skip(f"no driver-API green context here: {io.reason}")
+    # The driver's range can be wider than torch's (-5 against torch's -3 on an H200): the stream
+    # must be at least as urgent as any torch can make, and ahead of the default (0) the forward uses.
     _least, greatest = torch.cuda.Stream.priority_range()
-    assert io.stream.priority == greatest
+    assert io.stream.priority <= greatest < 0, (io.stream.priority, greatest)
