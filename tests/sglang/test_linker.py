@@ -273,3 +273,29 @@ def test_copies_from_the_last_batch_are_off_where_a_forward_can_bypass_set_consu
     for change in (dict(speculative_algorithm="EAGLE"), dict(pp_size=2), dict(enable_hisparse=True),
                    dict(is_embedding=True), dict(enable_pdmux=True)):
         assert not _copy_recent(SimpleNamespace(**{**plain, **change})), change
+
+
+@pytest.mark.parametrize("page", [16, 32, 64])
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_the_page_sizes_sglang_backends_use_restore_byte_exact_after_a_restart(sg, tmp_path, page, mla, fp8):
+    """Pages of 16, 32 and 64 tokens (what SGLang's attention backends use for these models), over
+    its MHA and MLA pools, bf16 and fp8: written, then read by a new linker over the same
+    directories, byte for byte; a shorter prompt hits its whole pages only."""
+    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    toks = list(range(1000, 1000 + 3 * page))
+    a = Rig([tmp_path], mla=mla, dtype=dtype, page=page)
+    slots = a.fill(len(toks), seed=page)
+    want = a.snapshot(slots)
+    a.insert(toks, slots)
+    a.commit_offloads(1)
+    assert len(a.linker.store) == 3
+    a.close()
+
+    # each restart its own rig: the rig's pool (256 tokens) holds one restore of 3 pages of 64
+    for n, cached in ((len(toks), len(toks)), (2 * page + page // 2, 2 * page)):
+        b = Rig([tmp_path], mla=mla, dtype=dtype, page=page)
+        hit, failed = b.restore(toks[:n], rid=f"r{n}")
+        assert hit == cached and not failed and [len(x) for x in b.loads] == [cached]
+        assert all(torch.equal(x, y[:cached]) for x, y in zip(b.snapshot(b.loads[-1]), want))
+        b.close()
