@@ -4,6 +4,7 @@ per-layer get_key_buffer -> finish, byte-exact, plus restart, failure, dedupe an
 (The CPU pipeline has no CUDA streams: copies are plain and the scatter is the torch reference.)
 """
 
+import logging
 from array import array
 from types import SimpleNamespace
 
@@ -275,16 +276,21 @@ def test_copies_from_the_last_batch_are_off_where_a_forward_can_bypass_set_consu
         assert not _copy_recent(SimpleNamespace(**{**plain, **change})), change
 
 
-@pytest.mark.parametrize("page", [16, 32, 64])
+@pytest.mark.parametrize("page", [1, 16, 32, 64])
 @pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-def test_the_page_sizes_sglang_backends_use_restore_byte_exact_after_a_restart(sg, tmp_path, page, mla, fp8):
-    """Pages of 16, 32 and 64 tokens (what SGLang's attention backends use for these models), over
-    its MHA and MLA pools, bf16 and fp8: written, then read by a new linker over the same
-    directories, byte for byte; a shorter prompt hits its whole pages only."""
+def test_the_page_sizes_sglang_backends_use_restore_byte_exact_after_a_restart(sg, tmp_path, caplog, page,
+                                                                               mla, fp8):
+    """Pages of 16, 32 and 64 tokens (what SGLang's attention backends use for these models), and 1
+    (which some MLA backends demand: it works, with one warning that names its cost), over its MHA
+    and MLA pools, bf16 and fp8: written, then read by a new linker over the same directories,
+    byte for byte; a shorter prompt hits its whole pages only."""
     dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
     toks = list(range(1000, 1000 + 3 * page))
-    a = Rig([tmp_path], mla=mla, dtype=dtype, page=page)
+    with caplog.at_level(logging.WARNING, logger="tutti_hicache"):
+        a = Rig([tmp_path], mla=mla, dtype=dtype, page=page)
+    warned = [r for r in caplog.records if "--page-size 1" in r.getMessage()]
+    assert len(warned) == (1 if page == 1 else 0)
     slots = a.fill(len(toks), seed=page)
     want = a.snapshot(slots)
     a.insert(toks, slots)
