@@ -79,13 +79,13 @@ def sweep_rows(runs: list, bpt: int) -> list:
     rows = []
     for run in runs:
         recs = {r["id"]: r for r in run.get("phases", {}).get("sweep", [])}
-        raw = run.get("raw_read_GBps") or 0
+        raw, run_bytes = run.get("raw_read_GBps") or 0, run_bpt(run, bpt)
         for rid, r in recs.items():
             if rid.endswith("/l1") or r.get("ttft_s") is None:
                 continue
             _, c, h = rid.split("/")
             l1 = recs.get(rid + "/l1", {}).get("ttft_s")
-            io = io_floor_s(r, raw, run_bpt(run, bpt))
+            io = io_floor_s(r, raw, run_bytes)
             bound = max(x for x in (l1, io) if x is not None) if (l1 or io) else None
             row = {"config": run["config"], "medium": run.get("medium"), "context": int(c),
                    "h": float(h), "ttft_ms": r["ttft_s"] * 1e3,
@@ -580,6 +580,7 @@ def split_rows(runs: list, bpt: int = 0) -> list:
             continue
         sweep = run.get("phases", {}).get("sweep", [])
         twins = {r["id"][:-3]: r.get("ttft_s") for r in sweep if r["id"].endswith("/l1")}
+        raw, run_bytes = run.get("raw_read_GBps"), run_bpt(run, bpt)
         for r in sweep:
             sent, first = r.get("sent_ns"), r.get("first_token_ns")
             if r["id"].endswith("/l1") or not sent or not first:
@@ -602,7 +603,7 @@ def split_rows(runs: list, bpt: int = 0) -> list:
                    **{k: load.get(k) for k in ("stream_stall_first_ms", "stream_stall_ms",
                                                 "layers_compute_ms", "next_bare_compute_ms",
                                                 "gpu_layer0_ms", "gpu_last_layer_ms")}}
-            io = io_floor_s(r, run.get("raw_read_GBps"), run_bpt(run, bpt))
+            io = io_floor_s(r, raw, run_bytes)
             if io is not None:
                 row["floor_ms"] = io * 1e3 + row["before_ms"] + row["after_ms"]
             out.append(row)
