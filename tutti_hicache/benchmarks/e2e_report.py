@@ -504,7 +504,26 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = L
               f"{_f(r.get('stream_stall_first_ms'), '.1f')} / {_f(r.get('stream_stall_ms'), '.1f')}",
               f"{_f(r.get('layers_compute_ms'), '.1f')} / {_f(r.get('next_bare_compute_ms'), '.1f')}"]
              for r in split])]
+    cut = ended_early_rows(runs)
+    if cut:
+        parts += ["### Configurations that ended early (the harness's record of why)", _table(
+            ["medium", "config", "error", "lowest host memory available, GiB (phase)"],
+            [[r["medium"], r["config"], r["error"], r["host_low"]] for r in cut])]
     return "\n\n".join(parts)
+
+
+def ended_early_rows(runs: list) -> list:
+    """Runs with an error (a server that died, the host-memory guard's kill, a daemon that did
+    not start), each with the lowest MemAvailable its phases saw (hostmem.py)."""
+    rows = []
+    for run in runs:
+        if not run.get("error"):
+            continue
+        lows = {p: v for p, v in (run.get("host_available_low_gb") or {}).items() if v is not None}
+        low = min(lows.items(), key=lambda kv: kv[1]) if lows else None
+        rows.append({"medium": run.get("medium"), "config": run["config"], "error": str(run["error"])[:300],
+                     "host_low": f"{low[1]:g} ({low[0]})" if low else "-"})
+    return rows
 
 
 def host_restore_rows(runs: list) -> list:

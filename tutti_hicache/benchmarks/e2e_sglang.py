@@ -28,6 +28,7 @@ import time
 from typing import Optional
 
 from tutti_hicache.benchmarks import configs, e2e, e2e_report, lmcache_daemon, misplace, serving, timeline
+from tutti_hicache.benchmarks.hostmem import GUARD
 from tutti_hicache.benchmarks.rawio import raw_read_dirs
 from tutti_hicache.benchmarks.server import (Server, config_files, drop_caches, one_request, run_rate,
                                              run_sequential, tutti_stats, warm_batch_kernels)
@@ -96,6 +97,7 @@ def record_phase(run: dict, name: str, records: list, seconds=None) -> None:
     """A phase's records and summary into the run (and the JSON so far), the summary on stdout."""
     run["phases"][name] = records
     run["summaries"][name] = e2e.summarize(records, seconds)
+    run.setdefault("host_available_low_gb", {})[name] = GUARD.take_low()  # hostmem.py
     print(f"  {run['config']:22s} {name:10s} " + json.dumps(
         {k: v for k, v in run["summaries"][name].items() if k != "cached_by_tier_mean"}), flush=True)
     save_partial(run)
@@ -109,6 +111,7 @@ def run_config(args, config: str, wl: e2e.Workload, raw: dict, deadline: float,
     base = configs.split_config(config)[0]  # a variant (+tutti_KEY=VALUE) runs as its base
     port = 30000 + configs.CONFIGS.index(base)
     clear_storage(args, config, keep_tutti=bool(store_from))
+    GUARD.reset()
     run = {"config": config, "medium": args.medium, **raw, "layers": args.layers,
            "page_size": args.page_size, "page_bytes": args.bpt * args.page_size,
            "model_shape": args.model_shape, "kv_cache_dtype": args.kv_cache_dtype,
@@ -267,8 +270,18 @@ def own_phases(args, sess: Session, wl: e2e.Workload, deadline: float, store_fro
             srv, wl.capacity_reuse(cap_docs, ctx, args.capacity_requests), args.max_new))
 
 
+def host_memory_into(run: dict) -> None:
+    """Where the host-memory guard killed this configuration's processes (hostmem.py): its
+    trips in the run and the first one's reason ahead of the error it caused."""
+    if GUARD.trips:
+        run["host_memory_trips"] = list(GUARD.trips)
+        first = GUARD.trips[0]["reason"]
+        run["error"] = first + (f"; then {run['error']}" if run.get("error") else "")
+
+
 def finish_run(args, config: str, run: dict) -> dict:
     """The server's own records into the run: tutti's stats and timeline, restore and wear."""
+    host_memory_into(run)
     run["tutti_stats"] = tutti_stats(args.out_dir, config)
     files = config_files(args.out_dir, "timeline", config)
     run["timeline"] = [timeline.summarize(r) for r in timeline.read(files)]
@@ -444,6 +457,7 @@ def run_cluster(args, config: str, wl: e2e.Workload, raw: dict) -> dict:
     with it. Loopback TCP, not a cluster network (docs/cluster.md)."""
     from tutti_hicache.testing.cluster import Master, mooncake_extra
     clear_storage(args, config, tutti_names=("tutti-a", "tutti-b"))
+    GUARD.reset()
     run = {"config": config, "medium": args.medium, **raw, "layers": args.layers,
            "cuda_graph_max_bs": args.cuda_graph_max_bs, "prefill_graphs": args.prefill_graphs,
            "page_bytes": args.bpt * getattr(args, "page_size", e2e.PAGE), "phases": {}, "summaries": {},
@@ -480,6 +494,7 @@ def run_cluster(args, config: str, wl: e2e.Workload, raw: dict) -> dict:
         for srv in reversed(servers):
             srv.stop()
         master.stop()
+    host_memory_into(run)
     run["tutti_stats"] = tutti_stats(args.out_dir, config)
     run.update(restore_summary(tutti_stats(args.out_dir, f"{config}-b")))
     run.update(wear_summary(run["tutti_stats"]))
@@ -615,6 +630,9 @@ def main(description: str = __doc__):
     ap.add_argument("--reference", default="",
                     help="a JSON of an earlier run whose recompute configuration's outputs the "
                          "output check compares with (when this run has no recompute)")
+    ap.add_argument("--host-mem-floor-gb", type=float, default=None,
+                    help="kill the servers (and record why) when the host's available memory falls "
+                         "under this; default max(2 GiB, 4%% of the machine's memory) (hostmem.py)")
     ap.add_argument("--out-dir", default="/tmp/tutti-e2e")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
@@ -637,6 +655,8 @@ def main(description: str = __doc__):
     if args.docs < 2 and any(configs.misplaced(c) for c in args.configs.split(",")):
         ap.error("+misplace swaps a page between two documents: --docs 2 or more")
     os.makedirs(args.out_dir, exist_ok=True)
+    GUARD.start(args.host_mem_floor_gb)
+    print(f"host-memory guard: floor {GUARD.floor / 2**30:.1f} GiB of {GUARD.total / 2**30:.1f}", flush=True)
     t_start = time.time()  # the deadline counts the model's writing (--weights seeded: seconds)
     if args.write_model:
         configs.write_model(args.model, args.layers, args.weights, args.weights_seed, args.model_shape)
@@ -690,6 +710,7 @@ def main(description: str = __doc__):
             refs = [r for r in json.load(f) if r.get("config") == "recompute"]
     if args.bs_client is not None:
         args.bs_client.close()
+    GUARD.stop()  # no server left to watch
     eq = e2e.outputs_vs(results + refs, tol=args.logprob_tol)
     for run in results:  # the output check, in the JSON beside each run
         run["outputs_vs_recompute"] = eq.get(f"{run['config']}@{run.get('medium', '')}")

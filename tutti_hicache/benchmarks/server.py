@@ -25,6 +25,7 @@ import threading
 import time
 
 from . import e2e
+from .hostmem import GUARD, raise_oom_score
 
 
 # ------------------------------------------------------------------ the server
@@ -76,17 +77,21 @@ class Server:
 def start_group(cmd: list, env, log_path: str) -> tuple:
     """(process, log file): cmd in a process group of its own, its output appended to
     log_path after a header line, run in the log's directory (not the checkout, whose
-    tutti_hicache/ would shadow the installed package)."""
+    tutti_hicache/ would shadow the installed package). The group is the OOM killer's first
+    choice and the host-memory guard's to kill (hostmem.py)."""
     log = open(log_path, "a")
     log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n")
     log.flush()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                             cwd=os.path.dirname(log_path) or ".", start_new_session=True)
+    raise_oom_score(proc.pid)
+    GUARD.watch(proc.pid)
     return proc, log
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
     """SIGINT to a process group started with start_new_session, SIGKILL after grace_s."""
+    GUARD.forget(proc.pid)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGINT)
         try:

@@ -1,0 +1,106 @@
+"""The benchmarks' host-memory guard (tutti_hicache/benchmarks/hostmem.py): a real process group
+started the way the harness starts servers, a /proc/meminfo stand-in whose MemAvailable the test
+lowers, and the kill, the record and the report that follow."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from tutti_hicache.benchmarks import e2e_report, e2e_sglang, hostmem, server
+
+KB = 1024
+
+
+def write_meminfo(path, total_gib: float, avail_gib: float, shmem_gib: float = 0.0) -> None:
+    kib = lambda g: int(g * 2**30 / KB)  # noqa: E731
+    path.write_text(f"MemTotal:       {kib(total_gib)} kB\nMemFree:        {kib(avail_gib)} kB\n"
+                    f"MemAvailable:   {kib(avail_gib)} kB\nShmem:          {kib(shmem_gib)} kB\n"
+                    "HugePages_Total:       0\n")
+
+
+def test_meminfo_reads_bytes(tmp_path):
+    p = tmp_path / "meminfo"
+    write_meminfo(p, 128, 100, 40)
+    info = hostmem.meminfo(str(p))
+    assert info["MemTotal"] == 128 * 2**30 and info["MemAvailable"] == 100 * 2**30
+    assert info["Shmem"] == 40 * 2**30 and info["HugePages_Total"] == 0
+    assert hostmem.meminfo(str(tmp_path / "none")) == {}
+
+
+def test_default_floor_is_four_percent_or_two_gib(tmp_path):
+    p = tmp_path / "meminfo"
+    write_meminfo(p, 128, 100)
+    g = hostmem.Guard(str(p)).start()
+    try:
+        assert g.floor == 128 * 2**30 // 25
+    finally:
+        g.stop()
+    write_meminfo(p, 24, 20)
+    g = hostmem.Guard(str(p)).start()
+    try:
+        assert g.floor == 2 * 2**30
+    finally:
+        g.stop()
+
+
+def test_guard_kills_a_server_group_under_the_floor_and_says_why(tmp_path, monkeypatch):
+    p = tmp_path / "meminfo"
+    write_meminfo(p, 128, 60, shmem_gib=70)
+    g = hostmem.Guard(str(p), interval_s=0.05)
+    monkeypatch.setattr(server, "GUARD", g)
+    # a group like a server's: a parent and a child it starts, both must go
+    cmd = [sys.executable, "-c", "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"]
+    proc, log = server.start_group(cmd, None, str(tmp_path / "server.log"))
+    try:
+        with open(f"/proc/{proc.pid}/oom_score_adj") as f:
+            assert f.read().strip() == "1000"  # the OOM killer's first choice
+        g.start(floor_gb=5)
+        time.sleep(0.3)
+        assert proc.poll() is None and not g.trips  # 60 GiB available: left alone
+        write_meminfo(p, 128, 4.5, shmem_gib=70)
+        proc.wait(10)  # killed by the guard
+        assert proc.returncode == -9
+        t0 = time.time()
+        while not g.trips and time.time() - t0 < 5:  # the trip is recorded just after the kill
+            time.sleep(0.01)
+        assert len(g.trips) == 1
+        trip = g.trips[0]
+        assert trip["killed_groups"] == [proc.pid] and trip["available_gb"] == 4.5
+        assert trip["reason"].startswith("host memory: 4.5 GiB available of 128 (floor 5)")
+        assert "shared memory (tmpfs, /dev/shm) 70 GiB" in trip["reason"]
+        assert trip["largest"] and all(len(x) == 3 for x in trip["largest"])
+        assert g.take_low() == 4.5 and g.take_low() is None  # the low point, once
+        assert proc.pid not in g.groups  # forgotten: a later kill does not reach a reused pid
+    finally:
+        g.stop()
+        server.stop_group(proc, 5)
+        log.close()
+
+
+def test_stopped_groups_are_forgotten(tmp_path, monkeypatch):
+    g = hostmem.Guard(str(tmp_path / "none"))
+    monkeypatch.setattr(server, "GUARD", g)
+    proc, log = server.start_group(["sleep", "30"], None, str(tmp_path / "s.log"))
+    assert g.groups == {proc.pid}
+    server.stop_group(proc, 5)
+    log.close()
+    assert g.groups == set()
+    assert g.check() is None  # no /proc/meminfo stand-in: no sample, no kill
+
+
+def test_the_run_and_the_report_lead_with_the_guards_reason(monkeypatch):
+    g = hostmem.Guard()
+    g.trips = [{"reason": "host memory: 3 GiB available of 125 (floor 5); ..."}]
+    monkeypatch.setattr(e2e_sglang, "GUARD", g)
+    run = {"config": "lmcache-dram", "medium": "array-8", "error": "RuntimeError('server died')",
+           "host_available_low_gb": {"capwarm": 40.2, "capacity0.8": 3.1, "capacity1": None}}
+    e2e_sglang.host_memory_into(run)
+    assert run["error"].startswith("host memory: 3 GiB available") and run["error"].endswith(
+        "; then RuntimeError('server died')")
+    assert run["host_memory_trips"] == g.trips
+    rows = e2e_report.ended_early_rows([run, {"config": "tutti-linker", "medium": "array-8"}])
+    assert rows == [{"medium": "array-8", "config": "lmcache-dram", "error": run["error"],
+                     "host_low": "3.1 (capacity0.8)"}]
+    md = e2e_report.report_markdown([run], 4096)
+    assert "### Configurations that ended early" in md and "3.1 (capacity0.8)" in md
