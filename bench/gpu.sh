@@ -22,6 +22,14 @@ export OUT=${OUT:-/tmp/tutti-out}; mkdir -p "$OUT"
 setup() {  # build and install tutti_hicache; show the log only when that fails
   . bench/gpu_setup.sh > "$OUT/log.txt" 2>&1 || { cat "$OUT/log.txt"; exit 1; }
   grep -E '^(tutti engine:|posix only|sglang )' "$OUT/log.txt"
+  reap
+}
+
+reap() {  # what an earlier call left on a warm machine: the servers of a harness killed at a time
+  # limit (they run in sessions of their own, with their GPU memory and pinned host pools), then
+  # its media (loop devices, mounts, images in /dev/shm)
+  python3 -P -m tutti_hicache.benchmarks.server --reap
+  bench/media.sh teardown > /dev/null 2>&1
 }
 
 media_dirs() {  # NAME -> the medium's directories, comma-separated
@@ -106,6 +114,7 @@ family_e2e() {
   # Results in $OUT: e2e-$TAG.json, log.txt, logs.tar.gz (server logs, tutti stats).
   . bench/gpu_setup.sh > "$OUT/log.txt" 2>&1 || { cat "$OUT/log.txt"; exit 1; }
   exec 3>&1 >> "$OUT/log.txt" 2>&1  # fd 3: the caller's stdout, for the summary at the end
+  reap | tee /dev/fd/3
   CONFIGS=${1:?configs}; BUDGET=${2:?seconds}; shift 2
   echo "stripe tools: $(for t in dmsetup mdadm mkfs.btrfs lvm; do command -v $t || echo "no-$t"; done | xargs)" \
     "modules: $(ls /sys/module | grep -E '^(dm_mod|md_mod|raid0|btrfs)$' | xargs)"
@@ -135,6 +144,7 @@ family_e2e() {
 
 family_faults() {  # faults inside a real SGLang server (bench/faults_sglang.py) on array-8
   . bench/gpu_setup.sh > "$OUT/log.txt" 2>&1 || { cat "$OUT/log.txt"; exit 1; }
+  reap
   local configs=${1:?configs} budget=${2:?seconds}; shift 2
   eval "$(bench/media.sh striped 8 "${ARRAY_GIB:-4}")"
   timeout -s INT "$budget" python3 bench/faults_sglang.py --write-model --model /tmp/llama8 --layers 8 \

@@ -1,15 +1,27 @@
 """The benchmarks' host-memory guard (tutti_hicache/benchmarks/hostmem.py): a real process group
 started the way the harness starts servers, a /proc/meminfo stand-in whose MemAvailable the test
-lowers, and the kill, the record and the report that follow."""
+lowers, and the kill, the record and the report that follow. Then the groups an earlier call left
+running (server.reap_left_over): killed, and a recycled pid never."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import time
+
+import pytest
 
 from tutti_hicache.benchmarks import e2e_report, e2e_sglang, hostmem, server
 
 KB = 1024
+
+
+@pytest.fixture(autouse=True)
+def own_groups_file(tmp_path, monkeypatch):
+    """This test's list of started groups, not the machine's (another harness may run beside it)."""
+    monkeypatch.setattr(server, "GROUPS_FILE", str(tmp_path / "groups"))
 
 
 def write_meminfo(path, total_gib: float, avail_gib: float, shmem_gib: float = 0.0) -> None:
@@ -104,3 +116,61 @@ def test_the_run_and_the_report_lead_with_the_guards_reason(monkeypatch):
                      "host_low": "3.1 (capacity0.8)"}]
     md = e2e_report.report_markdown([run], 4096)
     assert "### Configurations that ended early" in md and "3.1 (capacity0.8)" in md
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_group_left_running_is_reaped_and_a_stopped_one_is_not_listed(tmp_path, monkeypatch):
+    monkeypatch.setattr(server, "GUARD", hostmem.Guard(str(tmp_path / "none")))
+    stopped, log1 = server.start_group(["sleep", "30"], None, str(tmp_path / "a.log"))
+    server.stop_group(stopped, 5)
+    log1.close()
+    # a harness killed at its time limit: its server (here a leader that started a child, then
+    # exited, so the group lives on without its leader) is never stopped
+    code = "import subprocess; p = subprocess.Popen(['sleep', '60']); print(p.pid, flush=True)"
+    left, log2 = server.start_group([sys.executable, "-c", code], None, str(tmp_path / "b.log"))
+    left.wait(10)
+    log2.close()
+    child = int((tmp_path / "b.log").read_text().split()[-1])
+    assert _alive(child) and os.getpgid(child) == left.pid
+    assert [g for g, _ in server._read_groups()] == [left.pid]  # the stopped one is gone from the list
+    reaped = server.reap_left_over()
+    assert reaped == [(left.pid, [child])]
+    t0 = time.time()
+    while _alive(child) and time.time() - t0 < 5:
+        time.sleep(0.02)
+    assert not _alive(child)
+    assert server._read_groups() == [] and server.reap_left_over() == []
+
+
+def test_a_recycled_pid_is_never_reaped(tmp_path):
+    # a listed group whose id is now another live process's pid (another start time): left alone
+    me = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        started = server._start_time(me.pid)
+        (tmp_path / "groups").write_text(f"{me.pid} {started - 1}\n")
+        assert server.reap_left_over() == []
+        assert me.poll() is None
+        (tmp_path / "groups").write_text(f"{me.pid} {started}\n")  # the listed process itself
+        assert server.reap_left_over() == [(me.pid, [me.pid])]
+        assert me.wait(5) == -signal.SIGKILL
+    finally:
+        if me.poll() is None:
+            me.kill()
+            me.wait()
+
+
+def test_reap_from_the_command_line(tmp_path):
+    env = {**os.environ, "TUTTI_BENCH_GROUPS": str(tmp_path / "groups")}
+    out = subprocess.run([sys.executable, "-P", "-m", "tutti_hicache.benchmarks.server", "--reap"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == "", out.stderr
+    bad = subprocess.run([sys.executable, "-P", "-m", "tutti_hicache.benchmarks.server"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "--reap" in bad.stderr

@@ -12,6 +12,11 @@ At a glance:
                                                  concurrent phase
     drop_caches() -> what happened
     tutti_stats(out_dir, config) -> [the stats files tutti's processes of that configuration wrote]
+    reap_left_over() -> [groups killed]          what an earlier call left running (a harness
+                                                 killed at a time limit cannot stop its servers:
+                                                 they run in sessions of their own)
+
+    python -P -m tutti_hicache.benchmarks.server --reap    (bench/gpu.sh, before every family)
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ def start_group(cmd: list, env, log_path: str) -> tuple:
                             cwd=os.path.dirname(log_path) or ".", start_new_session=True)
     raise_oom_score(proc.pid)
     GUARD.watch(proc.pid)
+    _register(proc.pid)
     return proc, log
 
 
@@ -99,6 +105,92 @@ def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    _unregister(proc.pid)
+
+
+# ------------------------------------------------------------------ groups left by an earlier call
+# Each group start_group starts is listed in GROUPS_FILE ("pgid start-time" lines, the leader's start
+# time in clock ticks since boot, /proc/PID/stat field 22) until stop_group has stopped it. A harness
+# killed outright (a device call's time limit) leaves its servers running, with their GPU memory and
+# pinned host pools; the next call's reap_left_over kills them before it starts its own.
+GROUPS_FILE = os.environ.get("TUTTI_BENCH_GROUPS", "/tmp/tutti-bench-groups")
+_groups_lock = threading.Lock()
+
+
+def _start_time(pid: int):
+    """The process's start time (clock ticks since boot), or None where it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read_groups() -> list:
+    try:
+        with open(GROUPS_FILE) as f:
+            return [tuple(int(x) for x in line.split()) for line in f if len(line.split()) == 2]
+    except (OSError, ValueError):
+        return []
+
+
+def _write_groups(groups: list) -> None:
+    try:
+        tmp = GROUPS_FILE + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(f"{g} {t}\n" for g, t in groups)
+        os.replace(tmp, GROUPS_FILE)
+    except OSError:
+        pass  # bookkeeping for the next call only: never a reason to fail this one
+
+
+def _register(pgid: int) -> None:
+    t = _start_time(pgid)
+    if t is not None:
+        with _groups_lock:
+            _write_groups([g for g in _read_groups() if g[0] != pgid] + [(pgid, t)])
+
+
+def _unregister(pgid: int) -> None:
+    with _groups_lock:
+        _write_groups([g for g in _read_groups() if g[0] != pgid])
+
+
+def _members(pgid: int) -> list:
+    """Pids of the processes in process group pgid."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[2]) == pgid:
+                        out.append(int(pid))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def reap_left_over() -> list:
+    """SIGKILL every listed group still running, and empty the list: [(pgid, pids killed)]. A group
+    is ours while its leader is the process that was listed (same pid and start time) or, with the
+    leader gone, while no other process holds the leader's pid (a group id cannot be reused while
+    any member lives), so a recycled pid is never killed."""
+    killed = []
+    with _groups_lock:
+        for pgid, started in _read_groups():
+            now = _start_time(pgid)
+            if now is not None and now != started:
+                continue  # the pid belongs to another process now
+            members = _members(pgid)
+            if not members:
+                continue
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+                killed.append((pgid, members))
+            except OSError:
+                pass
+        _write_groups([])
+    return killed
 
 
 # ------------------------------------------------------------------ clients
@@ -241,3 +333,11 @@ def tutti_stats(out_dir: str, config: str) -> list:
         except (OSError, ValueError):
             pass
     return out
+
+
+if __name__ == "__main__":
+    import sys
+    if sys.argv[1:] != ["--reap"]:
+        sys.exit("usage: python -P -m tutti_hicache.benchmarks.server --reap")
+    for pgid, pids in reap_left_over():
+        print(f"reaped process group {pgid} left running by an earlier call ({len(pids)} processes)")
