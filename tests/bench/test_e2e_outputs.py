@@ -430,3 +430,43 @@ def test_a_checkpoint_larger_than_the_free_space_is_refused_before_any_write(tmp
     need = sum(int(np.prod(s)) * 2 for _, s, _ in weights.tensors(TINY))
     (tmp_path / "w" / "model-00001-of-00001.safetensors").write_bytes(b"\0" * need)  # an old one
     weights.write_weights(str(tmp_path / "w"), TINY, device="cpu")
+
+
+def test_the_sweeps_extend_sizes_are_compiled_before_it(tmp_path):
+    """warm_extend_sizes: per size of the sweep, a prompt of two pages and a bit, then the same
+    prompt extended by exactly that many new tokens, one output token each (e2e.extend_sizes)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tutti_hicache.benchmarks.server import warm_extend_sizes
+    pytest.importorskip("requests")
+    wl = e2e.Workload((1024, 2048), docs=2, q_tokens=8)
+    sweep = e2e.sweep_requests(wl, [0.5, 0.9])
+    sizes = e2e.extend_sizes(sweep)
+    assert sizes == sorted({len(r.ids) - r.cached for r in sweep}) and len(sizes) >= 2
+    bodies = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *a):
+            pass
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    srv = type("S", (), {"url": f"http://127.0.0.1:{httpd.server_port}", "alive": lambda self: True})()
+    try:
+        out = warm_extend_sizes(srv, sizes, 64)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert out["ok"] and out["sizes"] == sizes and len(bodies) == 2 * len(sizes)
+    for m, (head, ext) in zip(sizes, zip(bodies[::2], bodies[1::2])):
+        assert len(head["input_ids"]) == 2 * 64 + 7 and ext["input_ids"][:135] == head["input_ids"]
+        assert len(ext["input_ids"]) == 135 + m and ext["sampling_params"]["max_new_tokens"] == 1
+    heads = [b["input_ids"] for b in bodies[::2]]
+    assert len({tuple(h) for h in heads}) == len(heads)  # a new prefix per size: no hit on another's

@@ -294,3 +294,8 @@ def sweep_requests(wl: Workload, fractions: list) -> list:
             twin_tail = wl.tokens("twin", len(r.ids) - r.cached, c, int(round(h * 1000)))
             out += [r, Request(r.id + "/l1", r.ids[: r.cached] + twin_tail, c, r.cached)]
     return out
+
+
+def extend_sizes(sweep: list) -> list:
+    """The distinct numbers of new tokens (after the cached prefix) of a sweep's requests, sorted."""
+    return sorted({len(r.ids) - r.cached for r in sweep})

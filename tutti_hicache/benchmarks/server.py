@@ -10,6 +10,7 @@ At a glance:
     run_sequential(srv, reqs, max_new, flush) / run_rate(srv, reqs, rate, max_new)
     warm_batch_kernels(srv, page_size)           SGLang's multi-sequence kernels compiled before a
                                                  concurrent phase
+    warm_extend_sizes(srv, sizes, page_size)     its kernels for the sweep's extend sizes, before it
     drop_caches() -> what happened
     tutti_stats(out_dir, config) -> [the stats files tutti's processes of that configuration wrote]
     reap_left_over() -> [groups killed]          what an earlier call left running (a harness
@@ -302,6 +303,33 @@ def warm_batch_kernels(srv: Server, page_size: int, seqs: int = 2, seed: int = 7
         if not srv.alive():
             raise RuntimeError("server died")
     return {"seconds": round(time.time() - t0, 3), "ok": ok}
+
+
+def warm_extend_sizes(srv: Server, sizes: list, page_size: int, seed: int = 11) -> dict:
+    """Compile SGLang's kernels for the extends a sweep will measure before it measures one: per
+    size M, a random prompt of two pages and a bit, then the same prompt with M new tokens (an
+    extend of M tokens behind a cached prefix), one output token each. Triton kernels compile per
+    batch shape: on the MoE models SGLang's fused-MoE kernel took 0.66-0.92 s for a size it had
+    not run (benchmarks.md 7.5), which fell on the sweep point's restore and not on its compute-only
+    twin, run just after with the same size. {"sizes", "seconds", "ok"}."""
+    import random
+
+    import requests
+    rng = random.Random(seed)
+    t0, ok = time.time(), True
+    for m in sizes:
+        head = [rng.randrange(1000, 30000) for _ in range(2 * page_size + 7)]
+        for ids in (head, head + [rng.randrange(1000, 30000) for _ in range(m)]):
+            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0,
+                                                          "ignore_eos": True}}
+            try:
+                with requests.post(srv.url + "/generate", json=body, timeout=(5, 300)) as r:
+                    ok = r.ok and ok
+            except requests.RequestException:
+                ok = False
+            if not srv.alive():
+                raise RuntimeError("server died")
+    return {"sizes": list(sizes), "seconds": round(time.time() - t0, 3), "ok": ok}
 
 
 def drop_caches() -> str:
