@@ -351,44 +351,24 @@ def test_misplace_swaps_two_documents_pages_with_valid_checksums(tmp_path):
 
 # ------------------------------------------------------------------ the client's request and parsing
 @pytest.mark.parametrize("incremental", [False, True])
-def test_one_request_asks_for_top_logprobs_and_keeps_them(incremental):
+def test_one_request_asks_for_top_logprobs_and_keeps_them(incremental, generate_stub):
     """one_request against a stand-in /generate streaming as SGLang does (cumulative chunks, or
     incremental ones): the body asks for top-k logprobs of the output positions only, and the
     record keeps [[logprob, token id]] per output position."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from tutti_hicache.benchmarks.server import one_request
-    pytest.importorskip("requests")
     tops = [[[-0.1, 5, None], [-2.0, 8, None]], [[-0.3, 6, None], [-1.5, 2, None]]]
-    bodies = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()
-            for i in (1, 2):
-                lo = i - 1 if incremental else 0
-                chunk = {"output_ids": [5, 6][lo:i], "meta_info": {"output_top_logprobs": tops[lo:i],
-                                                                  "cached_tokens": 64}}
-                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-            self.wfile.write(b"data: [DONE]\n\n")
-
-        def log_message(self, *a):
-            pass
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    srv = type("S", (), {"url": f"http://127.0.0.1:{httpd.server_port}", "top_logprobs": 2,
-                         "alive": lambda self: True})()
-    try:
+    def stream(write):
+        for i in (1, 2):
+            lo = i - 1 if incremental else 0
+            chunk = {"output_ids": [5, 6][lo:i], "meta_info": {"output_top_logprobs": tops[lo:i],
+                                                              "cached_tokens": 64}}
+            write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        write(b"data: [DONE]\n\n")
+    with generate_stub(stream=stream, top_logprobs=2) as (srv, bodies):
         rec = one_request(srv, e2e.Request("r", [1, 2, 3], 3, 0), 2)
         srv.top_logprobs = 0
         plain = one_request(srv, e2e.Request("r", [1, 2, 3], 3, 0), 2)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
     assert bodies[0]["return_logprob"] is True and bodies[0]["top_logprobs_num"] == 2
     assert bodies[0]["logprob_start_len"] == -1 and "return_logprob" not in bodies[1]
     assert rec["output_ids"] == [5, 6] and rec["top_logprobs"] == [[[-0.1, 5], [-2.0, 8]], [[-0.3, 6], [-1.5, 2]]]
@@ -432,38 +412,16 @@ def test_a_checkpoint_larger_than_the_free_space_is_refused_before_any_write(tmp
     weights.write_weights(str(tmp_path / "w"), TINY, device="cpu")
 
 
-def test_the_sweeps_extend_sizes_are_compiled_before_it(tmp_path):
+def test_the_sweeps_extend_sizes_are_compiled_before_it(generate_stub):
     """warm_extend_sizes: per size of the sweep, a prompt of two pages and a bit, then the same
     prompt extended by exactly that many new tokens, one output token each (e2e.extend_sizes)."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from tutti_hicache.benchmarks.server import warm_extend_sizes
-    pytest.importorskip("requests")
     wl = e2e.Workload((1024, 2048), docs=2, q_tokens=8)
     sweep = e2e.sweep_requests(wl, [0.5, 0.9])
     sizes = e2e.extend_sizes(sweep)
     assert sizes == sorted({len(r.ids) - r.cached for r in sweep}) and len(sizes) >= 2
-    bodies = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def log_message(self, *a):
-            pass
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    srv = type("S", (), {"url": f"http://127.0.0.1:{httpd.server_port}", "alive": lambda self: True})()
-    try:
+    with generate_stub() as (srv, bodies):
         out = warm_extend_sizes(srv, sizes, 64)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
     assert out["ok"] and out["sizes"] == sizes and len(bodies) == 2 * len(sizes)
     for m, (head, ext) in zip(sizes, zip(bodies[::2], bodies[1::2])):
         assert len(head["input_ids"]) == 2 * 64 + 7 and ext["input_ids"][:135] == head["input_ids"]

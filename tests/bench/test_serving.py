@@ -243,32 +243,12 @@ def test_rates_through_goes_past_the_slo_to_a_comparison_rate(tmp_path, faked):
     assert run["rate_sweep"]["highest_rate_under_slo"] == 1.0
 
 
-def test_kernel_warmup_sends_a_batch_then_the_batch_extending_its_prefixes(monkeypatch):
+def test_kernel_warmup_sends_a_batch_then_the_batch_extending_its_prefixes(generate_stub):
     """What warm_batch_kernels sends a real server: one /generate holding two new prompts, then one
     holding the same prompts a page longer (a two-sequence extend over cached prefixes)."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from tutti_hicache.benchmarks import server as srv_mod
-    bodies = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b"[]")
-
-        def log_message(self, *a):
-            pass
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        fake = type("S", (), {"url": f"http://127.0.0.1:{httpd.server_address[1]}", "alive": lambda self: True})()
+    with generate_stub(answer=b"[]") as (fake, bodies):
         out = srv_mod.warm_batch_kernels(fake, 64)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
     assert out["ok"] and len(bodies) == 2
     first, second = (b["input_ids"] for b in bodies)
     assert len(first) == len(second) == 2 and first[0] != first[1]

@@ -287,21 +287,11 @@ def warm_batch_kernels(srv: Server, page_size: int, seqs: int = 2, seed: int = 7
     prefixes), a few tokens each; {"seconds", "ok"}. The prompts are the harness's own random
     ids, two pages and a bit, so the tier stores a few pages of them and nothing else changes."""
     import random
-
-    import requests
     rng = random.Random(seed)
     heads = [[rng.randrange(1000, 30000) for _ in range(2 * page_size + 7)] for _ in range(seqs)]
     t0, ok = time.time(), True
     for tail in (0, page_size):
-        ids = [h + [rng.randrange(1000, 30000) for _ in range(tail)] for h in heads]
-        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
-        try:
-            with requests.post(srv.url + "/generate", json=body, timeout=(5, 120)) as r:
-                ok = r.ok and ok
-        except requests.RequestException:
-            ok = False
-        if not srv.alive():
-            raise RuntimeError("server died")
+        ok = _generate(srv, [h + [rng.randrange(1000, 30000) for _ in range(tail)] for h in heads], 4, 120) and ok
     return {"seconds": round(time.time() - t0, 3), "ok": ok}
 
 
@@ -313,23 +303,28 @@ def warm_extend_sizes(srv: Server, sizes: list, page_size: int, seed: int = 11) 
     not run (benchmarks.md 7.5), which fell on the sweep point's restore and not on its compute-only
     twin, run just after with the same size. {"sizes", "seconds", "ok"}."""
     import random
-
-    import requests
     rng = random.Random(seed)
     t0, ok = time.time(), True
     for m in sizes:
         head = [rng.randrange(1000, 30000) for _ in range(2 * page_size + 7)]
         for ids in (head, head + [rng.randrange(1000, 30000) for _ in range(m)]):
-            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0,
-                                                          "ignore_eos": True}}
-            try:
-                with requests.post(srv.url + "/generate", json=body, timeout=(5, 300)) as r:
-                    ok = r.ok and ok
-            except requests.RequestException:
-                ok = False
-            if not srv.alive():
-                raise RuntimeError("server died")
+            ok = _generate(srv, ids, 1, 300) and ok
     return {"sizes": list(sizes), "seconds": round(time.time() - t0, 3), "ok": ok}
+
+
+def _generate(srv: Server, ids: list, max_new: int, timeout_s: float) -> bool:
+    """One greedy /generate of ids (one prompt, or a batch: a list of prompts), its answer unread;
+    whether the server answered OK. Raises once the server process is gone."""
+    import requests
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
+    try:
+        with requests.post(srv.url + "/generate", json=body, timeout=(5, timeout_s)) as r:
+            ok = r.ok
+    except requests.RequestException:
+        ok = False
+    if not srv.alive():
+        raise RuntimeError("server died")
+    return ok
 
 
 def drop_caches() -> str:
