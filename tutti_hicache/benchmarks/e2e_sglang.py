@@ -256,7 +256,8 @@ def own_phases(args, sess: Session, wl: e2e.Workload, deadline: float, store_fro
     sweep = e2e.sweep_requests(wl, args.fractions)
     # the sweep's extend sizes compiled first: else a size's first compile falls on its restore
     # and not on the compute-only twin after it (0.7-0.9 s on the MoE models)
-    run["sweep_warmup"] = warm_extend_sizes(srv, e2e.extend_sizes(sweep), args.page_size)
+    # (salted like the workload: a server sharing another's store must compute them, not restore them)
+    run["sweep_warmup"] = warm_extend_sizes(srv, e2e.extend_sizes(sweep), args.page_size, seed=11 + wl.salt)
     if base != "dram":  # what the warm-up stored is written before the first point
         run["sweep_warmup"]["settle_s"] = settle(args, sess.config, quiet_s=1.0, limit_s=30.0)
     record_phase(run, "sweep", run_sequential(srv, sweep, args.max_new, flush=base != "dram"))
