@@ -22,3 +22,24 @@ def test_a_failing_file_is_logged_once_and_never_raises(tmp_path, caplog):
     assert ok.write({"a": 1}) and ok.write({"b": 2})
     assert (tmp_path / "t.jsonl").read_text().splitlines() == ['{"a": 1}', '{"b": 2}']
     assert not TimelineFile("").write({"a": 1}) and not StatsFile("").dump({"a": 1})
+
+
+def test_a_dump_inside_the_interval_is_written_when_it_ends(tmp_path):
+    """The rate limit must not lose the last change: a load counted just after another write,
+    with nothing after it (a server stopped without a close), still reaches the file."""
+    import json
+    import time
+    path = tmp_path / "stats.json"
+    sf = StatsFile(str(path), min_interval_s=0.2)
+    assert sf.dump({"loads": 1})  # written now
+    assert not sf.dump({"loads": 2}) and not sf.dump({"loads": 3})  # inside the interval: later
+    assert json.loads(path.read_text()) == {"loads": 1}
+    t0 = time.monotonic()
+    while json.loads(path.read_text()) != {"loads": 3} and time.monotonic() - t0 < 5:
+        time.sleep(0.02)
+    assert json.loads(path.read_text()) == {"loads": 3}  # the latest, not the one between
+    # a forced write (close) is newer than what the timer holds: the timer must not undo it
+    assert not sf.dump({"loads": 4})
+    assert sf.dump({"loads": 5}, force=True)
+    time.sleep(0.4)
+    assert json.loads(path.read_text()) == {"loads": 5}
