@@ -38,6 +38,7 @@ class StatsFile:
         self._lock = threading.Lock()
         self._pending = None  # the latest snapshot a dump inside the interval left for the timer
         self._timer = None
+        self._timer_pid = 0
 
     def dump(self, counters: dict, force: bool = False) -> bool:
         if not self.path:
@@ -46,9 +47,11 @@ class StatsFile:
             now = time.monotonic()
             if not force and now - self._last < self.min_interval_s:
                 self._pending = counters
-                if self._timer is None:
+                if self._timer is None or self._timer_pid != os.getpid():  # none, or a forked
+                    # parent's, whose thread this process does not have
                     self._timer = threading.Timer(self.min_interval_s - (now - self._last), self._catch_up)
                     self._timer.daemon = True
+                    self._timer_pid = os.getpid()
                     self._timer.start()
                 return False
             self._pending = None  # this write is newer than anything the timer holds

@@ -43,3 +43,27 @@ def test_a_dump_inside_the_interval_is_written_when_it_ends(tmp_path):
     assert sf.dump({"loads": 5}, force=True)
     time.sleep(0.4)
     assert json.loads(path.read_text()) == {"loads": 5}
+
+
+def test_a_forked_child_catches_up_without_its_parents_timer(tmp_path):
+    """A process forked while the parent's timer was pending has the pending state but not the
+    timer's thread: its own later change must still reach its file."""
+    import json
+    import os
+    import time
+    path = tmp_path / "stats.json"
+    sf = StatsFile(str(path), min_interval_s=0.3)
+    assert sf.dump({"who": "parent"}) and not sf.dump({"who": "parent, pending"})
+    pid = os.fork()
+    if pid == 0:  # the child: one more change inside the interval, then wait for it to land
+        try:
+            sf.path = str(tmp_path / "child.json")
+            sf.dump({"who": "child"})
+            t0 = time.monotonic()
+            while not os.path.exists(sf.path) and time.monotonic() - t0 < 5:
+                time.sleep(0.02)
+            os._exit(0 if json.loads(open(sf.path).read()) == {"who": "child"} else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
