@@ -118,13 +118,20 @@ GROUPS_FILE = os.environ.get("TUTTI_BENCH_GROUPS", "/tmp/tutti-bench-groups")
 _groups_lock = threading.Lock()
 
 
-def _start_time(pid: int):
-    """The process's start time (clock ticks since boot), or None where it does not exist."""
+def proc_stat(pid) -> list:
+    """/proc/PID/stat's fields after the command name, from field 3 (the state) on: index 2 is
+    the process group, 19 the start time in clock ticks since boot; [] where it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _start_time(pid: int):
+    """The process's start time (clock ticks since boot), or None where it does not exist."""
+    fields = proc_stat(pid)
+    return int(fields[19]) if len(fields) > 19 else None
 
 
 def _read_groups() -> list:
@@ -159,16 +166,8 @@ def _unregister(pgid: int) -> None:
 
 def _members(pgid: int) -> list:
     """Pids of the processes in process group pgid."""
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[2]) == pgid:
-                        out.append(int(pid))
-            except (OSError, ValueError, IndexError):
-                pass
-    return out
+    return [int(pid) for pid in os.listdir("/proc")
+            if pid.isdigit() and proc_stat(pid)[2:3] == [str(pgid)]]
 
 
 def reap_left_over() -> list:
