@@ -49,10 +49,13 @@ class StatsFile:
                 self._pending = counters
                 if self._timer is None or self._timer_pid != os.getpid():  # none, or a forked
                     # parent's, whose thread this process does not have
-                    self._timer = threading.Timer(self.min_interval_s - (now - self._last), self._catch_up)
-                    self._timer.daemon = True
-                    self._timer_pid = os.getpid()
-                    self._timer.start()
+                    timer = threading.Timer(self.min_interval_s - (now - self._last), self._catch_up)
+                    timer.daemon = True
+                    try:
+                        timer.start()
+                    except RuntimeError:  # no thread to be had: the next dump tries again
+                        return False
+                    self._timer, self._timer_pid = timer, os.getpid()
                 return False
             self._pending = None  # this write is newer than anything the timer holds
             return self._write(counters, now)

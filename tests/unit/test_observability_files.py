@@ -67,3 +67,19 @@ def test_a_forked_child_catches_up_without_its_parents_timer(tmp_path):
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
+
+
+def test_no_thread_for_the_catch_up_is_not_an_error(tmp_path, monkeypatch):
+    """dump never raises: where no thread can be started, the snapshot waits for the next dump."""
+    import json
+    import threading
+    path = tmp_path / "stats.json"
+    sf = StatsFile(str(path), min_interval_s=60)
+    assert sf.dump({"n": 1})
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(threading.Timer, "start", refuse)
+    assert sf.dump({"n": 2}) is False and sf.dump({"n": 3}) is False
+    monkeypatch.undo()
+    assert sf.dump({"n": 4}, force=True) and json.loads(path.read_text()) == {"n": 4}
