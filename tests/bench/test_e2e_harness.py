@@ -144,6 +144,8 @@ def test_slo_and_outputs_and_report():
         assert part in text
     assert "| m | 4096 | 0.9 | 1000 | 200 | 250 | 100 |" in text  # recompute, dram, linker, compute only
     assert "| 4.0 |" in text  # recompute / linker
+    runs[0].update(raw_request_bytes=72 << 10, raw_request_GBps=6.5)  # the linker's request size
+    assert "(10.00; 6.50 in 72 KiB)" in e2e_report.report_markdown(runs, bpt)
 
 
 def test_sweep_table_names_whose_ratio_to_the_bound_it_shows():
@@ -391,6 +393,7 @@ def test_a_run_cut_off_keeps_the_phases_it_finished(tmp_path, monkeypatch):
         return run
     monkeypatch.setattr(mod, "run_config", fake_run)
     monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": 1.0})
+    monkeypatch.setattr(mod, "raw_read_uring_dirs", lambda *a, **k: 1.0)
     out = tmp_path / "out.json"
     monkeypatch.setattr(sys, "argv", ["x", "--medium", "m", "--tutti-dirs", str(tmp_path / "a"),
                                       "--one-dir", str(tmp_path / "o"), "--configs", "recompute,tutti-host",
@@ -414,6 +417,7 @@ def test_the_first_configuration_always_starts_and_later_ones_wait_for_time(tmp_
         return {"config": config, "medium": "m", "phases": {}, "summaries": {}}
     monkeypatch.setattr(mod, "run_config", fake_run)
     monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": 1.0})
+    monkeypatch.setattr(mod, "raw_read_uring_dirs", lambda *a, **k: 1.0)
     out = tmp_path / "out.json"
     monkeypatch.setattr(sys, "argv", ["x", "--medium", "m", "--tutti-dirs", str(tmp_path / "a"),
                                       "--one-dir", str(tmp_path / "o"), "--configs", "tutti-tiered,dram",
@@ -438,6 +442,7 @@ def test_share_linker_store_order(tmp_path, monkeypatch):
                 "store_from": store_from or None}
     monkeypatch.setattr(mod, "run_config", fake_run)
     monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": 1.0})
+    monkeypatch.setattr(mod, "raw_read_uring_dirs", lambda *a, **k: 1.0)
     argv = ["x", "--medium", "m", "--tutti-dirs", str(tmp_path / "a"), "--one-dir", str(tmp_path / "o"),
             "--configs", "dram,tutti-linker,tutti-linker+tutti_threads=4,tutti-linker-dynamic", "--contexts", "4096",
             "--json", str(tmp_path / "out.json"), "--out-dir", str(tmp_path / "logs"), "--share-linker-store"]
@@ -459,6 +464,10 @@ def test_the_io_floor_takes_the_faster_of_the_raw_reads_before_and_after(tmp_pat
     mod = e2e_sglang
     reads = iter([5.0, 1.0, 7.0])  # the array before, the one directory, the array after
     monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": next(reads)})
+    at_request = iter([4.0, 3.0])  # tutti's engine in the linker's requests, before and after
+    sizes = []
+    monkeypatch.setattr(mod, "raw_read_uring_dirs",
+                        lambda dirs, nbytes, req: sizes.append(req) or next(at_request))
     monkeypatch.setattr(mod, "run_config", lambda args, config, wl, raw, deadline, store_from="":
                         {"config": config, "medium": "m", **raw, "phases": {}})
     out = tmp_path / "out.json"
@@ -469,6 +478,9 @@ def test_the_io_floor_takes_the_faster_of_the_raw_reads_before_and_after(tmp_pat
     run, = json.loads(out.read_text())
     assert (run["raw_read_before_GBps"], run["raw_read_after_GBps"], run["raw_read_GBps"]) == (5.0, 7.0, 7.0)
     assert run["raw_read_one_dir_GBps"] == 1.0
+    # the default shape's (Llama-3-8B, bf16, page 64) request: K and V of one layer, 2 x 128 KiB
+    assert sizes == [256 << 10] * 2 and run["raw_request_bytes"] == 256 << 10
+    assert run["raw_request_GBps"] == 4.0
 
 
 def test_a_forward_record_with_a_host_anchor_places_its_layers_on_the_host_clock():

@@ -19,6 +19,7 @@ import os
 import sys
 from typing import Optional
 
+from ..layout import align_up
 from .e2e import PAGE
 from .lmcache_daemon import CONFIGS as LMCACHE
 from .lmcache_daemon import write_client_config
@@ -143,6 +144,14 @@ def kv_bytes_per_token(shape: str, layers: int, kv_cache_dtype: str = "auto") ->
         return (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * elem * layers
     hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     return 2 * cfg["num_key_value_heads"] * hd * elem * layers
+
+
+def layer_request_bytes(shape: str, page_size: int, kv_cache_dtype: str = "auto") -> int:
+    """Bytes of one layer of one page as the linker reads it: one request of that layer's
+    objects (K and V, or MLA's one latent), each padded to 4 KiB as the store lays them out."""
+    objects = 1 if "kv_lora_rank" in MODELS[shape] else 2
+    per_object = kv_bytes_per_token(shape, 1, kv_cache_dtype) // objects * page_size
+    return objects * align_up(per_object)
 
 
 WEIGHTS = ("dummy", "seeded")

@@ -443,7 +443,7 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = L
     eq = _outputs(runs, refs, tol)
     parts += ["### Per configuration", _table(
         ["medium", "config", "first request after start ms",
-         "restore GB/s over whole load spans, paced ones too (raw)",
+         "restore GB/s over whole load spans, paced ones too (raw; raw in the linker's requests)",
          "pages loaded / copied from pages just restored (whole run)", "server starts s",
          "outputs = recompute (sequential phases)", "outputs = recompute (concurrent phases)"],
         [_config_row(run, eq.get(f"{run['config']}@{run.get('medium', '')}", {})) for run in runs])]
@@ -667,8 +667,10 @@ def _config_row(run: dict, eq: dict) -> list:
     raw = run.get("raw_read_GBps")
     l2 = (run.get("lmcache_prefetches") or {}).get("l2_GBps")  # LMCache's L2 -> L1 prefetches
     l2 = f", L2 prefetch {l2:.2f}" if l2 else ""
+    req, req_raw = run.get("raw_request_bytes"), run.get("raw_request_GBps")
+    at_req = f"; {_f(req_raw, '.2f')} in {req >> 10} KiB" if req and req_raw else ""
     return [run.get("medium"), run["config"], _f(first * 1e3 if first else None),
-            f"{_f(restore, '.2f')}{l2} ({_f(raw, '.2f')})", _loaded_copied(run),
+            f"{_f(restore, '.2f')}{l2} ({_f(raw, '.2f')}{at_req})", _loaded_copied(run),
             "/".join(f"{s:.0f}" for s in run.get("start_s", [])), frac(seq), frac(conc)]
 
 

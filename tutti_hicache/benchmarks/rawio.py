@@ -6,6 +6,7 @@ At a glance:
     raw_read_uring_GBps(path, nbytes, req, batch_nbytes, dirs, ...) -> GB/s
                                                     the same through tutti's own engine: io_uring,
                                                     its queue depth, `req`-byte operations
+    raw_read_uring_dirs(dirs, nbytes, req) -> GB/s  the same over one file per directory, all at once
     raw_read_dirs(dirs, nbytes, reqs) -> dict       one file per directory, every directory at once
     drop_page_cache(paths) -> str                   drop_caches when allowed, else fadvise per file
     raw_write_dirs(dirs, nbytes, req, threads) -> dict  O_DIRECT writes of one file per directory,
@@ -15,6 +16,7 @@ At a glance:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -72,53 +74,76 @@ def raw_read_GBps(path: str, nbytes: int, req: int, threads: int) -> float:
     return len(offsets) * req / seconds / 1e9
 
 
-def raw_read_uring_GBps(path: str, nbytes: int, req: int, batch_nbytes: int, dirs,
+def raw_read_uring_GBps(path, nbytes: int, req: int, batch_nbytes: int, dirs,
                         kind: str = "auto", queue_depth: int = 0, threads: int = 8) -> float:
-    """O_DIRECT read of [0, nbytes) through the engine a store on `dirs` would open (the same
-    kind, ring depth and bytes in flight: tutti_engine, tutti_queue_depth, derived from the
-    devices when 0), in operations of exactly `req` bytes (never coalesced into larger ones),
-    one engine batch per batch_nbytes as a restore submits one batch of pages, into distinct
-    pre-faulted memory; GB/s. A plain file read at tutti's own operation size and depth."""
+    """O_DIRECT read of [0, nbytes) of `path` (or of each of a list of paths, their requests
+    interleaved, as a restore's pages spread over the directories) through the engine a store on
+    `dirs` would open (the same kind, ring depth and bytes in flight: tutti_engine,
+    tutti_queue_depth, derived from the devices when 0), in operations of exactly `req` bytes
+    (never coalesced into larger ones), one engine batch per batch_nbytes as a restore submits
+    one batch of pages, into distinct pre-faulted memory; GB/s. A plain file read at tutti's own
+    operation size and depth."""
     from ..config import TuttiConfig
     from ..engine import extension, inflight_for, open_engine
     ext = extension()
+    paths = [path] if isinstance(path, str) else list(path)
     req = max(4096, req // 4096 * 4096)
     cfg = TuttiConfig(dirs=tuple(dirs), engine=kind, queue_depth=queue_depth, threads=threads)
     depth, read_bytes, write_bytes = inflight_for(cfg)
     engine = open_engine(kind, depth, threads, read_bytes, write_bytes, max_op_bytes=req)
     try:
-        offsets = np.arange(0, nbytes - req + 1, req, dtype=np.int64)
-        span = max(req, min(nbytes, 1 << 30) // req * req)
+        per_file = np.arange(0, nbytes - req + 1, req, dtype=np.int64)
+        fds = np.array([engine.open_file(p, False, True) for p in paths], dtype=np.int64)
+        files = np.tile(fds, len(per_file))  # request k: file k % len(paths)
+        offsets = np.repeat(per_file, len(paths))
+        span = max(req, min(len(offsets) * req, 1 << 30) // req * req)
         buf = ext.AlignedBuffer(span)
         np.frombuffer(buf, dtype=np.uint8)[:] = 1  # fault the pages in, as a host pool already is
-        f = engine.open_file(path, False, True)
+        mem = np.arange(len(offsets), dtype=np.int64) * req % span
         per = max(1, batch_nbytes // req)
         t0 = time.perf_counter()
         for i in range(0, len(offsets), per):
-            off = offsets[i:i + per]
-            res = engine.submit("read", np.full(len(off), f, np.int64), off,
-                                np.full(len(off), req, np.int64),
-                                (buf.address + off % span).astype(np.uint64))
+            res = engine.submit("read", files[i:i + per], offsets[i:i + per],
+                                np.full(len(offsets[i:i + per]), req, np.int64),
+                                (buf.address + mem[i:i + per]).astype(np.uint64))
             if (res != req).any():
                 bad = int(res[res != req][0])
-                raise OSError(-bad if bad < 0 else errno.EIO, "raw read failed", path)
+                raise OSError(-bad if bad < 0 else errno.EIO, "raw read failed", ", ".join(paths))
         return len(offsets) * req / (time.perf_counter() - t0) / 1e9
     finally:
         engine.close()
+
+
+@contextlib.contextmanager
+def _dir_files(dirs, nbytes: int, name: str):
+    """One file of random bytes per directory (nbytes in all), out of the page cache; removed
+    after. Yields (paths, bytes per file)."""
+    paths, per = [], nbytes // len(dirs) // 4096 * 4096
+    try:
+        for d in dirs:
+            paths.append(os.path.join(d, name))
+            write_raw_file(paths[-1], per)
+        drop_page_cache(paths)
+        yield paths, per
+    finally:
+        for p in paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+
+
+def raw_read_uring_dirs(dirs, nbytes: int, req: int, batch_nbytes: int = 256 << 20) -> float:
+    """raw_read_uring_GBps over one same-size file per directory (nbytes in all), every
+    directory at once through one engine: the medium's rate at tutti's own request size."""
+    with _dir_files(dirs, nbytes, "raw-read-uring.bin") as (paths, per):
+        return raw_read_uring_GBps(paths, per, req, batch_nbytes, dirs)
 
 
 def raw_read_dirs(dirs, nbytes: int, reqs=(256 << 10, 8 << 20), threads: int = 8) -> dict:
     """Raw O_DIRECT read of a same-size file per directory (nbytes in all), all directories at
     once (`threads` readers each, distinct pre-faulted memory): the sum of the per-directory
     rates, per request size, and the best of them as raw_read_GBps."""
-    paths, per = [], nbytes // len(dirs) // 4096 * 4096
-    for d in dirs:
-        p = os.path.join(d, "raw-read.bin")
-        write_raw_file(p, per)
-        paths.append(p)
-    drop_page_cache(paths)
     out = {}
-    try:
+    with _dir_files(dirs, nbytes, "raw-read.bin") as (paths, per):
         for req in reqs:
             rates = []
             ts = [threading.Thread(target=lambda p=p: rates.append(raw_read_GBps(p, per, req, threads)))
@@ -128,9 +153,6 @@ def raw_read_dirs(dirs, nbytes: int, reqs=(256 << 10, 8 << 20), threads: int = 8
             for t in ts:
                 t.join()
             out[f"raw_{req >> 10}KiB_GBps"] = sum(rates)
-    finally:
-        for p in paths:
-            os.unlink(p)
     out["raw_read_GBps"] = max(out.values())
     return out
 
