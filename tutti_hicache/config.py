@@ -182,8 +182,8 @@ class TuttiConfig:
         "(tutti_hicache/benchmarks/timeline.py reads both). Empty: off.")
     stats_file: str = setting("",
         "Write the backend's counters (hits, misses, bytes, checksum failures, engine calls) as "
-        "JSON to this file, at most once a second (a change is written within that second) and at close "
-        "({pid} is replaced).")
+        "JSON to this file, at most once a second (a change is written when that second ends, or at a "
+        "normal exit) and at close ({pid} is replaced by each process's id).")
     drive_capacity_gb: float = setting(0.0,
         "Capacity of the drive behind each store directory, for the drive-writes-per-day "
         "projection of the wear counters (GB = 10^9 bytes, as drives are rated); 0: the size of "

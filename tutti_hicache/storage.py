@@ -220,18 +220,19 @@ class TuttiStorage(HiCacheStorage):
 
     def close(self) -> None:
         if self.store is not None:
-            self._dump_stats(force=True)
+            if self._stats_file.path:
+                self._stats_file.close(self.store.stats)
             store, self.store = self.store, None
             try:
                 store.close()
             except Exception:
                 logger.exception("tutti: close failed")
 
-    def _dump_stats(self, force: bool = False) -> None:
+    def _dump_stats(self) -> None:
         """tutti_stats_file: counters as JSON, at most once a second (never raises)."""
         store = self.store  # once: close() on the scheduler thread may set it to None
         if store is not None and self._stats_file.path:  # no file: the counters are not needed
-            self._stats_file.dump(store.stats(), force)
+            self._stats_file.dump(store.stats)  # the counters are gathered as the file is written
 
     def get_stats(self):
         with self._metrics_lock:

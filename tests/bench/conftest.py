@@ -45,3 +45,11 @@ def _stub(answer: bytes = b"{}", stream=None, top_logprobs: int = 0):
 def generate_stub():
     pytest.importorskip("requests")
     return _stub
+
+
+@pytest.fixture(autouse=True)
+def own_groups_file(tmp_path, monkeypatch):
+    """Each test's own list of started process groups (server.GROUPS_FILE), not the machine's:
+    another harness or test run may be using that one."""
+    from tutti_hicache.benchmarks import server
+    monkeypatch.setattr(server, "GROUPS_FILE", str(tmp_path / "groups"))

@@ -18,12 +18,6 @@ from tutti_hicache.benchmarks import e2e_report, e2e_sglang, hostmem, server
 KB = 1024
 
 
-@pytest.fixture(autouse=True)
-def own_groups_file(tmp_path, monkeypatch):
-    """This test's list of started groups, not the machine's (another harness may run beside it)."""
-    monkeypatch.setattr(server, "GROUPS_FILE", str(tmp_path / "groups"))
-
-
 def write_meminfo(path, total_gib: float, avail_gib: float, shmem_gib: float = 0.0) -> None:
     kib = lambda g: int(g * 2**30 / KB)  # noqa: E731
     path.write_text(f"MemTotal:       {kib(total_gib)} kB\nMemFree:        {kib(avail_gib)} kB\n"
@@ -135,7 +129,7 @@ def test_a_group_left_running_is_reaped_and_a_stopped_one_is_not_listed(tmp_path
     log2.close()
     child = int((tmp_path / "b.log").read_text().split()[-1])
     assert _alive(child) and os.getpgid(child) == left.pid
-    assert [g for g, _ in server._read_groups()] == [left.pid]  # the stopped one is gone from the list
+    assert [g[0] for g in server._read_groups()] == [left.pid]  # the stopped one is gone from the list
     reaped = server.reap_left_over()
     assert reaped == [(left.pid, [child])]
     t0 = time.time()
@@ -160,6 +154,67 @@ def test_a_recycled_pid_is_never_reaped(tmp_path):
         if me.poll() is None:
             me.kill()
             me.wait()
+
+
+def _daemon_child(env=None) -> tuple:
+    """A leader that starts a child in its own new session and exits (a double-forking daemon):
+    (the group id, the child's pid); the group lives on without its leader."""
+    code = ("import os, subprocess; os.setsid(); p = subprocess.Popen(['sleep', '60'], "
+            "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(os.getpid(), p.pid, flush=True)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=env)
+    pgid, child = (int(x) for x in out.stdout.split())
+    assert _alive(child) and os.getpgid(child) == pgid and not _alive(pgid)
+    return pgid, child
+
+
+def test_a_leaderless_group_another_program_made_under_a_listed_id_is_not_reaped(tmp_path):
+    """The listed leader is gone and a daemon of another program now holds a group under its id
+    (pid reuse, simulated by listing the daemon's group): without the mark its processes carry,
+    it is left alone; with it, it is ours and reaped."""
+    pgid, child = _daemon_child()
+    try:
+        (tmp_path / "groups").write_text(f"{pgid} 12345 {os.getpid()}.1\n")
+        assert server.reap_left_over() == [] and _alive(child)
+    finally:
+        os.kill(child, signal.SIGKILL)
+    pgid, child = _daemon_child(env={**os.environ, server.MARK: "7.7"})
+    try:
+        (tmp_path / "groups").write_text(f"{pgid} 12345 7.7\n")
+        assert server.reap_left_over() == [(pgid, [child])]
+        t0 = time.time()
+        while _alive(child) and time.time() - t0 < 5:
+            time.sleep(0.02)
+        assert not _alive(child)
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_stopping_a_group_whose_leader_died_kills_what_it_left(tmp_path, monkeypatch):
+    """A launcher that exited before stop_group leaves its workers in the group: they are killed,
+    not forgotten, and the group leaves the list."""
+    monkeypatch.setattr(server, "GUARD", hostmem.Guard(str(tmp_path / "none")))
+    code = "import subprocess; p = subprocess.Popen(['sleep', '60']); print(p.pid, flush=True)"
+    proc, log = server.start_group([sys.executable, "-c", code], None, str(tmp_path / "c.log"))
+    proc.wait(10)
+    log.close()
+    child = int((tmp_path / "c.log").read_text().split()[-1])
+    assert _alive(child) and server._marked(child, server._read_groups()[0][2])
+    server.stop_group(proc, 5)
+    t0 = time.time()
+    while _alive(child) and time.time() - t0 < 5:
+        time.sleep(0.02)
+    assert not _alive(child) and server._read_groups() == []
+
+
+def test_the_list_survives_harnesses_registering_at_once(tmp_path):
+    """Two processes listing groups at the same time lose none (an flock around each change)."""
+    code = ("import sys; from tutti_hicache.benchmarks import server as s; s.GROUPS_FILE = sys.argv[1]; "
+            "s._start_time = lambda pid: 1; [s._register(int(sys.argv[2]) + i, 't') for i in range(60)]")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "groups"), str(base)])
+             for base in (1_000_000, 2_000_000)]
+    assert [p.wait(60) for p in procs] == [0, 0]
+    assert len(server._read_groups()) == 120
 
 
 def test_reap_from_the_command_line(tmp_path):

@@ -45,28 +45,113 @@ def test_a_dump_inside_the_interval_is_written_when_it_ends(tmp_path):
     assert json.loads(path.read_text()) == {"loads": 5}
 
 
-def test_a_forked_child_catches_up_without_its_parents_timer(tmp_path):
-    """A process forked while the parent's timer was pending has the pending state but not the
-    timer's thread: its own later change must still reach its file."""
+def test_a_forked_child_writes_its_own_file_and_never_the_parents(tmp_path):
+    """A process forked while the parent's timer was pending: the parent's pending snapshot is not
+    the child's, "{pid}" names the child's own file, and its own change inside the interval
+    reaches that file without the parent's timer thread."""
     import json
     import os
     import time
-    path = tmp_path / "stats.json"
-    sf = StatsFile(str(path), min_interval_s=0.3)
-    assert sf.dump({"who": "parent"}) and not sf.dump({"who": "parent, pending"})
+    sf = StatsFile(str(tmp_path / "stats-{pid}.json"), min_interval_s=0.3)
+    parent = tmp_path / f"stats-{os.getpid()}.json"
+    assert sf.dump({"who": "parent"}) and not sf.dump({"who": "parent, later"})
     pid = os.fork()
-    if pid == 0:  # the child: one more change inside the interval, then wait for it to land
+    if pid == 0:  # the child: one change inside the interval, then wait for it to land
         try:
-            sf.path = str(tmp_path / "child.json")
             sf.dump({"who": "child"})
+            mine = tmp_path / f"stats-{os.getpid()}.json"
             t0 = time.monotonic()
-            while not os.path.exists(sf.path) and time.monotonic() - t0 < 5:
+            while not mine.exists() and time.monotonic() - t0 < 5:
                 time.sleep(0.02)
-            os._exit(0 if json.loads(open(sf.path).read()) == {"who": "child"} else 1)
+            os._exit(0 if json.loads(mine.read_text()) == {"who": "child"} else 1)
         except BaseException:
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
+    t0 = time.monotonic()
+    while json.loads(parent.read_text()) != {"who": "parent, later"} and time.monotonic() - t0 < 5:
+        time.sleep(0.02)
+    assert json.loads(parent.read_text()) == {"who": "parent, later"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([parent.name, f"stats-{pid}.json"])
+
+
+def test_a_fork_while_a_writer_holds_the_lock_leaves_the_child_a_working_file(tmp_path):
+    """The parent's catch-up thread holds the file's lock, mid-write, at the fork: that thread does
+    not exist in the child, which must still write (and close) its file instead of hanging."""
+    import json
+    import os
+    import threading
+    import time
+    inside, release = threading.Event(), threading.Event()
+
+    def slow():  # the parent's counters, gathered under the file's lock
+        inside.set()
+        release.wait(5)
+        return {"who": "parent"}
+    sf = StatsFile(str(tmp_path / "stats-{pid}.json"), min_interval_s=60)
+    writer = threading.Thread(target=sf.dump, args=(slow, True))
+    writer.start()
+    assert inside.wait(5)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            import signal
+            signal.alarm(5)  # a hang ends the child with SIGALRM
+            ok = sf.dump({"who": "child"}, force=True) and sf.close({"who": "child, closed"})
+            mine = tmp_path / f"stats-{os.getpid()}.json"
+            os._exit(0 if ok and json.loads(mine.read_text()) == {"who": "child, closed"} else 1)
+        except BaseException:
+            os._exit(2)
+    release.set()
+    writer.join(5)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert json.loads((tmp_path / f"stats-{os.getpid()}.json").read_text()) == {"who": "parent"}
+
+
+def test_counters_gathered_as_the_file_is_written_never_go_back(tmp_path):
+    """The linker's loader and offloader both count. The loader's counters take long to gather;
+    the offloader counts meanwhile and dumps inside the interval. The file must end with both
+    counts, never with the loader's older snapshot over the newer one."""
+    import json
+    import threading
+    import time
+    from tutti_hicache.layerwise.stats import LinkerStats
+
+    class Store:  # store.stats(): slow for the loader, as under a busy store's lock
+        def stats(self):
+            if threading.current_thread().name == "loader":
+                time.sleep(0.2)
+            return {}
+    path = tmp_path / "stats.json"
+    stats = LinkerStats(Store(), str(path))
+    stats._file.min_interval_s = 0.3
+    loader = threading.Thread(target=lambda: stats.add(loads=1), name="loader")
+    offloader = threading.Thread(target=lambda: (time.sleep(0.05), stats.add(offloads=1)), name="offloader")
+    loader.start(), offloader.start()
+    loader.join(), offloader.join()
+    want = {"loads": 1, "offloads": 1}
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 1.0:  # past any catch-up: the file stays at the latest counts
+        time.sleep(0.05)
+    got = json.loads(path.read_text())["linker"]
+    assert {k: got[k] for k in want} == want
+    stats.close()
+    assert not stats._file.dump({"late": 1}, force=True)  # closed: later dumps write nothing
+    assert json.loads(path.read_text())["linker"]["offloads"] == 1
+
+
+def test_a_change_inside_the_interval_is_written_at_a_normal_exit(tmp_path):
+    """No close, and the process exits before the interval ends: the exit hook writes the last
+    snapshot the daemon timer would have."""
+    import json
+    import subprocess
+    import sys
+    path = tmp_path / "stats.json"
+    code = ("import sys; from tutti_hicache.statsfile import StatsFile; sf = StatsFile(sys.argv[1], 60); "
+            "sf.dump({'loads': 1}); sf.dump({'loads': 2})")
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=60)
+    assert json.loads(path.read_text()) == {"loads": 2}
 
 
 def test_no_thread_for_the_catch_up_is_not_an_error(tmp_path, monkeypatch):

@@ -142,23 +142,22 @@ class Guard:
         trip = {"at": time.strftime("%H:%M:%S"), "available_gb": round(avail / GIB, 2),
                 "floor_gb": round(self.floor / GIB, 2), "total_gb": round(info.get("MemTotal", 0) / GIB, 2),
                 "shmem_gb": round(info.get("Shmem", 0) / GIB, 2), "largest": largest_processes()}
-        killed = []
+        top = ", ".join(f"{cmd.split(' ')[0].rsplit('/', 1)[-1]} {gb:g} GiB (pid {pid})"
+                        for gb, pid, cmd in trip["largest"][:3])
+        trip["reason"] = (f"host memory: {trip['available_gb']:g} GiB available of {trip['total_gb']:g} "
+                          f"(floor {trip['floor_gb']:g}); shared memory (tmpfs, /dev/shm) "
+                          f"{trip['shmem_gb']:g} GiB; largest: {top}; the harness sent SIGKILL to "
+                          f"{len(groups)} process group(s)")
+        trip["killed_groups"] = []
+        with self._lock:  # recorded before the kills: the harness may see a server die at once
+            self.trips.append(trip)
         for pgid in groups:
             try:
                 os.killpg(pgid, signal.SIGKILL)
-                killed.append(pgid)
+                trip["killed_groups"].append(pgid)
             except OSError:
                 pass
             self.forget(pgid)
-        top = ", ".join(f"{cmd.split(' ')[0].rsplit('/', 1)[-1]} {gb:g} GiB (pid {pid})"
-                        for gb, pid, cmd in trip["largest"][:3])
-        trip["killed_groups"] = killed
-        trip["reason"] = (f"host memory: {trip['available_gb']:g} GiB available of {trip['total_gb']:g} "
-                          f"(floor {trip['floor_gb']:g}); shared memory (tmpfs, /dev/shm) "
-                          f"{trip['shmem_gb']:g} GiB; largest: {top}; the harness killed "
-                          f"{len(killed)} process group(s)")
-        with self._lock:
-            self.trips.append(trip)
         print(trip["reason"], flush=True)
         return trip
 

@@ -22,6 +22,8 @@ At a glance:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -84,20 +86,25 @@ def start_group(cmd: list, env, log_path: str) -> tuple:
     """(process, log file): cmd in a process group of its own, its output appended to
     log_path after a header line, run in the log's directory (not the checkout, whose
     tutti_hicache/ would shadow the installed package). The group is the OOM killer's first
-    choice and the host-memory guard's to kill (hostmem.py)."""
+    choice and the host-memory guard's to kill (hostmem.py); its processes carry a mark in their
+    environment (MARK) by which a later call's reap_left_over knows them."""
     log = open(log_path, "a")
     log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n")
     log.flush()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+    token = f"{os.getpid()}.{time.time_ns()}"
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            env={**(os.environ if env is None else env), MARK: token},
                             cwd=os.path.dirname(log_path) or ".", start_new_session=True)
     raise_oom_score(proc.pid)
     GUARD.watch(proc.pid)
-    _register(proc.pid)
+    _register(proc.pid, token)
     return proc, log
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
-    """SIGINT to a process group started with start_new_session, SIGKILL after grace_s."""
+    """SIGINT to a process group started with start_new_session, SIGKILL after grace_s; then
+    SIGKILL to what is left of the group once its leader is gone (a launcher that died leaves
+    its workers behind: the group's id is not reused while they live)."""
     GUARD.forget(proc.pid)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGINT)
@@ -106,15 +113,23 @@ def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    if _members(proc.pid):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass  # gone in between
     _unregister(proc.pid)
 
 
 # ------------------------------------------------------------------ groups left by an earlier call
-# Each group start_group starts is listed in GROUPS_FILE ("pgid start-time" lines, the leader's start
-# time in clock ticks since boot, /proc/PID/stat field 22) until stop_group has stopped it. A harness
-# killed outright (a device call's time limit) leaves its servers running, with their GPU memory and
-# pinned host pools; the next call's reap_left_over kills them before it starts its own.
+# Each group start_group starts is listed in GROUPS_FILE ("pgid start-time mark" lines: the leader's
+# start time in clock ticks since boot, /proc/PID/stat field 22, and the MARK value its processes
+# inherit) until stop_group has stopped it. A harness killed outright (a device call's time limit)
+# leaves its servers running, with their GPU memory and pinned host pools; the next call's
+# reap_left_over kills them before it starts its own. The file is shared by every harness on the
+# machine: each change is made under an flock.
 GROUPS_FILE = os.environ.get("TUTTI_BENCH_GROUPS", "/tmp/tutti-bench-groups")
+MARK = "TUTTI_BENCH_GROUP"
 _groups_lock = threading.Lock()
 
 
@@ -134,34 +149,69 @@ def _start_time(pid: int):
     return int(fields[19]) if len(fields) > 19 else None
 
 
+def _marked(pid: int, token: str) -> bool:
+    """Whether the process's environment carries MARK=token (a process start_group started, or
+    one of its children)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"{MARK}={token}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _groups_file():
+    """The registry's lines [(pgid, start time, mark)] to edit in place, written back at the end;
+    held under an flock against other harnesses and this one's threads."""
+    with _groups_lock:
+        try:
+            lock = open(GROUPS_FILE + ".lock", "a")
+        except OSError:
+            lock = None  # bookkeeping for the next call only: never a reason to fail this one
+        try:
+            if lock is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            groups = _read_groups()
+            yield groups
+            _write_groups(groups)
+        finally:
+            if lock is not None:
+                lock.close()
+
+
 def _read_groups() -> list:
+    out = []
     try:
         with open(GROUPS_FILE) as f:
-            return [tuple(int(x) for x in line.split()) for line in f if len(line.split()) == 2]
-    except (OSError, ValueError):
-        return []
+            for line in f:
+                parts = line.split()
+                if len(parts) in (2, 3) and parts[0].isdigit() and parts[1].isdigit():
+                    out.append((int(parts[0]), int(parts[1]), parts[2] if len(parts) == 3 else ""))
+    except OSError:
+        pass
+    return out
 
 
 def _write_groups(groups: list) -> None:
     try:
-        tmp = GROUPS_FILE + ".tmp"
+        tmp = f"{GROUPS_FILE}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
-            f.writelines(f"{g} {t}\n" for g, t in groups)
+            f.writelines(f"{g} {t} {m}\n" for g, t, m in groups)
         os.replace(tmp, GROUPS_FILE)
     except OSError:
-        pass  # bookkeeping for the next call only: never a reason to fail this one
+        pass
 
 
-def _register(pgid: int) -> None:
+def _register(pgid: int, token: str) -> None:
     t = _start_time(pgid)
     if t is not None:
-        with _groups_lock:
-            _write_groups([g for g in _read_groups() if g[0] != pgid] + [(pgid, t)])
+        with _groups_file() as groups:
+            groups[:] = [g for g in groups if g[0] != pgid] + [(pgid, t, token)]
 
 
 def _unregister(pgid: int) -> None:
-    with _groups_lock:
-        _write_groups([g for g in _read_groups() if g[0] != pgid])
+    with _groups_file() as groups:
+        groups[:] = [g for g in groups if g[0] != pgid]
 
 
 def _members(pgid: int) -> list:
@@ -173,23 +223,24 @@ def _members(pgid: int) -> list:
 def reap_left_over() -> list:
     """SIGKILL every listed group still running, and empty the list: [(pgid, pids killed)]. A group
     is ours while its leader is the process that was listed (same pid and start time) or, with the
-    leader gone, while no other process holds the leader's pid (a group id cannot be reused while
-    any member lives), so a recycled pid is never killed."""
+    leader gone, while one of its members carries the mark the listed group's processes were
+    started with (a group id is not reused while any member lives). A recycled pid, or a group
+    another program made under it since, is never killed."""
     killed = []
-    with _groups_lock:
-        for pgid, started in _read_groups():
+    with _groups_file() as groups:
+        for pgid, started, token in groups:
             now = _start_time(pgid)
             if now is not None and now != started:
                 continue  # the pid belongs to another process now
             members = _members(pgid)
-            if not members:
+            if not members or (now is None and not any(_marked(p, token) for p in members if token)):
                 continue
             try:
                 os.killpg(pgid, signal.SIGKILL)
                 killed.append((pgid, members))
             except OSError:
                 pass
-        _write_groups([])
+        groups[:] = []
     return killed
 
 

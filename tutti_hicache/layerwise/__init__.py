@@ -239,7 +239,7 @@ class LayerwiseKV:
     def close(self) -> None:
         self.observer.close()  # e.g. the timeline's last forwards' records
         self.reset()
-        self._stats.dump(force=True)
+        self._stats.close()
         self._loader.worker.stop()
         self._loader.close()
         self._offloader.close()

@@ -8,7 +8,7 @@ At a glance:
     stats.first_load(seconds)               the first load after start (kept once)
     stats.snapshot() -> {**store.stats(), "linker": {...}}   store.stats()["wear"]: the bytes
                                             the offloads put on each drive (wear.py)
-    stats.dump(force=True)                  at close
+    stats.close()                           the file's last write, at close
 
 Thread-safety: the loader and the offloader both count; one lock around the counters.
 """
@@ -56,5 +56,9 @@ class LinkerStats:
         return {**self._store.stats(), "linker": mine}
 
     def dump(self, force: bool = False) -> None:
-        if self._file.path:  # the store's counters are only gathered for a file
-            self._file.dump(self.snapshot(), force)
+        """The file, at most once a second (the counters are gathered as it is written)."""
+        self._file.dump(self.snapshot, force)
+
+    def close(self) -> None:
+        """The file's last write (later counts stay in memory)."""
+        self._file.close(self.snapshot)
