@@ -146,6 +146,25 @@ def test_slots_released_and_handed_out_again_in_the_same_pass_still_get_the_righ
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_slots_handed_out_again_with_half_the_pages_in_dram_still_get_the_right_bytes(tmp_path, device):
+    """The same with a DRAM tier that holds half of A's pages: B's pages from the SSD and from
+    DRAM are both copied from A's slots, and a slot the first group's copy writes is one the
+    second group's copy reads. One copy over both groups reads every source first (two copies,
+    one per group, put another key's bytes in 16 of the 64 slots)."""
+    lw, k, v, want = _setup(tmp_path, device, pages=64, tutti_host_gb=0.001)
+    if lw.host is None:
+        pytest.skip("no DRAM tier on this machine")
+    assert int(lw.host.present(KEYS[:64]).sum()) == lw.host.slots == 32
+    a = list(range(1, 65))
+    assert _batch(lw, [("a", KEYS[:64], a)], decode=False)
+    b = [a[(i * 9 + 8) % 64] for i in range(64)]
+    assert _batch(lw, [("b", KEYS[:64], b)])
+    assert _counts(lw) == (64, 64)
+    assert _exact(k, v, KEYS[:64], b, want)
+    lw.close()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_forward_between_the_batches_means_the_pages_are_read_again(tmp_path, device):
     """A decode batch ran between A's batch and B's: A's slots may hold other bytes (here they
     do), so B reads from the store."""

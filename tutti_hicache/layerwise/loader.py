@@ -240,9 +240,12 @@ class Loader:
             return
         dups = [p.dup_pages for p in (ssd, host) if p is not None and p.dup_pages is not None]
         dup_pages = tuple(torch.cat([d[i] for d in dups]) for i in (0, 1)) if dups else None
-        for p in (ssd, host):  # the last device work: a failure until here changes no job
-            if p is not None and p.own_pages is not None:
-                self._copy_own(*p.own_pages)
+        # the last device work (a failure until here changes no job): one copy of the SSD and
+        # the DRAM pages together, every source read before any destination is written, since a
+        # slot the SSD pages' copy writes may be a slot the DRAM pages' copy reads
+        owns = [p.own_pages for p in (ssd, host) if p is not None and p.own_pages is not None]
+        if owns:
+            self._copy_own(*(torch.cat([o[i] for o in owns]) for i in (0, 1)))
         job.dup_pages = dup_pages
         if ssd is not None:
             self._store.unpin([e for e, r in zip(job.entries, ssd.read) if not r])
