@@ -4,7 +4,7 @@
                                                  (host or device)
     kv_dtype(pool_dtype, kv_cache_dtype) -> str  the dtype it names (a byte pool: the server's)
     is_writer(kind, tp_rank) -> bool             whether this rank writes pages (the MLA rule)
-    make_identity(cfg, model, geometry, dtype, pp, cp, tp, heads) -> dict
+    make_identity(cfg, model, geometry, dtype, pp, cp, tp, heads, first_layer) -> dict
     with_geometry(identity, geometry) -> dict    what the store fingerprints: identity + geometry
 
 Shared by the host-tier backend and the linker so that a page written by either is found by
@@ -64,11 +64,16 @@ def identity_for(cfg: TuttiConfig, pool, geometry: PageGeometry, *, model: str, 
     kv_cache_dtype: the server's --kv-cache-dtype, which names a byte pool's KV (kv_dtype)."""
     return make_identity(cfg, model=model, geometry=geometry,
                          dtype=kv_dtype(pool.dtype, kv_cache_dtype), pp=pp, cp=cp, tp=tp,
-                         heads=pool_heads(pool, geometry.kind))
+                         heads=pool_heads(pool, geometry.kind),
+                         first_layer=int(getattr(pool, "start_layer", 0) or 0))
 
 
 def make_identity(cfg: TuttiConfig, *, model: str, geometry: PageGeometry, dtype, pp: tuple,
-                  cp: tuple, tp: tuple, heads: Optional[list]) -> dict:
+                  cp: tuple, tp: tuple, heads: Optional[list], first_layer: int = 0) -> dict:
+    """first_layer: the model layer of the pool's layer 0 (a pipeline stage's start_layer): two
+    stages with the same rank and layer count may hold different layers (another partition,
+    SGLANG_PP_LAYER_PARTITION). Named only where it is not 0, so the identity of every store
+    without a later stage stays what it was."""
     g = geometry
     ident = {
         "format": FORMAT, "model": cfg.model or model or "", "revision": cfg.revision,
@@ -77,6 +82,8 @@ def make_identity(cfg: TuttiConfig, *, model: str, geometry: PageGeometry, dtype
         "v_token_bytes": g.v_token_bytes, "order": g.order,
         "pp": [int(pp[0]), int(pp[1])], "cp": [int(cp[0]), int(cp[1])],
     }
+    if first_layer:
+        ident["first_layer"] = int(first_layer)
     if g.kind == "mha":
         ident["tp"] = [int(tp[0]), int(tp[1])]
         ident["heads"] = [int(h) for h in heads]

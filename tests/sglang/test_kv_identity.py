@@ -160,3 +160,37 @@ def test_host_tier_mla_fp8_is_written_once_and_read_by_every_rank(sglang, tmp_pa
     assert st1.batch_set_v1(h.make_page_keys(2, seed=43), dst[:2 * PAGE]) == [False, False]
     st1.close()
     st0.close()
+
+
+def test_host_tier_pipeline_stages_of_other_layers_keep_apart(sglang, tmp_path):
+    """Stage 1 of 3 with 11 layers holds model layers [10, 21) under one partition and [11, 22)
+    under another (SGLANG_PP_LAYER_PARTITION). A restart with the other partition on the same
+    directories misses instead of restoring every layer's KV one layer off."""
+    h = sglang
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+
+    from tutti_hicache.storage import TuttiStorage
+
+    def stage(start):
+        dev = MHATokenToKVPool(size=PAGE, page_size=PAGE, dtype=torch.bfloat16, head_num=2, head_dim=64,
+                               layer_num=11, device="cpu", enable_memory_saver=False,
+                               enable_alt_stream=False, start_layer=start, end_layer=start + 11)
+        pool = h._build_host_pool(MHATokenToKVPoolHost, dev, "layer_first", PAGE, 8)
+        sc = h.make_storage_config(model_name="m", pp_rank=1, pp_size=3, extra_config={
+            "tutti_dirs": [str(tmp_path)], "tutti_capacity_gb": 0.05, "tutti_segment_gb": 1 / 64})
+        st = TuttiStorage(sc, {})
+        st.register_mem_pool_host(pool)
+        return st, pool
+    keys = h.make_page_keys(4, seed=3)
+    st, pool = stage(10)
+    src = pool.alloc(4 * PAGE)
+    h.fill_random(pool, src, seed=4)
+    assert all(st.batch_set_v1(keys, src))
+    st.close()
+    st, _ = stage(11)
+    assert st.batch_exists(keys) == 0
+    st.close()
+    st, pool = stage(10)  # the first partition again: its pages
+    assert st.batch_exists(keys) == 4
+    st.close()

@@ -342,3 +342,111 @@ def test_timeline_file_traces_the_host_tiers_calls(sglang, store_dirs, tmp_path)
     assert first["exists_to_get_ms"] is not None and first["exists_to_get_ms"] >= 0
     assert first["GBps"] > 0
     assert timeline.host_summary([str(tmp_path / "none.jsonl")], page_bytes) == {}
+
+
+# ------------------------------------------------------------------ two writers on one store
+# `--dp-size 2`, or two servers on one node with the same tutti_dirs: both are writers of one
+# identity. 4 rows of 16 slots (2 layers x K, V x 4 KiB objects + the header).
+SLOT = 4096 + 4 * 4096
+TWO = {"tutti_segment_gb": 16 * SLOT / 2**30, "tutti_capacity_gb": 64 * SLOT / 2**30}
+
+
+def _own_slots_accounted(st) -> bool:
+    """Every slot of the rows this process owns holds an own entry, is free or reserved."""
+    ix = st.store._index
+    own = {int(s) for r in st.store.owned_rows() for s in st.store._ns.row_slots(r)}
+    placed = {e.slot for e in ix.entries.values() if e.owned} | {s for s, _ in ix.free} \
+        | set(ix.reserved.values()) | ix.zombies
+    return own <= placed
+
+
+def test_rows_handed_to_another_writer_are_read_verified_with_verify_off(sglang, tmp_path):
+    """A (tutti_verify=false) backs up 64 pages, B arrives and A hands it half its rows; B's
+    writes then evict A's pages there. A's lookups may still name those keys, but what it reads
+    back under them is its own bytes or a miss: never B's bytes (the handed-over pages used to
+    stay 'fresh', read without a checksum: 32 of 64 pages came back as B's)."""
+    h = sglang
+    a, sca = tutti(h, [tmp_path], "mha", "layer_first", tutti_verify=False, **TWO)
+    pa = make_pool(h, "mha", "layer_first", n_pages=200)
+    a.register_mem_pool_host(pa)
+    src = pa.alloc(64 * PAGE)
+    h.fill_random(pa, src, seed=1)
+    want = h.page_bytes(pa, src)
+    keys = h.make_page_keys(64, seed=10)
+    ca = HC.make_controller(a, pa, PAGE, sca, zero_copy=True, register=False)
+    assert HC.controller_backup(ca, keys, src) == 64
+    b, scb = tutti(h, [tmp_path], "mha", "layer_first", **TWO)
+    pb = make_pool(h, "mha", "layer_first", n_pages=200)
+    b.register_mem_pool_host(pb)
+    a.store.rebalance()  # what A's re-scan thread does within a second
+    assert len(a.store.owned_rows()) < a.store.n_rows
+    bsrc = pb.alloc(64 * PAGE)
+    h.fill_random(pb, bsrc, seed=2)
+    cb = HC.make_controller(b, pb, PAGE, scb, zero_copy=True, register=False)
+    HC.controller_backup(cb, h.make_page_keys(64, seed=20), bsrc)
+    assert b.store.stats()["evictions"] > 0
+    dst = pa.alloc(64 * PAGE)
+    done = HC.controller_transfer(ca, keys, dst) // PAGE
+    got = h.page_bytes(pa, dst)
+    assert 0 < done < 64 and got[:done] == want[:done]
+    b.close()
+    a.close()
+
+
+def test_two_writers_storing_the_same_pages_lose_no_slots(sglang, tmp_path):
+    """Both back up the same prefix before either re-scanned the other; A's re-scan learns B's
+    newer copies: A's own slots of those pages go back to its free list, so A still keeps as
+    many pages as it owns slots (they used to be lost until a restart)."""
+    h = sglang
+    a, sca = tutti(h, [tmp_path], "mha", "layer_first", **TWO)
+    b, scb = tutti(h, [tmp_path], "mha", "layer_first", **TWO)
+    pa, pb = make_pool(h, "mha", "layer_first", 100), make_pool(h, "mha", "layer_first", 100)
+    a.register_mem_pool_host(pa)
+    b.register_mem_pool_host(pb)
+    ca = HC.make_controller(a, pa, PAGE, sca, zero_copy=True, register=False)
+    cb = HC.make_controller(b, pb, PAGE, scb, zero_copy=True, register=False)
+    shared = h.make_page_keys(24, seed=5)
+    ia, ib = pa.alloc(24 * PAGE), pb.alloc(24 * PAGE)
+    h.fill_random(pa, ia, 1)
+    h.fill_random(pb, ib, 1)
+    assert HC.controller_backup(ca, shared, ia) == 24 and HC.controller_backup(cb, shared, ib) == 24
+    a.store.rescan()
+    assert _own_slots_accounted(a)
+    owned = sum(len(a.store._ns.row_slots(r)) for r in a.store.owned_rows())
+    more = h.make_page_keys(owned, seed=6)
+    im = pa.alloc(owned * PAGE)
+    h.fill_random(pa, im, 2)
+    assert all(a.batch_set_v1(more, im))
+    assert sum(k in a.store for k in more) == owned and a.store.stats()["evictions"] == 0
+    a.close()
+    b.close()
+
+
+def test_a_write_racing_the_rescan_of_the_same_page_keeps_the_index_whole(sglang, tmp_path):
+    """A writes page K while its re-scan learns B's copy of K; A's publish then indexes its own.
+    B clearing its copy and reusing the slot must leave A's K (and every later re-scan) intact."""
+    h = sglang
+    a, _ = tutti(h, [tmp_path], "mha", "layer_first")
+    b, _ = tutti(h, [tmp_path], "mha", "layer_first")
+    pa, pb = make_pool(h, "mha", "layer_first", 40), make_pool(h, "mha", "layer_first", 40)
+    a.register_mem_pool_host(pa)
+    b.register_mem_pool_host(pb)
+    k = h.make_page_keys(1, seed=7)
+    ia, ib = pa.alloc(PAGE), pb.alloc(PAGE)
+    h.fill_random(pa, ia, 1)
+    h.fill_random(pb, ib, 1)
+    w = a.store.begin_pages(k)  # A's batch_set_v1 in its three steps, B's write and A's re-scan between
+    a.store.land_pages(w, 0, 1, a.hostmap.page_addresses(ia, 1), a.hostmap.aligned)
+    assert b.batch_set_v1(k, ib) == [True]
+    a.store.rescan()
+    assert a.store.publish_pages([w])[0].tolist() == [True]
+    b.clear()
+    a.store.rescan()
+    assert a.batch_exists(k) == 1
+    for seed in (8, 9, 10):  # B reuses its slot; A's re-scans of that row go on without error
+        assert b.batch_set_v1(h.make_page_keys(1, seed=seed), ib) == [True]
+        a.store.rescan()
+        assert h.make_page_keys(1, seed=seed)[0] in a.store
+    assert _own_slots_accounted(a)
+    a.close()
+    b.close()

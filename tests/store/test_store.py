@@ -65,6 +65,26 @@ def test_roundtrip_and_restart(store_dirs):
     s.close()
 
 
+def test_two_copies_of_a_key_on_disk_open_as_the_newer_and_a_free_slot(store_dirs):
+    """A key written twice (forgotten in between, as the e2e harness's misplace control does, or
+    stored by two writers): reopened, the newer copy is served and the older one's slot is free
+    again, so the store still fills every slot it owns."""
+    a, b, ks = Pages(1, seed=1), Pages(1, seed=2), keys(1)
+    s = ObjectStore(cfg_for(store_dirs), GEOM, IDENT)
+    assert s.write_pages(ks, a.addrs, True).all()
+    s.forget(ks)
+    assert s.write_pages(ks, b.addrs, True).all()
+    slots = s.capacity_slots
+    s.close()
+    s = ObjectStore(cfg_for(store_dirs), GEOM, IDENT)
+    dst = Pages(1, seed=None)
+    assert len(s) == 1 and s.read_pages(ks, dst.addrs, True).all() and (dst.page(0) == b.page(0)).all()
+    more, src = keys(slots - 1, tag="m"), Pages(slots - 1, seed=3)
+    assert s.write_pages(more, src.addrs, True).all()
+    assert len(s) == slots and s.stats()["evictions"] == 0
+    s.close()
+
+
 def test_bounce_path_for_unaligned_memory(store):
     src, dst = Pages(5, seed=2, offset=8), Pages(5, seed=None, offset=24)
     assert store.write_pages(keys(5), src.addrs, False).all()

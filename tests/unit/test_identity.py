@@ -36,3 +36,19 @@ def test_a_byte_pool_is_named_by_the_servers_kv_cache_dtype():
     assert kv_dtype("torch.bfloat16", "fp8_e4m3") == "bfloat16"  # a pool that says what it holds
     assert kv_dtype("torch.uint8", None) == "uint8" == kv_dtype("torch.uint8", "auto")
     assert kv_dtype("torch.uint8", "int4") == "uint8:int4"
+
+
+def test_a_pipeline_stage_is_named_by_its_first_layer():
+    """Stage 1 of 3 holds layers [10, 21) under one partition and [11, 22) under another
+    (SGLANG_PP_LAYER_PARTITION): the same rank and layer count, other layers, so other pages. A
+    pool starting at layer 0 keeps the identity it always had."""
+    cfg = TuttiConfig()
+    g = PageGeometry("mha", 11, 16, 2048, 2048)
+
+    def ident(start):
+        pool = SimpleNamespace(dtype="torch.bfloat16", head_num=8, head_dim=128, start_layer=start)
+        return identity_for(cfg, pool, g, model="m", pp=(1, 3), cp=(0, 1), tp=(0, 1))
+    assert ident(10) != ident(11) and ident(10)["first_layer"] == 10
+    before = identity_for(cfg, SimpleNamespace(dtype="torch.bfloat16", head_num=8, head_dim=128), g,
+                          model="m", pp=(1, 3), cp=(0, 1), tp=(0, 1))
+    assert ident(0) == ident(None) == before and "first_layer" not in before

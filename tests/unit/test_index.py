@@ -90,3 +90,62 @@ def test_a_slot_is_never_granted_twice():
     fill(ix, ["a"])
     with pytest.raises(RuntimeError):
         ix.grant([0], dirty=True)  # slot 0 holds "a"
+
+
+def accounted(ix, own_slots):
+    """The index's invariants: every slot maps to the entry that names it, and each own slot is
+    in exactly one place (an own entry, the free list, a reservation or a zombie)."""
+    assert all(ix.entries[k].slot == s for s, k in ix.by_slot.items())
+    assert all(ix.by_slot.get(e.slot) == k for k, e in ix.entries.items())
+    places = [e.slot for e in ix.entries.values() if e.owned] + [s for s, _ in ix.free] \
+        + list(ix.reserved.values()) + list(ix.zombies)
+    assert sorted(places) == sorted(own_slots), (sorted(places), sorted(own_slots))
+
+
+def test_a_newer_copy_from_another_writer_gives_the_own_slot_back():
+    """Two writers stored the same page; the re-scan learns the other's newer copy: the own slot
+    returns to the free list (dirty), not lost until a restart; pinned, at the last unpin."""
+    ix = SlotIndex()
+    ix.grant([0, 1], dirty=False)
+    fill(ix, ["a", "b"])
+    ix.pin(["b"])
+    assert ix.learn(100, "a", 1, seq=50, owned=False) and ix.learn(101, "b", 2, seq=51, owned=False)
+    assert ix.entries["a"].slot == 100 and not ix.entries["a"].owned
+    assert list(ix.free) == [(0, True)] and ix.zombies == {1}
+    accounted(ix, [0, 1])
+    ix.unpin([1])  # the read that pinned the own copy of b ends
+    assert sorted(ix.free) == [(0, True), (1, True)] and not ix.zombies
+    accounted(ix, [0, 1])
+
+
+def test_a_copy_learned_while_the_own_write_was_in_flight_leaves_no_stale_slot():
+    """The re-scan learns the other writer's copy of k while this process writes k; the publish
+    then indexes the own copy. The other writer's slot must not still name k: forgetting or
+    reusing that slot later must leave the own entry alone (it used to drop it, leak its slot and
+    make every later re-scan of the row raise KeyError)."""
+    ix = SlotIndex()
+    ix.grant([0], dirty=False)
+    r = ix.reserve("k", evict=True)
+    assert ix.learn(100, "k", 1, seq=50, owned=False)
+    ix.publish(r, checksum=2, seq=51)
+    assert ix.entries["k"].slot == 0 and 100 not in ix.by_slot
+    accounted(ix, [0])
+    ix.forget_slot(100)  # the other writer cleared its copy
+    assert ix.learn(100, "other", 3, seq=52, owned=False)  # and reused the slot
+    assert ix.entries["k"].slot == 0 and ix.entries["other"].slot == 100
+    accounted(ix, [0])
+    ix.pin(["k"])
+    ix.unpin([0])
+    assert ix.entries["k"].pins == 0
+
+
+def test_pages_handed_to_another_writer_are_read_verified():
+    """disown: the rows go to another process, whose writes may replace the slots' bytes at any
+    time; its entries are no longer this process's fresh pages (read without a checksum when
+    tutti_verify is off)."""
+    ix = SlotIndex()
+    ix.grant([0, 1], dirty=False)
+    fill(ix, ["a", "b"])
+    assert ix.entries["a"].fresh
+    assert ix.disown([0])
+    assert not ix.entries["a"].fresh and not ix.entries["a"].owned and ix.entries["b"].fresh

@@ -132,13 +132,15 @@ class SlotIndex:
                     self.free.append((s, True))
             else:
                 self.pinned_slots[s] = n - 1
-            key = self.by_slot.get(s)
-            if key is not None and self.entries[key].pins > 0:
-                self.entries[key].pins -= 1
+            e = self.entries.get(self.by_slot.get(s, ""))
+            if e is not None and e.slot == s and e.pins > 0:
+                e.pins -= 1
 
     def learn(self, slot: int, key: str, checksum: int, seq: int, owned: bool,
               units: bytes = b"") -> bool:
-        """Record an entry read from disk. Newer sequence numbers win; returns True if kept."""
+        """Record an entry read from disk. Newer sequence numbers win; returns True if kept. An
+        own copy of the key elsewhere that loses (another writer stored the same page later)
+        gives its slot back."""
         old_key = self.by_slot.get(slot)
         if old_key == key and self.entries[key].seq == seq:
             if owned and not self.entries[key].owned:
@@ -152,6 +154,7 @@ class SlotIndex:
             if cur.seq >= seq:
                 return False
             self._remove(key)
+            self._release(cur)
         self._add(key, Entry(slot, checksum, seq, owned, units=units))
         return True
 
@@ -164,8 +167,8 @@ class SlotIndex:
             return False
         for s in slots:
             key = self.by_slot.get(s)
-            if key is not None:
-                self.entries[key].owned = False
+            if key is not None:  # another process's page from now on: read it verified
+                self.entries[key].owned = self.entries[key].fresh = False
                 self.lru.pop(key, None)
         self.free = deque(f for f in self.free if f[0] not in slots)
         return True
@@ -181,13 +184,25 @@ class SlotIndex:
         if e is None:
             return None
         self._remove(key)
+        self._release(e)
+        return e.slot
+
+    def _release(self, e: Entry) -> None:
+        """An own slot whose entry left the index: back to the free list (dirty), or, while a
+        read holds it, once the last pin goes."""
         if e.owned and e.slot in self.pinned_slots:
             self.zombies.add(e.slot)
         elif e.owned:
             self.free.append((e.slot, True))
-        return e.slot
 
     def _add(self, key: str, e: Entry) -> None:
+        """Index key at e.slot; an entry the key had elsewhere (learned from another writer while
+        this process wrote the same page) leaves the index, and its slot if own is released."""
+        old = self.entries.get(key)
+        if old is not None:
+            self._remove(key)
+            if old.slot != e.slot:
+                self._release(old)
         self.entries[key] = e
         self.by_slot[e.slot] = key
         if e.owned:
@@ -195,5 +210,6 @@ class SlotIndex:
 
     def _remove(self, key: str) -> None:
         e = self.entries.pop(key)
-        self.by_slot.pop(e.slot, None)
+        if self.by_slot.get(e.slot) == key:
+            del self.by_slot[e.slot]
         self.lru.pop(key, None)

@@ -115,8 +115,11 @@ class Scanner:
     def _grant_free(self, row: int) -> None:
         slots = self._ns.row_slots(row).tolist()
         with self._lock:
-            used, dirty = self._index.by_slot, self._dirty_slots
-            free = [s for s in slots if s not in used]
+            ix, dirty = self._index, self._dirty_slots
+            # a slot whose own entry lost to another copy of its key during the scan is free
+            # already (SlotIndex.learn gave it back)
+            held = {f[0] for f in ix.free} | set(ix.reserved.values()) | ix.zombies
+            free = [s for s in slots if s not in ix.by_slot and s not in held]
             self._index.grant([s for s in free if s not in dirty], dirty=False)
             self._index.grant([s for s in free if s in dirty], dirty=True)
             dirty.difference_update(slots)
