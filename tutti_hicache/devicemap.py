@@ -50,4 +50,7 @@ class DeviceMap:
             raise ValueError("tutti linker: device K/V buffers must be contiguous")
         kb = k[0][0].numel() * k[0].element_size()
         vb = v[0][0].numel() * v[0].element_size()
+        if kb != vb:  # the kernels move a page's K and V as objects of one size
+            raise ValueError(f"tutti linker: K and V of a token differ in size ({kb} and {vb} bytes: "
+                             "v_head_dim != head_dim); such MHA pools are not supported")
         return cls(k, v, PageGeometry("mha", len(k), page_size, kb, vb))

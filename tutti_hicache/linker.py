@@ -66,7 +66,7 @@ class TuttiLinker(UnifiedCacheLinker):
                              cp=(params.attn_cp_rank, params.attn_cp_size), tp=(tp_rank, tp_size))
         self.kv = LayerwiseKV(cfg, geometry, ident, dm.k_bufs, dm.v_bufs, params.page_size,
                               writer=is_writer(geometry.kind, tp_rank),
-                              copy_recent=_copy_recent(server_args))
+                              copy_recent=_copy_recent(server_args), ranks=tp_size)
         self.layer_done_counter = self.kv.counter
         _warn_settings(server_args, params.page_size)
         hashwarm.start()  # SGLang's page-hash module, built now rather than in the first request

@@ -71,6 +71,9 @@ class Ring {
   ~Ring() { io_uring_queue_exit(&ring_); }
 
   std::mutex mu;
+  // The registered buffers as the plans of this ring's batches see them: replaced together with
+  // the ring's buffer table, under mu, so a plan never names a buffer index the table lacks.
+  BufferMap buffers;
   bool files_registered() const { return files_ok_; }
 
   // Point registered file `index` at fd. When the kernel refuses, operations on that file end
@@ -307,9 +310,12 @@ void Ring::run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicC
       }
     }
     // Top up once a quarter of the ring is free; otherwise wait until the oldest chunk's
-    // operations are done (or a wake).
+    // operations are done, or, while the read on the eventfd is armed, for any completion: the
+    // wake is one completion, and a wait for more would keep an allowed chunk from the devices
+    // until the oldest chunk's operations had landed.
     enter(more ? f.inflight - std::min(f.inflight, high_water)
-               : static_cast<unsigned>(std::min<size_t>(f.inflight, s.ops_left_oldest())),
+          : f.wake_armed ? 1u
+                         : static_cast<unsigned>(std::min<size_t>(f.inflight, s.ops_left_oldest())),
           c);
     reap(Op::kRead, plan, f, c, end);
   }
@@ -349,32 +355,38 @@ class UringEngine final : public EngineBase {
     TUTTI_EXPECT(iovs.size() <= kMaxBuffers, "register_buffers: too many regions");
     std::sort(map.regions.begin(), map.regions.end(),
               [](auto& x, auto& y) { return x.start < y.start; });
+    // One registration at a time. reg_mu_ is never taken under a ring's lock, and each ring's
+    // table and map change together under that ring's lock: batches keep running on the other
+    // rings meanwhile, each with a map that matches its own ring's table.
+    std::lock_guard reg(reg_mu_);
     bool ok = true;
     for (auto& r : rings_) {
       std::lock_guard lock(r->mu);
-      ok = r->set_buffers(iovs, nbufs_) && ok;
+      const bool set = r->set_buffers(iovs, nbufs_);
+      r->buffers = set ? map : BufferMap{};  // a refused update: this ring's table is unknown
+      ok = set && ok;
     }
-    std::lock_guard lock(map_mu_);
     if (!ok) {  // kernel refused (e.g. memlock limit): fall back to unregistered I/O
       for (auto& r : rings_) {
-        std::lock_guard rl(r->mu);
+        std::lock_guard lock(r->mu);
+        r->buffers = BufferMap{};
         r->set_buffers({}, std::max(nbufs_, static_cast<unsigned>(iovs.size())));
       }
-      buffers_ = BufferMap{};
       nbufs_ = 0;
       return 0;
     }
-    buffers_ = std::move(map);
     nbufs_ = static_cast<unsigned>(iovs.size());
     return static_cast<int>(nbufs_);
   }
 
   void run_stream(Stream& s) override {
+    // A ring is the stream's from its first allowed chunk on, not while it waits for one: an
+    // idle stream would hold a read ring other batches and streams wait for
+    if (s.wait_allowed(0) == 0) return;  // cancelled first
     auto life = live();
     Ring& ring = read_ring();
-    std::lock_guard lock(ring.mu, std::adopt_lock);  // the stream's for its whole life
-    BufferMap buffers;
-    StreamPlan sp = build_stream_plan(s.batch(), s.chunk_starts(), policy(buffers), files_.size(),
+    std::lock_guard lock(ring.mu, std::adopt_lock);  // the stream's for the rest of its life
+    StreamPlan sp = build_stream_plan(s.batch(), s.chunk_starts(), policy(ring), files_.size(),
                                       s.on_done(), s.results_data());
     for (size_t c = 0; c < s.nchunks(); ++c) s.planned(c, sp.chunk_ops[c]);
     ring.run_stream(sp, s, files_, stats_);
@@ -390,8 +402,7 @@ class UringEngine final : public EngineBase {
   void run_batch(Op op, const Batch& b, Completion* on_done, int32_t* results) override {
     Ring& ring = op == Op::kWrite ? write_ring() : read_ring();
     std::lock_guard lock(ring.mu, std::adopt_lock);  // locked by the picker
-    BufferMap buffers;
-    Plan plan = build_plan(b, policy(buffers), files_.size(), on_done, results);
+    Plan plan = build_plan(b, policy(ring), files_.size(), on_done, results);
     ring.run(op, plan, b, on_done, files_, results, stats_);
   }
 
@@ -399,15 +410,11 @@ class UringEngine final : public EngineBase {
     for (auto& r : rings_) r.reset();
   }
 
-  // The coalescing policy over a snapshot of the registered buffers (kept in `buffers`).
-  PlanPolicy policy(BufferMap& buffers) {
-    {
-      std::lock_guard ml(map_mu_);
-      buffers = buffers_;
-    }
+  // The coalescing policy over the registered buffers of `ring` (whose lock the caller holds).
+  PlanPolicy policy(const Ring& ring) {
     PlanPolicy pol;
     pol.max_op_bytes = opt_.max_op_bytes;
-    pol.buffers = buffers.regions.empty() ? nullptr : &buffers;
+    pol.buffers = ring.buffers.regions.empty() ? nullptr : &ring.buffers;
     return pol;
   }
 
@@ -425,9 +432,8 @@ class UringEngine final : public EngineBase {
 
   std::unique_ptr<Ring> rings_[kWriteRings + kReadRings];  // writes first, then reads
   std::atomic<unsigned> next_write_{0}, next_read_{0};
-  std::mutex map_mu_;
-  BufferMap buffers_;
-  unsigned nbufs_ = 0;
+  std::mutex reg_mu_;  // register_buffers; taken before any ring's lock, never under one
+  unsigned nbufs_ = 0;  // under reg_mu_
 };
 
 }  // namespace

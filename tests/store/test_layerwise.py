@@ -24,7 +24,7 @@ ENGINES = ["uring", "posix"] if extension().uring_compiled() else ["posix"]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # cuda: the GPU machine
 
 
-def make_lw(tmp_path, engine="posix", device="cpu", observer=None, copy_recent=True, **extra):
+def make_lw(tmp_path, engine="posix", device="cpu", observer=None, copy_recent=True, ranks=1, **extra):
     from tutti_hicache.layerwise import LayerwiseKV
     g = torch.Generator().manual_seed(7)
     rows = (N + 1) * PAGE
@@ -34,7 +34,7 @@ def make_lw(tmp_path, engine="posix", device="cpu", observer=None, copy_recent=T
                                     "tutti_capacity_gb": 0.05, "tutti_stage_mb": 1,
                                     "tutti_engine": engine, **extra}, env={})
     return LayerwiseKV(cfg, GEOM, {"t": "layerwise"}, k, v, PAGE, observer=observer,
-                       copy_recent=copy_recent), k, v
+                       copy_recent=copy_recent, ranks=ranks), k, v
 
 
 def offload_all(lw, keys, rows):
@@ -597,3 +597,85 @@ def test_a_trace_keeps_each_load_record_in_memory(tmp_path):
     assert all("forward_of" not in r and "bare_after" not in r for r in trace.loads)
     assert not list(tmp_path.glob("*.jsonl"))
     assert not [t for t in set(threading.enumerate()) - before if t.name == "tutti-timeline"]
+
+
+# ------------------------------------------------------------------ every TP rank answers alike
+# SGLang reduces load and offload results over the TP ranks but acts on each rank's offload()
+# and load() answers as given: an answer that depends on this rank's own state (its backlog, its
+# evictions) must not differ from the other ranks' (unified_cache_linker's _offload_node, and
+# its note that the load's answer depends on the transfers alone).
+def test_a_full_offload_backlog_is_a_failed_result_not_a_refusal(tmp_path):
+    lw, _, _ = make_lw(tmp_path, tutti_offload_backlog_pages=4)
+    keys = [f"b{i:063d}" for i in range(8)]
+    assert lw.offload(keys, torch.arange(PAGE, PAGE * 9), [])  # over the bound: queued as failed
+    end = time.time() + 30
+    while lw.num_completed() < 1 and time.time() < end:
+        time.sleep(0.01)
+    assert lw.num_completed() == 1 and lw.pop_completed() is False
+    assert lw.offload_backlog == 0 and lw.lookup(keys) == 0
+    lw.close()
+
+
+def test_a_page_evicted_after_the_lookup_fails_the_batch_and_holds_nothing(tmp_path):
+    """Two ranks agreed on a hit; on this one a page left the store before load(). load() still
+    queues (True), and the batch's finish() reports the failure, so every rank's finish (reduced
+    by SGLang) says so; no page stays pinned, the other request's of the batch included. A rank
+    alone answers False, and SGLang recomputes."""
+    lw, k, v = make_lw(tmp_path / "alone")
+    keys = [f"p{i:063d}" for i in range(8)]
+    offload_all(lw, keys, torch.arange(PAGE, PAGE * 9))
+    lw.store.forget([keys[5]])
+    assert not lw.load("alone", keys, torch.arange(PAGE * 20, PAGE * 28))
+    assert not lw.store._index.pinned_slots
+    lw.close()
+    lw, k, v = make_lw(tmp_path / "two", ranks=2)
+    keys = [f"p{i:063d}" for i in range(8)]
+    offload_all(lw, keys, torch.arange(PAGE, PAGE * 9))
+    assert lw.lookup(keys) == 8
+    lw.store.forget([keys[5]])  # evicted between the lookup and the load
+    assert lw.load("ok", keys[:4], torch.arange(PAGE * 10, PAGE * 14))
+    assert lw.load("lost", keys, torch.arange(PAGE * 20, PAGE * 28))
+    assert forward(lw, lw.start()) is False
+    assert not lw.store._index.pinned_slots
+    assert restore(lw, keys[:4], torch.arange(PAGE * 10, PAGE * 14), rid="again")  # the next batch
+    lw.close()
+
+
+def test_a_loads_dram_slots_are_given_back_after_its_copies_ran(tmp_path):
+    """On a GPU the DRAM tier's copies into the pool are only queued on the I/O stream when the
+    loader is done with a load: its DRAM slots are given back once that stream ran them (a slot
+    refilled before could put another page's bytes into this load's pool pages). A stream that
+    fails to synchronize keeps them."""
+    from types import SimpleNamespace
+    lw, _, _ = make_lw(tmp_path, tutti_host_gb=0.01)
+    if lw.host is None:
+        pytest.skip("no DRAM tier")
+    keys = [f"p{i:063d}" for i in range(4)]
+    offload_all(lw, keys, torch.arange(PAGE, PAGE * 5))
+    lw._offloader.worker.drain()  # its own DRAM pins given back
+    slots = lw.host.pin(keys)
+    assert (slots >= 0).all()
+    pins = lw.host._pins[slots].copy()
+    loader, order = lw._loader, []
+    real_unpin = lw.host.unpin
+
+    class Stream:
+        fail = False
+
+        def synchronize(self):
+            order.append("synchronize")
+            if self.fail:
+                raise RuntimeError("device lost")
+    stream = Stream()
+    loader._cuda, loader._io = True, SimpleNamespace(stream=stream)
+    me = threading.current_thread()
+    lw.host.unpin = lambda s: (threading.current_thread() is me and order.append("unpin"), real_unpin(s))
+    stream.fail = True
+    loader._unpin_host(slots)
+    assert order == ["synchronize"] and (lw.host._pins[slots] == pins).all()  # kept
+    stream.fail = False
+    loader._unpin_host(slots)
+    assert order == ["synchronize", "synchronize", "unpin"] and (lw.host._pins[slots] == pins - 1).all()
+    loader._cuda, loader._io = False, None
+    lw.host.unpin = real_unpin
+    lw.close()

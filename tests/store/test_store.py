@@ -453,3 +453,22 @@ def test_a_read_only_store_lands_nothing(store_dirs):
     s.land_pages(w, 0, 2, src.addrs, True)
     assert w is None and s.publish_pages([w]) == [None] and s.prefix_len(keys(2)) == 0
     s.close()
+
+
+def test_a_segment_another_writer_created_first_is_opened_not_refused(store_dirs, monkeypatch):
+    """Two writers grow an empty store at once: between this one's check that a row's file is
+    missing and its exclusive create, the other made it. That is the row's file, opened as it
+    is (the grower used to fail and refuse every write for 10 s)."""
+    s = ObjectStore(cfg_for(store_dirs), GEOM, IDENT)
+    try:
+        row = s._ns.n_rows - 1
+        assert not s._files.open_row(row, create=False)  # not made yet
+        real = s._ns.create_segment
+
+        def the_other_writer_first(path, n_slots):
+            real(path, n_slots)  # the other writer's create
+            real(path, n_slots)  # this one's: O_EXCL, FileExistsError
+        monkeypatch.setattr(s._ns, "create_segment", the_other_writer_first)
+        assert s._files.open_row(row, create=True)
+    finally:
+        s.close()

@@ -48,3 +48,12 @@ def test_non_contiguous_buffers_are_refused():
     pool.k_buffer[1] = pool.k_buffer[1].transpose(0, 1)
     with pytest.raises(ValueError, match="must be contiguous"):
         DeviceMap.from_pool(pool, 16)
+
+
+def test_k_and_v_of_other_sizes_are_refused_at_attach():
+    """v_head_dim != head_dim: refused with the reason, not attached and then failing every
+    offload."""
+    pool = MHATokenToKVPool()
+    pool.v_buffer = [torch.zeros(64, 2, 4, dtype=torch.bfloat16) for _ in range(3)]
+    with pytest.raises(ValueError, match="v_head_dim != head_dim"):
+        DeviceMap.from_pool(pool, 16)

@@ -98,7 +98,7 @@ def accounted(ix, own_slots):
     assert all(ix.entries[k].slot == s for s, k in ix.by_slot.items())
     assert all(ix.by_slot.get(e.slot) == k for k, e in ix.entries.items())
     places = [e.slot for e in ix.entries.values() if e.owned] + [s for s, _ in ix.free] \
-        + list(ix.reserved.values()) + list(ix.zombies)
+        + list(ix.reserved.values()) + list(ix.zombies) + list(ix.held)
     assert sorted(places) == sorted(own_slots), (sorted(places), sorted(own_slots))
 
 
@@ -149,3 +149,35 @@ def test_pages_handed_to_another_writer_are_read_verified():
     assert ix.entries["a"].fresh
     assert ix.disown([0])
     assert not ix.entries["a"].fresh and not ix.entries["a"].owned and ix.entries["b"].fresh
+
+
+def test_a_slot_a_reader_pinned_is_not_evicted_when_its_entry_changed():
+    """A reader pinned x's slot; the slot then holds another key (learned from the writer that
+    owned the row, then reused here): while that first pin lasts the slot is not evicted, and
+    the reader's unpin does not take a later reader's pin away."""
+    ix = SlotIndex()
+    ix.learn(0, "x", 1, seq=1, owned=False)
+    assert [e.slot for e in ix.pin(["x"])] == [0]  # reader 1
+    assert ix.learn(0, "k3", 2, seq=5, owned=True)  # the slot now holds k3, ours
+    ix.pin(["k3"])  # reader 2
+    ix.unpin([0])  # reader 1 ends
+    assert ix.reserve("k4", evict=True) is None  # k3's slot is still read by reader 2
+    ix.unpin([0])
+    r = ix.reserve("k4", evict=True)
+    assert r is not None and r.slot == 0 and r.evicted == "k3"
+
+
+def test_slots_held_for_their_tombstones_are_not_reused_before():
+    """clear(): the cleared own slots stay out of the free list until their tombstones landed
+    (a write reusing one earlier would have its new header overwritten); pinned ones are freed
+    at their last unpin."""
+    ix = SlotIndex()
+    ix.grant([0, 1], dirty=False)
+    fill(ix, ["a", "b"])
+    ix.pin(["b"])
+    assert ix.drop("a", hold=True) == 0 and ix.drop("b", hold=True) == 1
+    assert ix.reserve("c", evict=True) is None and not ix.disown([0])
+    ix.let_go([0, 1])
+    assert list(ix.free) == [(0, True)] and ix.zombies == {1} and not ix.held
+    ix.unpin([1])
+    assert sorted(ix.free) == [(0, True), (1, True)]

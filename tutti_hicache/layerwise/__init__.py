@@ -69,7 +69,7 @@ logger = logging.getLogger("tutti_hicache.linker")
 class LayerwiseKV:
     def __init__(self, cfg: TuttiConfig, geometry: PageGeometry, identity: dict, k_bufs: list,
                  v_bufs: Optional[list], page_size: int, writer: bool = True,
-                 observer: Optional[Observer] = None, copy_recent: bool = True):
+                 observer: Optional[Observer] = None, copy_recent: bool = True, ranks: int = 1):
         self.cfg = cfg
         self.k_bufs, self.v_bufs = list(k_bufs), (list(v_bufs) if v_bufs is not None else None)
         self.mla = v_bufs is None
@@ -102,7 +102,7 @@ class LayerwiseKV:
         self._stats = LinkerStats(self.store, cfg.stats_file, self.windows, self.host)
         self._loader = Loader(self.store, self.counter, self.stage, self.stage_pages, self.k_bufs,
                               self.v_bufs, page_size, self.io, cfg, self.windows, self._stats,
-                              self.observer, self.host, copy_recent)
+                              self.observer, self.host, copy_recent, ranks)
         self._offloader = Offloader(self.store, self.out, self.out_pages, self.k_bufs, self.v_bufs,
                                     page_size, self.io, writer, cfg.offload_backlog_pages,
                                     self._stats, self.host)
@@ -215,7 +215,7 @@ class LayerwiseKV:
 
     # ------------------------------------------------------------ offload
     def offload(self, keys: list, device_indices, ready_events: list) -> bool:
-        """Queue pages for writing once `ready_events` fired; False when the backlog is full."""
+        """Queue pages for writing once `ready_events` fired (a full backlog: a failed result)."""
         t0 = now_ns()
         ok = self._offloader.offload(keys, device_indices, ready_events)
         self.observer.offloaded(t0, len(keys))

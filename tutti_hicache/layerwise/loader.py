@@ -109,7 +109,7 @@ class Loader:
     def __init__(self, store, counter: LayerCounter, stage: Staging, stage_pages: int,
                  k_bufs: list, v_bufs, page_size: int, io, cfg: TuttiConfig, windows,
                  stats: LinkerStats, observer: Observer, host: Optional[HostTier] = None,
-                 copy_recent: bool = True):
+                 copy_recent: bool = True, ranks: int = 1):
         self._store, self._counter, self._stage = store, counter, stage
         self._host = host  # the DRAM tier (hosttier.py), or None
         self.stage_pages = stage_pages  # pages of one layer per ring slot
@@ -127,6 +127,8 @@ class Loader:
         self.windows_opened = 0
         self._observer = observer
         self._queued: dict[str, tuple] = {}
+        self._lost: set = set()  # queued requests whose pages left the store before load()
+        self._ranks = ranks  # the ranks whose loads SGLang keeps in step (its TP cache group)
         # the pages of each started batch (keys, pool page ids), until finished() and then, for
         # the next batch only, of the last one that landed: (key -> position, page ids, launches)
         self._started: dict[int, tuple] = {}
@@ -148,10 +150,20 @@ class Loader:
         ssd_keys = [k for k, s in zip(keys, slots.tolist()) if s < 0]
         entries = self._store.pin(ssd_keys) if ssd_keys else []
         if any(e is None for e in entries):
+            # evicted since lookup() (this rank's offloads, its DRAM tier, another writer). Alone,
+            # False: SGLang recomputes. With other ranks, which agreed on the hit and must all
+            # take one branch (False here alone would part their batches): queued, and the
+            # batch fails in start(), which finish() reports on every rank (SGLang aborts it)
             self._store.unpin(entries)
             if self._host is not None:
                 self._host.unpin(slots)
-            return False
+            if self._ranks == 1:
+                return False
+            logger.warning("tutti linker: %d of the %d pages of request %s left the store after "
+                           "its lookup; its batch's load fails", sum(e is None for e in entries),
+                           len(keys), rid)
+            self._lost.add(rid)
+            entries, slots, ssd_keys = [], np.zeros(0, np.int64), []
         self._queued[rid] = (entries, slots, device_indices, ssd_keys, keys)
         return True
 
@@ -162,6 +174,7 @@ class Loader:
 
     def cancel(self, rid: str) -> bool:
         item = self._queued.pop(rid, None)
+        self._lost.discard(rid)
         if item is None:
             return False
         self._store.unpin(item[0])
@@ -192,7 +205,19 @@ class Loader:
         if not self._queued:
             return -1
         items = list(self._queued.values())
+        lost = [rid for rid in self._queued if rid in self._lost]
         self._queued.clear()
+        self._lost.clear()
+        if lost:  # the whole batch fails: SGLang gets False from finish() on every rank
+            for es, sl, *_ in items:
+                self._store.unpin(es)
+                if self._host is not None:
+                    self._host.unpin(sl)
+            index = self._counter.update_producer()
+            self._counter.describe(index, input_tokens, sum(len(ks) for *_, ks in items) * self._page_size)
+            self._counter.fail(index, LoadFailed(f"pages of {', '.join(lost)} left the store after lookup"))
+            self._recent = None
+            return index
         recent, self._recent = self._recent, None
         if recent is not None and recent[2] != self._counter.launches:
             recent = None  # a forward ran since: those slots may hold other bytes now
@@ -336,8 +361,21 @@ class Loader:
             self._stats.add(load_failures=1)
         finally:
             self._store.unpin(entries)
-            if self._host is not None:
-                self._host.unpin(job.host_slots)
+            if self._host is not None and len(job.host_slots):
+                self._unpin_host(job.host_slots)
+
+    def _unpin_host(self, slots) -> None:
+        """Give a load's DRAM slots back once the kernels that read them have run: on a GPU they
+        were only queued on the I/O stream, and a slot given back before then may be refilled
+        with another page that the pending kernel would scatter into this load's pool pages."""
+        if self._cuda:
+            try:
+                self._io.stream.synchronize()
+            except BaseException:  # a failed device: keep the slots rather than risk their bytes
+                logger.exception("tutti linker: waiting for the DRAM copies failed; %d DRAM slots "
+                                 "stay pinned", len(slots))
+                return
+        self._host.unpin(slots)
 
     # ------------------------------------------------------------ [loader] the DRAM tier
     def _reserve_promotions(self, job) -> Optional[_CopyUp]:

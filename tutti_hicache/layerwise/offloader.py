@@ -92,7 +92,10 @@ class Offloader:
 
     # ------------------------------------------------------------ [scheduler]
     def offload(self, keys: list, device_indices, ready_events: list) -> bool:
-        """Queue pages for writing once `ready_events` fired; False when the backlog is full."""
+        """Queue pages for writing once `ready_events` fired. A full backlog is a failed result,
+        not False: SGLang acts on each rank's answer without reducing it and matches the results
+        by position, while it reduces each result over the ranks; a refusal on one rank alone
+        would part the ranks' queues of pending offloads."""
         keys = list(keys)
         if not self._writer:  # MLA: rank 0 writes for every rank
             self._results.append(_Done(True))
@@ -103,7 +106,8 @@ class Offloader:
             return True
         with self._lock:
             if self._backlog + len(todo) > self._max_backlog:
-                return False
+                self._results.append(_Done(False))
+                return True
             self._backlog += len(todo)  # reserved: given back when the job ends
         try:
             ps = self._page_size

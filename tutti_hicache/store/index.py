@@ -53,6 +53,7 @@ class SlotIndex:
         self.reserved: dict[str, int] = {}
         self.pinned_slots: dict[int, int] = {}
         self.zombies: set[int] = set()  # own slots dropped while pinned: freed at last unpin
+        self.held: set[int] = set()  # own slots dropped with hold=True: free at let_go()
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -93,7 +94,10 @@ class SlotIndex:
             return Reservation(key, slot, dirty)
         if not evict:
             return None
-        victim = next((k for k in self.lru if self.entries[k].pins == 0), None)
+        # a pinned slot, not only a pinned entry: a reader's pin stays on the slot when the entry
+        # there changed under it (learned from another writer), and the slot is what it reads
+        victim = next((k for k in self.lru if self.entries[k].pins == 0
+                       and self.entries[k].slot not in self.pinned_slots), None)
         if victim is None:
             return None
         slot = self.entries[victim].slot
@@ -163,7 +167,7 @@ class SlotIndex:
         they leave the LRU and the free list. False (nothing changed) if one is pinned or reserved."""
         slots = set(int(s) for s in slots)
         if slots & set(self.pinned_slots) or slots & set(self.reserved.values()) \
-                or slots & self.zombies:
+                or slots & self.zombies or slots & self.held:
             return False
         for s in slots:
             key = self.by_slot.get(s)
@@ -178,14 +182,29 @@ class SlotIndex:
         if key is not None:
             self._remove(key)
 
-    def drop(self, key: str) -> Optional[int]:
-        """Forget key; an own slot goes back to the free list (dirty). Returns the slot."""
+    def drop(self, key: str, hold: bool = False) -> Optional[int]:
+        """Forget key; an own slot goes back to the free list (dirty), or with hold stays out
+        of every list until let_go() (its header is still to be overwritten: clear()). Returns
+        the slot."""
         e = self.entries.get(key)
         if e is None:
             return None
         self._remove(key)
-        self._release(e)
+        if hold and e.owned:
+            self.held.add(e.slot)
+        else:
+            self._release(e)
         return e.slot
+
+    def let_go(self, slots: Iterable[int]) -> None:
+        """Slots held by drop(hold=True): free now, or at their last unpin while pinned."""
+        for s in slots:
+            if s in self.held:
+                self.held.discard(s)
+                if s in self.pinned_slots:
+                    self.zombies.add(s)
+                else:
+                    self.free.append((s, True))
 
     def _release(self, e: Entry) -> None:
         """An own slot whose entry left the index: back to the free list (dirty), or, while a

@@ -268,7 +268,10 @@ class FileTable:
                 continue
             path = self._ns.segment_path(d, row)
             if create and not os.path.exists(path):
-                self._ns.create_segment(path, len(self._ns.file_slots(d, row)))
+                try:
+                    self._ns.create_segment(path, len(self._ns.file_slots(d, row)))
+                except FileExistsError:
+                    pass  # another writer made it between the check and the create: open it
             if not os.path.exists(path):
                 complete = False
                 continue

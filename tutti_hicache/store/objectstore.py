@@ -138,7 +138,6 @@ class ObjectStore:
         self.quarantined = healed.quarantined  # namespace dirs this attach set aside
         self._ns = Namespace(cfg, self.fingerprint, self.placement, self.capacity_slots,
                              dirs=healed.dirs)
-        reclaim(self._ns.dirs, 0, self.capacity_slots * self.layout.slot_nbytes)
         self.ns_dirs, self.n_rows = self._ns.dirs, self._ns.n_rows
         depth, read_bytes, write_bytes = inflight_for(cfg)
         self.engine = engine or open_engine(cfg.engine, depth, cfg.threads, read_bytes,
@@ -183,13 +182,17 @@ class ObjectStore:
                 logger.warning("tutti: cannot open segment row %d: %s", r, e)
         self._scan.scan_rows(rows, grant=True)
         self._scan.start(self._release_excess if self.writer else None)
-        if self._ns.n_rows:  # every row but maybe the last is as large as row 0
-            self._writes.grow_ahead(len(self._ns.row_slots(0)))
         set_aside = [q for q, _, _ in quarantines([os.path.dirname(d) for d in self.ns_dirs],
                                                   os.path.basename(self.ns_dirs[0]))]
         if self.writer and set_aside:  # their pages come back by key, in the background
             self._rehome = Rehome(set_aside, self.layout, self.fingerprint,
                                   self._writes.write_pages, self._io.checksums).start()
+        # set-aside files beyond the capacity go; after the re-homing took its flocks, so that a
+        # restart in the middle of one keeps the row of slack it needs (heal.reclaim)
+        reclaim(self._ns.dirs, 0, self.capacity_slots * self.layout.slot_nbytes,
+                slack=len(self._ns.dirs) * self.placement.segment_file_nbytes)
+        if self._ns.n_rows:  # every row but maybe the last is as large as row 0
+            self._writes.grow_ahead(len(self._ns.row_slots(0)))
 
     def rehome_wait(self, timeout: Optional[float] = None) -> bool:
         """Wait until the pages of set-aside namespaces are re-homed (True: done or none)."""
@@ -342,12 +345,17 @@ class ObjectStore:
         Returns the number of pages dropped."""
         with self._lock:
             own = [(k, e.slot) for k, e in self._index.entries.items() if e.owned]
-            for k, _ in own:
-                self._index.drop(k)
+            for k, _ in own:  # held: a write reusing one before its tombstone lands would lose
+                self._index.drop(k, hold=True)  # its new header to that tombstone
             for k in [k for k, e in self._index.entries.items() if not e.owned]:
                 self._index.forget_slot(self._index.entries[k].slot)
-        if own:
-            self._io.tombstones(*self._files.slot_files(np.array([s for _, s in own], np.int64)))
+        slots = [s for _, s in own]
+        try:
+            if own:
+                self._io.tombstones(*self._files.slot_files(np.array(slots, np.int64)))
+        finally:
+            with self._lock:
+                self._index.let_go(slots)
         return len(own)
 
     def forget(self, keys: list[str]) -> int:

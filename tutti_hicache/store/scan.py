@@ -118,7 +118,7 @@ class Scanner:
             ix, dirty = self._index, self._dirty_slots
             # a slot whose own entry lost to another copy of its key during the scan is free
             # already (SlotIndex.learn gave it back)
-            held = {f[0] for f in ix.free} | set(ix.reserved.values()) | ix.zombies
+            held = {f[0] for f in ix.free} | set(ix.reserved.values()) | ix.zombies | ix.held
             free = [s for s in slots if s not in ix.by_slot and s not in held]
             self._index.grant([s for s in free if s not in dirty], dirty=False)
             self._index.grant([s for s in free if s in dirty], dirty=True)

@@ -73,7 +73,10 @@ void Stream::validate_groups() {
 
 Stream::~Stream() {
   cancel();
-  if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard joining(join_mu_);
+    if (thread_.joinable()) thread_.join();
+  }
   if (groups_) groups_->wait();
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
@@ -144,7 +147,10 @@ bool Stream::final(size_t chunk) {
 }
 
 void Stream::join() {
-  if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard joining(join_mu_);
+    if (thread_.joinable()) thread_.join();
+  }
   std::lock_guard lock(mu_);
   if (error_) std::rethrow_exception(error_);
 }

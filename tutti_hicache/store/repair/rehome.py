@@ -118,19 +118,22 @@ class Rehome:
                     return
                 if name.startswith("seg-") and name.endswith(".dat"):
                     path = os.path.join(q, name)
-                    self._segment(path)
+                    if not self._segment(path):  # stopped part-way: the next attach resumes it
+                        return
                     with contextlib.suppress(OSError):
                         os.unlink(path)
             shutil.rmtree(q, ignore_errors=True)
         finally:
             os.close(fd)
 
-    def _segment(self, path: str) -> None:
+    def _segment(self, path: str) -> bool:
+        """Re-home the pages of one set-aside segment file; False when stopped before its end
+        (the file must stay), True once read to its end or unreadable."""
         slot = self._layout.slot_nbytes
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            return
+            return True
         buf = extension().AlignedBuffer(max(1, min(CHUNK, CHUNK_BYTES // slot)) * slot)
         arr = np.frombuffer(buf, dtype=np.uint8)
         try:
@@ -140,14 +143,15 @@ class Rehome:
                     got = os.preadv(fd, [memoryview(arr)], off)
                 except OSError as e:
                     logger.warning("tutti: cannot re-home %s: %s", path, e)
-                    return
+                    return True
                 n = got // slot
                 if n == 0:
-                    return
+                    return True
                 self._chunk(buf, arr, n)
                 with contextlib.suppress(OSError):
                     os.posix_fadvise(fd, off, n * slot, os.POSIX_FADV_DONTNEED)
                 off += n * slot
+            return False
         finally:
             os.close(fd)
 

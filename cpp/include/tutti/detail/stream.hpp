@@ -76,6 +76,7 @@ class Stream final : public ReadStream {
   std::vector<char> planned_, done_;
   std::vector<int64_t> done_ns_;
   size_t oldest_ = 0;
+  std::mutex join_mu_;  // one joiner at a time (std::thread::join from two threads is undefined)
   std::thread thread_;
 };
 
