@@ -109,6 +109,10 @@ class Engine {
   [[nodiscard]] virtual std::string name() const = 0;  ///< "uring" or "posix"
   /// Opens path (O_DIRECT when direct) for the engine's life; returns its index for batches.
   /// Throws SysError with the path when open(2) fails (EMFILE past 4096 files for io_uring).
+  /// Offsets hold for regular files and block devices; on a pipe or FIFO io_uring ignores them
+  /// and the POSIX engine's requests end with -ESPIPE (the tests use a FIFO to hold a request in
+  /// flight; the store opens its own segment files only). Memory registered with
+  /// register_buffers must stay mapped until it is registered again: io_uring keeps its pages.
   [[nodiscard]] virtual int open_file(const std::string& path, bool writable, bool direct) = 0;
   /// Registers [addr, addr + nbytes) regions for fixed I/O, replacing earlier ones (none:
   /// unregister). Returns how many buffers were registered, 0 when the kernel refused or the
