@@ -209,7 +209,7 @@ class TuttiConfig:
     host_gb: float = setting(-1.0,
         "Linker: pinned DRAM tier in front of the SSD store (GB = 2^30 bytes): loads take each "
         "page from DRAM where it is resident, offloaded pages are kept there too, and pages read "
-        "from the SSD a second time are copied up (2Q: a scan does not flush hot pages). -1: an "
+        "from the SSD a second time are copied up (2Q: a scan of new pages takes at most a quarter of the hot ones). -1: an "
         "eighth of the machine's memory shared by its GPUs' servers (none without a GPU); 0: off.",
         minimum=-1.0)
     offload_backlog_pages: int = setting(8192,

@@ -407,3 +407,54 @@ def test_when_online_runs_now_or_as_the_tier_comes_online():
     t._go_online()
     # before the tier takes pages: no load can read it while a warm-up runs
     assert calls == ["now", ("later", False)] and t.online.is_set()
+
+
+def _slots_gb(slots: int) -> float:
+    return slots * GEOM.num_layers * 2 * 4096 / (1 << 30)  # the test geometry's 4 KiB objects
+
+
+def test_one_long_offload_does_not_empty_the_hot_set(tmp_path):
+    """Hot pages (a DRAM hit made them protected), then one offload of many new pages, whose
+    DRAM pages stay pinned until their SSD write publishes: probation is all pinned, and the
+    offload may take protected pages only while probation holds under a quarter of the tier (it
+    took every one of them)."""
+    lw, _, _ = make_lw(tmp_path, tutti_host_gb=_slots_gb(8))
+    host = lw.host
+    if host is None:
+        pytest.skip("no DRAM tier")
+    hot = [f"h{i:063d}" for i in range(4)]
+    assert lw.offload(hot, torch.arange(PAGE, PAGE * 5), [])
+    lw._offloader.worker.drain()
+    assert lw.pop_completed()
+    host.unpin(host.pin(hot))  # a hit: protected
+    assert host.stats()["host_protected_pages"] == 4
+    scan = [f"s{i:063d}" for i in range(40)]
+    assert lw.offload(scan, torch.arange(PAGE * 10, PAGE * 50), [])
+    lw._offloader.worker.drain()
+    assert host.present(hot).sum() >= 4 - 8 // 4  # at most a quarter of the tier given up
+    lw.close()
+
+
+def test_an_offload_of_a_page_dram_holds_unpinned_completes_after_its_write(tmp_path):
+    """The page is in DRAM but its SSD copy is gone (evicted, or its write failed); SGLang
+    offloads it again. This job does not hold that DRAM slot, which a copy-up may take at any
+    time, so the offload reports done only once the SSD write landed: never True while the
+    page could be in neither tier."""
+    lw, _, _ = make_lw(tmp_path, tutti_host_gb=_slots_gb(8))
+    if lw.host is None:
+        pytest.skip("no DRAM tier")
+    a = [f"a{i:063d}" for i in range(4)]
+    rows = torch.arange(PAGE, PAGE * 5)
+    assert lw.offload(a, rows, [])
+    lw._offloader.worker.drain()
+    assert lw.pop_completed()
+    lw.store.forget(a)
+    land, landed = lw.store.land_pages, []
+    lw.store.land_pages = lambda *x, **kw: (time.sleep(0.5), landed.append(1), land(*x, **kw))[2]
+    assert lw.offload(a, rows, [])
+    end = time.time() + 30
+    while lw.num_completed() < 1 and time.time() < end:
+        time.sleep(0.005)
+    assert landed, "reported done before its SSD write landed"
+    assert lw.pop_completed() and lw.lookup(a) == 4
+    lw.close()

@@ -40,8 +40,11 @@ hit moves it to protected (an LRU). A page read from the SSD whose key is on the
 load that reads it, from the bytes it read (never a second SSD read); a page read once is only
 remembered there. Free slots are taken first (a working set that fits stays
 whole); then eviction takes probation's oldest unpinned page, and protected's least recently
-used only when probation has none: a scan of new pages cycles through probation and costs the
-hot pages at most the one slot it found. Nothing here is
+used only when probation has none. An offload (a page on probation) takes a protected page only
+while probation holds under a quarter of the slots: an offload pins its pages until its SSD
+write publishes, so a long one finds probation all pinned, and without that bound one long
+prompt's offload emptied protected. A scan of new pages cycles through probation and costs the
+hot pages at most a quarter of the tier. Nothing here is
 durable: every page also lives (or is being written) on the SSD, eviction frees DRAM only, and
 the tier starts empty after a restart.
 """
@@ -275,7 +278,7 @@ class HostTier:
             for i, k in enumerate(keys):
                 if k in self._slot_of:
                     continue
-                s = self._take_slot()
+                s = self._take_slot(hot)
                 if s is None:
                     self._counts["host_full_pages"] += len(keys) - i
                     break
@@ -310,10 +313,13 @@ class HostTier:
         with self._lock:
             self._counts["host_promoted_pages"] += n
 
-    def _take_slot(self) -> Optional[int]:
+    def _take_slot(self, hot: bool = True) -> Optional[int]:
         if self._free:
             return self._free.pop()
-        for queue, ghost in ((self._probation, True), (self._protected, False)):
+        queues = [(self._probation, True)]
+        if hot or len(self._probation) < self.slots // 4:
+            queues.append((self._protected, False))
+        for queue, ghost in queues:
             for k in queue:
                 s = self._slot_of[k]
                 if self._pins[s] == 0:

@@ -230,9 +230,10 @@ class Offloader:
         slots, on probation: readable from DRAM at once, and held there (pinned) until their
         SSD write has published, so a page is never in neither tier."""
         slots = self._host.reserve(keys, hot=False)
-        here = self._host.present(keys)
-        if not ((slots >= 0) | here).all():
-            job.all_in_dram = False  # DRAM is full of pinned pages: complete after the write
+        if not (slots >= 0).all():
+            # no slot (DRAM full of pinned pages), or already there but not held by this job (it
+            # may be evicted before the write lands): complete after the write, never in between
+            job.all_in_dram = False
         idx = np.flatnonzero(slots >= 0)
         if not len(idx):
             return
