@@ -679,3 +679,19 @@ def test_a_loads_dram_slots_are_given_back_after_its_copies_ran(tmp_path):
     loader._cuda, loader._io = False, None
     lw.host.unpin = real_unpin
     lw.close()
+
+
+def test_a_batch_that_cannot_be_built_gives_its_pins_back(tmp_path, monkeypatch):
+    """start() raising while it builds the batch (never seen with SGLang's inputs; a device error
+    on a GPU) leaves no page pinned: the next batches still evict and load normally."""
+    lw, k, v = make_lw(tmp_path)
+    keys = [f"p{i:063d}" for i in range(4)]
+    offload_all(lw, keys, torch.arange(PAGE, PAGE * 5))
+    assert lw.load("r", keys, torch.arange(PAGE * 10, PAGE * 14))
+    monkeypatch.setattr(torch, "cat", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("device error")))
+    with pytest.raises(RuntimeError, match="device error"):
+        lw.start()
+    monkeypatch.undo()
+    assert not lw.store._index.pinned_slots
+    assert restore(lw, keys, torch.arange(PAGE * 10, PAGE * 14), rid="again")
+    lw.close()

@@ -221,6 +221,33 @@ class Loader:
         recent, self._recent = self._recent, None
         if recent is not None and recent[2] != self._counter.launches:
             recent = None  # a forward ran since: those slots may hold other bytes now
+        try:
+            job, page_ids = self._job(items, input_tokens)
+        except BaseException:  # the batch's pins go with it (an exception SGLang gets anyway)
+            for es, sl, *_ in items:
+                self._store.unpin(es)
+                if self._host is not None:
+                    self._host.unpin(sl)
+            raise
+        if self._can_copy and (job.entries or len(job.host_slots)):
+            try:
+                self._plan_copies(job, recent)
+            except Exception:  # e.g. no device memory for a copy: never into SGLang's scheduler
+                logger.warning("tutti linker: copying pages in the pool failed; reading them "
+                               "from the store instead", exc_info=True)
+        index = job.index = self._counter.update_producer()
+        if self._copy_recent:  # its pages: the next batch's copy sources once it landed
+            self._started[index] = ([k for *_, ks in items for k in ks], page_ids)
+        self._counter.describe(index, input_tokens, len(page_ids) * self._page_size)
+        if self._cuda:
+            job.ready = torch.cuda.Event()
+            job.ready.record()
+        self.worker.put(job)
+        return index
+
+    def _job(self, items: list, input_tokens: int) -> tuple:
+        """(the load of a batch's queued requests, their page ids in the pool): the job's page
+        ids split by where each page comes from (the SSD, DRAM)."""
         entries = [e for es, *_ in items for e in es]
         ps = self._page_size
         pids = [di[::ps] // ps for _, _, di, _, _ in items]
@@ -234,21 +261,7 @@ class Loader:
             job.host_slots = slots[slots >= 0]
             job.host_keys = [k for *_, sl, _, _, ks in items
                              for k, s in zip(ks, sl.tolist()) if s >= 0]
-        if self._can_copy and (job.entries or len(job.host_slots)):
-            try:
-                self._plan_copies(job, recent)
-            except Exception:  # e.g. no device memory for a copy: never into SGLang's scheduler
-                logger.warning("tutti linker: copying pages in the pool failed; reading them "
-                               "from the store instead", exc_info=True)
-        index = job.index = self._counter.update_producer()
-        if self._copy_recent:  # its pages: the next batch's copy sources once it landed
-            self._started[index] = ([k for *_, ks in items for k in ks], page_ids)
-        self._counter.describe(index, input_tokens, len(slots) * ps)
-        if self._cuda:
-            job.ready = torch.cuda.Event()
-            job.ready.record()
-        self.worker.put(job)
-        return index
+        return job, page_ids
 
     def _plan_copies(self, job, recent: Optional[tuple]) -> None:
         """Of the batch's SSD pages and, apart, of its DRAM pages, take each key once: a page the
