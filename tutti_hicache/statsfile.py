@@ -94,18 +94,20 @@ class StatsFile:
     def _catch_up(self) -> None:
         with self._lock:
             self._timer = None
-            source, self._pending = self._pending, None
-            if source is not None and not self._closed:
-                self._write(source, time.monotonic())
+            self._write_pending()
 
     def _flush_at_exit(self) -> None:
         if self._lock.acquire(timeout=1.0):  # a writer stuck past a second: leave it
             try:
-                source, self._pending = self._pending, None
-                if source is not None and not self._closed and self.path:
-                    self._write(source, time.monotonic())
+                self._write_pending()
             finally:
                 self._lock.release()
+
+    def _write_pending(self) -> None:
+        """The snapshot a dump inside the interval left, if any (the lock held)."""
+        source, self._pending = self._pending, None
+        if source is not None and not self._closed and self.path:
+            self._write(source, time.monotonic())
 
     def _write(self, source, now: float) -> bool:
         self._last = now

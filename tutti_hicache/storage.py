@@ -220,8 +220,7 @@ class TuttiStorage(HiCacheStorage):
 
     def close(self) -> None:
         if self.store is not None:
-            if self._stats_file.path:
-                self._stats_file.close(self.store.stats)
+            self._stats_file.close(self.store.stats)  # no file: nothing gathered
             store, self.store = self.store, None
             try:
                 store.close()
@@ -231,8 +230,8 @@ class TuttiStorage(HiCacheStorage):
     def _dump_stats(self) -> None:
         """tutti_stats_file: counters as JSON, at most once a second (never raises)."""
         store = self.store  # once: close() on the scheduler thread may set it to None
-        if store is not None and self._stats_file.path:  # no file: the counters are not needed
-            self._stats_file.dump(store.stats)  # the counters are gathered as the file is written
+        if store is not None:  # gathered as the file is written, so only where there is one
+            self._stats_file.dump(store.stats)
 
     def get_stats(self):
         with self._metrics_lock:

@@ -313,7 +313,7 @@ class HostTier:
         with self._lock:
             self._counts["host_promoted_pages"] += n
 
-    def _take_slot(self, hot: bool = True) -> Optional[int]:
+    def _take_slot(self, hot: bool) -> Optional[int]:
         if self._free:
             return self._free.pop()
         queues = [(self._probation, True)]

@@ -154,9 +154,7 @@ class Loader:
             # False: SGLang recomputes. With other ranks, which agreed on the hit and must all
             # take one branch (False here alone would part their batches): queued, and the
             # batch fails in start(), which finish() reports on every rank (SGLang aborts it)
-            self._store.unpin(entries)
-            if self._host is not None:
-                self._host.unpin(slots)
+            self._unpin(entries, slots)
             if self._ranks == 1:
                 return False
             logger.warning("tutti linker: %d of the %d pages of request %s left the store after "
@@ -177,10 +175,14 @@ class Loader:
         self._lost.discard(rid)
         if item is None:
             return False
-        self._store.unpin(item[0])
-        if self._host is not None:
-            self._host.unpin(item[1])
+        self._unpin(item[0], item[1])
         return True
+
+    def _unpin(self, entries: list, slots) -> None:
+        """Give back a queued load's pins: its store entries and its DRAM slots."""
+        self._store.unpin(entries)
+        if self._host is not None:
+            self._host.unpin(slots)
 
     def cancel_all(self) -> None:
         for rid in list(self._queued):
@@ -210,9 +212,7 @@ class Loader:
         self._lost.clear()
         if lost:  # the whole batch fails: SGLang gets False from finish() on every rank
             for es, sl, *_ in items:
-                self._store.unpin(es)
-                if self._host is not None:
-                    self._host.unpin(sl)
+                self._unpin(es, sl)
             index = self._counter.update_producer()
             self._counter.describe(index, input_tokens, sum(len(ks) for *_, ks in items) * self._page_size)
             self._counter.fail(index, LoadFailed(f"pages of {', '.join(lost)} left the store after lookup"))
@@ -225,9 +225,7 @@ class Loader:
             job, page_ids = self._job(items, input_tokens)
         except BaseException:  # the batch's pins go with it (an exception SGLang gets anyway)
             for es, sl, *_ in items:
-                self._store.unpin(es)
-                if self._host is not None:
-                    self._host.unpin(sl)
+                self._unpin(es, sl)
             raise
         if self._can_copy and (job.entries or len(job.host_slots)):
             try:

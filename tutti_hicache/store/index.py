@@ -66,13 +66,16 @@ class SlotIndex:
         """Make slots allocatable. A slot already free, reserved or holding an entry is a bug in
         the caller and raises: granting it twice would give two keys one slot."""
         slots = [int(s) for s in slots]
-        wanted = set(slots)  # checked in O(slots + free + reserved), not O(entries)
-        taken = {s for s in wanted if s in self.by_slot}
-        taken |= wanted & set(self.reserved.values())
-        taken |= wanted & {f[0] for f in self.free}
+        taken = set(slots) - set(self.unaccounted(slots))
         if taken:
             raise RuntimeError(f"grant: slots {sorted(taken)[:5]} are already free or in use")
         self.free.extend((s, dirty) for s in slots)
+
+    def unaccounted(self, slots: Iterable[int]) -> list[int]:
+        """Of slots, those in no entry, free list, reservation, zombie or hold: what grant()
+        may take. O(slots + free + reserved), not O(entries)."""
+        placed = {f[0] for f in self.free} | set(self.reserved.values()) | self.zombies | self.held
+        return [s for s in slots if s not in self.by_slot and s not in placed]
 
     def prefix_len(self, keys: list[str]) -> int:
         """Number of leading keys present; touches them in the LRU. Non-string keys are absent."""
@@ -94,10 +97,10 @@ class SlotIndex:
             return Reservation(key, slot, dirty)
         if not evict:
             return None
-        # a pinned slot, not only a pinned entry: a reader's pin stays on the slot when the entry
-        # there changed under it (learned from another writer), and the slot is what it reads
-        victim = next((k for k in self.lru if self.entries[k].pins == 0
-                       and self.entries[k].slot not in self.pinned_slots), None)
+        # a pinned slot, not only a pinned entry (an entry's pins are its slot's too): a reader's
+        # pin stays on the slot when the entry there changed under it (learned from another
+        # writer), and the slot is what it reads
+        victim = next((k for k in self.lru if self.entries[k].slot not in self.pinned_slots), None)
         if victim is None:
             return None
         slot = self.entries[victim].slot

@@ -115,11 +115,10 @@ class Scanner:
     def _grant_free(self, row: int) -> None:
         slots = self._ns.row_slots(row).tolist()
         with self._lock:
-            ix, dirty = self._index, self._dirty_slots
-            # a slot whose own entry lost to another copy of its key during the scan is free
+            dirty = self._dirty_slots
+            # not a slot whose own entry lost to another copy of its key during the scan: free
             # already (SlotIndex.learn gave it back)
-            held = {f[0] for f in ix.free} | set(ix.reserved.values()) | ix.zombies | ix.held
-            free = [s for s in slots if s not in ix.by_slot and s not in held]
+            free = self._index.unaccounted(slots)
             self._index.grant([s for s in free if s not in dirty], dirty=False)
             self._index.grant([s for s in free if s in dirty], dirty=True)
             dirty.difference_update(slots)
