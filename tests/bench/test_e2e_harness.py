@@ -392,8 +392,7 @@ def test_a_run_cut_off_keeps_the_phases_it_finished(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return run
     monkeypatch.setattr(mod, "run_config", fake_run)
-    monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": 1.0})
-    monkeypatch.setattr(mod, "raw_read_uring_dirs", lambda *a, **k: 1.0)
+    monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": 1.0, "raw_engine_GBps": 1.0})
     out = tmp_path / "out.json"
     monkeypatch.setattr(sys, "argv", ["x", "--medium", "m", "--tutti-dirs", str(tmp_path / "a"),
                                       "--one-dir", str(tmp_path / "o"), "--configs", "recompute,tutti-host",
@@ -416,8 +415,7 @@ def test_the_first_configuration_always_starts_and_later_ones_wait_for_time(tmp_
         started.append(config)
         return {"config": config, "medium": "m", "phases": {}, "summaries": {}}
     monkeypatch.setattr(mod, "run_config", fake_run)
-    monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": 1.0})
-    monkeypatch.setattr(mod, "raw_read_uring_dirs", lambda *a, **k: 1.0)
+    monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": 1.0, "raw_engine_GBps": 1.0})
     out = tmp_path / "out.json"
     monkeypatch.setattr(sys, "argv", ["x", "--medium", "m", "--tutti-dirs", str(tmp_path / "a"),
                                       "--one-dir", str(tmp_path / "o"), "--configs", "tutti-tiered,dram",
@@ -441,8 +439,7 @@ def test_share_linker_store_order(tmp_path, monkeypatch):
         return {"config": config, "medium": "m", "phases": {} if store_from else {"warm": []},
                 "store_from": store_from or None}
     monkeypatch.setattr(mod, "run_config", fake_run)
-    monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": 1.0})
-    monkeypatch.setattr(mod, "raw_read_uring_dirs", lambda *a, **k: 1.0)
+    monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": 1.0, "raw_engine_GBps": 1.0})
     argv = ["x", "--medium", "m", "--tutti-dirs", str(tmp_path / "a"), "--one-dir", str(tmp_path / "o"),
             "--configs", "dram,tutti-linker,tutti-linker+tutti_threads=4,tutti-linker-dynamic", "--contexts", "4096",
             "--json", str(tmp_path / "out.json"), "--out-dir", str(tmp_path / "logs"), "--share-linker-store"]
@@ -463,11 +460,16 @@ def test_the_io_floor_takes_the_faster_of_the_raw_reads_before_and_after(tmp_pat
     import sys
     mod = e2e_sglang
     reads = iter([5.0, 1.0, 7.0])  # the array before, the one directory, the array after
-    monkeypatch.setattr(mod, "raw_read_dirs", lambda *a, **k: {"raw_read_GBps": next(reads)})
     at_request = iter([4.0, 3.0])  # tutti's engine in the linker's requests, before and after
     sizes = []
-    monkeypatch.setattr(mod, "raw_read_uring_dirs",
-                        lambda dirs, nbytes, req: sizes.append(req) or next(at_request))
+
+    def raw_read_dirs(dirs, nbytes, threads=8, engine_req=0):
+        out = {"raw_read_GBps": next(reads)}
+        if engine_req:  # the array's reads ask for it too, the one directory's do not
+            sizes.append(engine_req)
+            out["raw_engine_GBps"] = next(at_request)
+        return out
+    monkeypatch.setattr(mod, "raw_read_dirs", raw_read_dirs)
     monkeypatch.setattr(mod, "run_config", lambda args, config, wl, raw, deadline, store_from="":
                         {"config": config, "medium": "m", **raw, "phases": {}})
     out = tmp_path / "out.json"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tutti_hicache.benchmarks import configs
-from tutti_hicache.benchmarks.rawio import raw_read_uring_dirs, raw_read_uring_GBps, write_raw_file
+from tutti_hicache.benchmarks.rawio import raw_read_dirs, raw_read_uring_GBps, write_raw_file
 from tutti_hicache.layout import PageGeometry, SlotLayout
 from tutti_hicache.store.layer_reads import LayerReads, PagePlan
 
@@ -35,12 +35,12 @@ def test_the_harness_request_size_is_the_stores_layer_read(shape, page, dtype):
     assert req.nbytes.tolist() == [configs.layer_request_bytes(shape, page, dtype)] * 2
 
 
-def test_raw_read_through_the_engine_over_every_directory_leaves_nothing(tmp_path):
+def test_raw_read_also_through_the_engine_over_every_directory_leaves_nothing(tmp_path):
     dirs = [tmp_path / "a", tmp_path / "b"]
     for d in dirs:
         d.mkdir()
-    rate = raw_read_uring_dirs([str(d) for d in dirs], 8 << 20, 72 << 10, batch_nbytes=1 << 20)
-    assert rate > 0
+    out = raw_read_dirs([str(d) for d in dirs], 8 << 20, reqs=(256 << 10,), engine_req=72 << 10)
+    assert out["raw_engine_GBps"] > 0 and out["raw_read_GBps"] == out["raw_256KiB_GBps"] > 0
     assert not any(os.listdir(d) for d in dirs)
 
 

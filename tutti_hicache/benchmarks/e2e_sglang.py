@@ -29,7 +29,7 @@ from typing import Optional
 
 from tutti_hicache.benchmarks import configs, e2e, e2e_report, lmcache_daemon, misplace, serving, timeline
 from tutti_hicache.benchmarks.hostmem import GUARD
-from tutti_hicache.benchmarks.rawio import raw_read_dirs, raw_read_uring_dirs
+from tutti_hicache.benchmarks.rawio import raw_read_dirs
 from tutti_hicache.benchmarks.server import (Server, config_files, drop_caches, one_request, run_rate,
                                              run_sequential, tutti_stats, warm_batch_kernels,
                                              warm_extend_sizes)
@@ -679,8 +679,9 @@ def main(description: str = __doc__):
     # 256 KiB (MLA's 72 KiB latents) the medium's rate per request may set the restore's pace
     dirs = args.tutti_dirs.split(",")
     request = configs.layer_request_bytes(args.model_shape, args.page_size, args.kv_cache_dtype)
-    raw = {"raw_read_GBps": raw_read_dirs(dirs, 4 << 30)["raw_read_GBps"],
-           "raw_request_bytes": request, "raw_request_GBps": raw_read_uring_dirs(dirs, 4 << 30, request),
+    before = raw_read_dirs(dirs, 4 << 30, engine_req=request)
+    raw = {"raw_read_GBps": before["raw_read_GBps"],
+           "raw_request_bytes": request, "raw_request_GBps": before["raw_engine_GBps"],
            "raw_read_one_dir_GBps": raw_read_dirs([args.one_dir], 4 << 30, threads=16)["raw_read_GBps"]}
     print("raw O_DIRECT read:", json.dumps(raw), flush=True)
     results = []
@@ -712,8 +713,8 @@ def main(description: str = __doc__):
             json.dump(results, f, default=str)
     # the medium's rate moves between and within calls: read it again after the configurations,
     # and set the I/O floor by the faster of the two reads (the stricter bar)
-    after = raw_read_dirs(dirs, 4 << 30)["raw_read_GBps"]
-    after_req = raw_read_uring_dirs(dirs, 4 << 30, request)
+    again = raw_read_dirs(dirs, 4 << 30, engine_req=request)
+    after, after_req = again["raw_read_GBps"], again["raw_engine_GBps"]
     print(f"raw O_DIRECT read after the configurations: {after:.2f} GB/s "
           f"({after_req:.2f} through tutti's engine in {request >> 10} KiB requests)", flush=True)
     for run in results:

@@ -6,8 +6,9 @@ At a glance:
     raw_read_uring_GBps(path, nbytes, req, batch_nbytes, dirs, ...) -> GB/s
                                                     the same through tutti's own engine: io_uring,
                                                     its queue depth, `req`-byte operations
-    raw_read_uring_dirs(dirs, nbytes, req) -> GB/s  the same over one file per directory, all at once
-    raw_read_dirs(dirs, nbytes, reqs) -> dict       one file per directory, every directory at once
+    raw_read_dirs(dirs, nbytes, reqs, engine_req) -> dict   one file per directory, every directory
+                                                    at once; with engine_req also through tutti's
+                                                    engine in requests of that size, on the same files
     drop_page_cache(paths) -> str                   drop_caches when allowed, else fadvise per file
     raw_write_dirs(dirs, nbytes, req, threads) -> dict  O_DIRECT writes of one file per directory,
                                                     all at once: into fallocated (unwritten) space,
@@ -131,17 +132,13 @@ def _dir_files(dirs, nbytes: int, name: str):
                 os.unlink(p)
 
 
-def raw_read_uring_dirs(dirs, nbytes: int, req: int, batch_nbytes: int = 256 << 20) -> float:
-    """raw_read_uring_GBps over one same-size file per directory (nbytes in all), every
-    directory at once through one engine: the medium's rate at tutti's own request size."""
-    with _dir_files(dirs, nbytes, "raw-read-uring.bin") as (paths, per):
-        return raw_read_uring_GBps(paths, per, req, batch_nbytes, dirs)
-
-
-def raw_read_dirs(dirs, nbytes: int, reqs=(256 << 10, 8 << 20), threads: int = 8) -> dict:
+def raw_read_dirs(dirs, nbytes: int, reqs=(256 << 10, 8 << 20), threads: int = 8,
+                  engine_req: int = 0) -> dict:
     """Raw O_DIRECT read of a same-size file per directory (nbytes in all), all directories at
     once (`threads` readers each, distinct pre-faulted memory): the sum of the per-directory
-    rates, per request size, and the best of them as raw_read_GBps."""
+    rates, per request size, and the best of them as raw_read_GBps; with engine_req, also
+    raw_engine_GBps: the same files through tutti's engine in operations of engine_req bytes,
+    every directory at once (raw_read_uring_GBps), not counted in raw_read_GBps."""
     out = {}
     with _dir_files(dirs, nbytes, "raw-read.bin") as (paths, per):
         for req in reqs:
@@ -153,7 +150,9 @@ def raw_read_dirs(dirs, nbytes: int, reqs=(256 << 10, 8 << 20), threads: int = 8
             for t in ts:
                 t.join()
             out[f"raw_{req >> 10}KiB_GBps"] = sum(rates)
-    out["raw_read_GBps"] = max(out.values())
+        out["raw_read_GBps"] = max(out.values())
+        if engine_req:
+            out["raw_engine_GBps"] = raw_read_uring_GBps(paths, per, engine_req, 256 << 20, dirs)
     return out
 
 
