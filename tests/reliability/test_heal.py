@@ -19,6 +19,7 @@ import os
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from test_corruption import GEOM, IDENT, SLOT, assert_new_pages_round_trip, cfg_for, keys_of, \
@@ -278,9 +279,10 @@ def test_re_homing_stopped_part_way_loses_nothing_and_resumes(tmp_path, monkeypa
     real_chunk, stopper = rehome_mod.Rehome._chunk, []
 
     def chunk_then_stop(self, buf, arr, n):
-        real_chunk(self, buf, arr, n)
+        done = real_chunk(self, buf, arr, n)
         if stopper:
             self._stop.set()  # close() while this file is half read
+        return done
     monkeypatch.setattr(rehome_mod.Rehome, "_chunk", chunk_then_stop)
     stopper.append(True)
     s = ObjectStore(cfg_for([a, b, c]), GEOM, IDENT)  # a dir appended: the namespace set aside
@@ -294,5 +296,37 @@ def test_re_homing_stopped_part_way_loses_nothing_and_resumes(tmp_path, monkeypa
         assert s.rehome_wait(60)
         ok, wrong = read_all(s, ks)
         assert not wrong and ok.all(), f"{int((~ok).sum())} of {len(ks)} pages lost"
+    finally:
+        s.close()
+
+
+def test_re_homing_tries_again_the_pages_a_write_refused(tmp_path, monkeypatch):
+    """A write refuses a page when no slot can be reserved for it at that moment (every slot
+    pinned by reads or held by writes in flight). The set-aside file holds the only copy and is
+    deleted once read, so re-homing tries those pages again instead of losing them (it lost
+    every refused page before)."""
+    from tutti_hicache.store import writes as writes_mod
+    from tutti_hicache.store.repair import rehome as rehome_mod
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    s = ObjectStore(cfg_for([a, b]), GEOM, IDENT)
+    ks = keys_of(40)
+    write(s, ks)
+    s.close()
+    monkeypatch.setattr(rehome_mod, "RETRIES", (0.01, 0.01))
+    real, calls = writes_mod.Writes.write_pages, []
+
+    def refuse_half_at_first(self, keys, addrs, aligned):
+        calls.append(len(keys))
+        if len(calls) > 1:
+            return real(self, keys, addrs, aligned)
+        ok = real(self, keys[: len(keys) // 2], addrs[: len(keys) // 2], aligned)
+        return np.concatenate([ok, np.zeros(len(keys) - len(ok), dtype=bool)])
+    monkeypatch.setattr(writes_mod.Writes, "write_pages", refuse_half_at_first)
+    s = ObjectStore(cfg_for([a, b, c]), GEOM, IDENT)  # a dir appended: the namespace set aside
+    try:
+        assert s.quarantined and s.rehome_wait(60)
+        ok, wrong = read_all(s, ks)
+        assert not wrong and ok.all(), f"{int((~ok).sum())} of {len(ks)} pages lost"
+        assert s.stats()["rehome_refused"] == 0 and len(calls) > 1
     finally:
         s.close()

@@ -410,6 +410,7 @@ class ObjectStore:
             s.update(pages=len(self._index), evictions=self._index.evictions,
                      capacity_slots=self.capacity_slots, slot_nbytes=self.layout.slot_nbytes,
                      rehomed_pages=self._rehome.pages if self._rehome else 0,
+                     rehome_refused=self._rehome.refused if self._rehome else 0,
                      owned_rows=len(self._rows.owned))
         s["engine"] = self.engine.name
         s["wear"] = self.wear()

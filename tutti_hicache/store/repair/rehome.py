@@ -6,6 +6,7 @@ At a glance:
     r.wait(timeout) -> bool   True once every quarantine was processed (or stop() was called)
     r.stop()                  finish the chunk in flight, leave the rest (the next attach resumes)
     r.pages, r.dropped        pages re-written; slots skipped (no valid header, bad checksum)
+    r.refused                 valid pages the store would not take after RETRIES tries
 
 A namespace set aside by heal.resolve (a directory added or removed, another slot size in its
 metadata) cannot be read in place: its placement no longer locates the pages. Its pages are
@@ -43,6 +44,7 @@ from ...layout import HEADER_NBYTES, SlotLayout
 logger = logging.getLogger("tutti_hicache.store")
 CHUNK = 64  # slots per read, at most
 CHUNK_BYTES = 64 << 20  # and at most this many bytes (a Llama-3-8B slot is 8 MiB)
+RETRIES = (0.05, 0.2, 1.0)  # seconds before each new try of the pages a write refused
 
 
 class Rehome:
@@ -56,6 +58,7 @@ class Rehome:
         self._thread: Optional[threading.Thread] = None
         self.pages = 0
         self.dropped = 0
+        self.refused = 0
         self._held: dict[str, int] = {}  # quarantine -> its flock'd fd (start .. processed)
 
     def start(self) -> "Rehome":
@@ -101,7 +104,8 @@ class Rehome:
                 self._quarantine(q)
             if self.pages or self.dropped:
                 logger.info("tutti: re-homed %d pages from set-aside namespaces (%d slots "
-                            "without a valid page)", self.pages, self.dropped)
+                            "without a valid page, %d refused by the store)", self.pages,
+                            self.dropped, self.refused)
         except Exception:  # a background thread must not die silently
             logger.exception("tutti: re-homing failed; the rest is reclaimed as the store grows")
         finally:
@@ -147,7 +151,8 @@ class Rehome:
                 n = got // slot
                 if n == 0:
                     return True
-                self._chunk(buf, arr, n)
+                if not self._chunk(buf, arr, n):
+                    return False  # stopped while the store refused pages: the file stays
                 with contextlib.suppress(OSError):
                     os.posix_fadvise(fd, off, n * slot, os.POSIX_FADV_DONTNEED)
                 off += n * slot
@@ -155,7 +160,9 @@ class Rehome:
         finally:
             os.close(fd)
 
-    def _chunk(self, buf, arr: np.ndarray, n: int) -> None:
+    def _chunk(self, buf, arr: np.ndarray, n: int) -> bool:
+        """Re-write the valid pages of n slots read into buf; False when stopped while the
+        store still refused some (their file must stay for the next attach)."""
         lay, slot = self._layout, self._layout.slot_nbytes
         raw = np.ascontiguousarray(arr[:n * slot].reshape(n, slot)[:, :HEADER_NBYTES])
         own_slot = raw.reshape(-1).view(header.DTYPE)["slot"].copy()
@@ -164,7 +171,7 @@ class Rehome:
         idx = np.flatnonzero(p.valid)
         self.dropped += int((~p.valid & ~p.empty).sum())
         if not len(idx):
-            return
+            return True
         starts = np.uint64(buf.address) + idx.astype(np.uint64) * np.uint64(slot) + \
             np.uint64(HEADER_NBYTES)
         addrs = lay.staged_objects(starts)
@@ -176,7 +183,23 @@ class Rehome:
             k = p.keys[idx[j]]
             if k not in best or p.seq[idx[j]] > p.seq[idx[best[k]]]:
                 best[k] = j
-        if best:
-            rows = np.array(list(best.values()), dtype=np.int64)
-            ok = self._write(list(best), addrs[rows], not lay.padded)
+        keys = list(best)
+        rows = np.array(list(best.values()), dtype=np.int64)
+        # A write refuses a page when no slot can be reserved for it now (every candidate pinned
+        # by reads or held by writes in flight) or its I/O failed: tried again after a pause,
+        # since the file holding the only copy is deleted once read.
+        for pause in (0.0,) + RETRIES:
+            if not keys:
+                return True
+            if pause and self._stop.wait(pause):
+                return False
+            ok = np.asarray(self._write(keys, addrs[rows], not lay.padded), dtype=bool)
             self.pages += int(np.count_nonzero(ok))
+            keys = [k for k, o in zip(keys, ok) if not o]
+            rows = rows[~ok]
+        if keys:
+            self.refused += len(keys)
+            logger.warning("tutti: re-homing lost %d pages the store refused %d times (no slot "
+                           "free of reads and writes in flight, or a failed write)", len(keys),
+                           len(RETRIES) + 1)
+        return True
