@@ -472,3 +472,30 @@ def test_a_segment_another_writer_created_first_is_opened_not_refused(store_dirs
         assert s._files.open_row(row, create=True)
     finally:
         s.close()
+
+
+def test_a_writer_registering_while_another_counts_stays_counted(tmp_path, monkeypatch):
+    """Another writer's count takes the lock of every registry file it finds and removes those it
+    gets. Between a new writer's create and its flock, it got the new file and unlinked it: the new
+    writer then held a lock on a file nobody could see, and the others' fair share of rows never
+    counted it (seen under a stress of concurrent attaches; also the flock itself could fail)."""
+    from tutti_hicache.store import rows as rows_mod
+    dirs = [tmp_path / "s"]
+    a = ObjectStore(cfg_for(dirs), GEOM, IDENT)
+    real_flock, raced = rows_mod.fcntl.flock, []
+
+    def count_first(fd, op):  # a's count runs between b's create and b's flock
+        mine = f"/writers/{os.getpid()}." in os.readlink(f"/proc/self/fd/{fd}")
+        if mine and op & rows_mod.fcntl.LOCK_NB and not raced:
+            raced.append(None)
+            raced[0] = a._rows._live_writers()
+        return real_flock(fd, op)
+    monkeypatch.setattr(rows_mod.fcntl, "flock", count_first)
+    b = ObjectStore(cfg_for(dirs), GEOM, IDENT)
+    monkeypatch.setattr(rows_mod.fcntl, "flock", real_flock)
+    try:
+        assert raced and b._rows._registry[0] is not None
+        assert a._rows._live_writers() == 2 and b._rows._live_writers() == 2
+    finally:
+        b.close()
+        a.close()

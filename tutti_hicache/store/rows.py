@@ -44,6 +44,7 @@ logger = logging.getLogger("tutti_hicache.store")
 RETRY_HELD_S = 5.0  # a row another process holds is tried again after this long
 RETRY_GROWTH_S = 10.0  # after a failed growth (ENOSPC, free-space floor)
 SHARE_CACHE_S = 1.0  # the live-writer count is at most this old
+REGISTER_TRIES = 100  # creates of this writer's registry file taken by others' counts, at most
 
 
 class Rows:
@@ -63,18 +64,32 @@ class Rows:
 
     # -------------------------------------------------------------- writers
     def register(self) -> None:
-        """One flock'd file per live writer (writers/<pid>.<n>.lock) so writers share rows fairly."""
+        """One flock'd file per live writer (writers/<pid>.<n>.lock) so writers share rows fairly.
+        Another writer's count (_live_writers) takes the lock of every file it finds and removes
+        those it gets: between this one's create and flock it can take ours and unlink it, which
+        would leave this writer locked on a file nobody sees. So: flock, then check that the path
+        is still the file locked, else create it again."""
         d = os.path.join(self._ns.dirs[0], "writers")
         path = os.path.join(d, f"{os.getpid()}.{id(self)}.lock")
-        try:
-            os.makedirs(d, mode=0o700, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as e:  # the registry only balances rows: never a reason not to start
-            logger.warning("tutti: cannot register in the writer registry %s: %s (the fair share "
-                           "of rows counts the writers it can see)", d, e)
-            return
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        self._registry = (fd, path)
+        for _ in range(REGISTER_TRIES):
+            try:
+                os.makedirs(d, mode=0o700, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError as e:  # the registry only balances rows: never a reason not to start
+                logger.warning("tutti: cannot register in the writer registry %s: %s (the fair "
+                               "share of rows counts the writers it can see)", d, e)
+                return
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if _same_file(fd, path):
+                    self._registry = (fd, path)
+                    return
+            except OSError:  # another writer's count holds it for a moment
+                pass
+            os.close(fd)
+            time.sleep(0.001)
+        logger.warning("tutti: cannot register in the writer registry %s (its lock file kept "
+                       "being taken); the fair share of rows counts the writers it can see", d)
 
     def _live_writers(self) -> int:
         """Writers holding their lock file now (stale files of dead processes are removed)."""
@@ -88,9 +103,12 @@ class Rows:
             fds = lock_paths([path])
             if fds is None:
                 live += 1
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+            else:  # a dead writer's; unless the path was created anew since it was opened
+                if _same_file(fds[0], path):
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                else:  # a writer registering now
+                    live += 1
                 os.close(fds[0])
         return max(1, live)
 
@@ -209,3 +227,12 @@ class Rows:
                     os.unlink(path)
                 os.close(fd)
                 self._registry = (None, None)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether path still names the file open as fd."""
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
