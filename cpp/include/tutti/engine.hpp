@@ -51,7 +51,8 @@ struct Counters {
   uint64_t submissions = 0;  ///< SQEs prepared / preadv-pwritev calls
   uint64_t enter_calls = 0;  ///< io_uring_enter (or preadv/pwritev) system calls
   uint64_t requeues = 0;     ///< short transfers and -EAGAIN re-queued
-  uint64_t errors = 0;       ///< requests that ended with -errno
+  uint64_t errors = 0;       ///< requests whose I/O ended with -errno (not those refused at
+                             ///< validation, -EBADF/-EINVAL, nor cancelled ones, -ECANCELED)
 };
 
 /// The arrays of a read stream, moved into it. chunk_start runs from 0 to n (n_chunks + 1
