@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import re
 
 logger = logging.getLogger("tutti_hicache.plugin")
 
@@ -44,11 +45,12 @@ _LINKER = "sglang.srt.mem_cache.unified_cache.unified_cache_linker"
 
 
 def _version_tuple(text: str) -> tuple:
-    parts = []
-    for p in text.split(".")[:3]:
-        digits = "".join(ch for ch in p if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
+    """(major, minor, patch) from a version string: the leading digits of each of its first three
+    parts, so a pre-release or local tag never joins the patch number ("0.5.2rc2" is 0.5.2)."""
+    m = re.match(r"\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?", text)
+    if m is None:
+        return (0, 0, 0)
+    return tuple(int(g or 0) for g in m.groups())
 
 
 def check_version(version: str | None = None) -> str:

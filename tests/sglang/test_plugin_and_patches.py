@@ -18,6 +18,11 @@ def test_version_gate():
     for bad in ("0.5.16", "0.5.24", "0.6.0"):
         with pytest.raises(RuntimeError, match=bad):
             check_version(bad)
+    # a pre-release's digits are not the patch number's ("0.5.2rc2" was read as 0.5.22)
+    assert check_version("0.5.17rc0") and check_version("0.5.23.post1")
+    for bad in ("0.5.2rc2", "0.5.1rc7"):
+        with pytest.raises(RuntimeError, match=bad):
+            check_version(bad)
 
 
 def test_hook_targets_exist_in_the_installed_sglang(sglang):
