@@ -9,6 +9,7 @@ At a glance (SGLang calls; thread in brackets):
     batch_exists(keys) -> int                       [prefetch] leading run present, memory only
     batch_get_v1(keys, host_indices) -> [bool]      [io-aux] one engine batch, zero copy
     batch_set_v1(keys, host_indices) -> [bool]      [backup] dedupe, then one engine batch per phase
+                                                    (backup metrics: the pages written only)
     get/batch_get/set/batch_set/exists              legacy flat-page API (SGLang's generic path)
     clear() / close() / get_stats()                 [scheduler] get_stats also exports the SSD
                                                     wear counters to Prometheus (wearmetrics.py)
@@ -154,10 +155,13 @@ class TuttiStorage(HiCacheStorage):
         t0 = time.monotonic_ns()
         try:
             addrs = addresses()
-            fn = store.read_pages if op == "get" else store.write_pages
-            ok = fn(keys, addrs, aligned)
+            if op == "get":
+                ok = store.read_pages(keys, addrs, aligned)
+                moved = int(ok.sum())
+            else:
+                ok, moved = _write(store, keys, addrs, aligned)
             done = int(ok.sum())
-            self._record(op, done, (time.monotonic_ns() - t0) / 1e9)
+            self._record(op, moved, (time.monotonic_ns() - t0) / 1e9)
             self._trace(op, t0, len(keys), done)
             self._dump_stats()
             return ok.tolist()
@@ -253,6 +257,8 @@ class TuttiStorage(HiCacheStorage):
         return self.store.stats() if self.store is not None else {}
 
     def _record(self, op: str, pages: int, seconds: float) -> None:
+        """SGLang's prefetch/backup metrics: the pages a call read or wrote (a backup's pages the
+        store already held are not written: not counted) and their bytes over its time."""
         if not pages:
             return
         gbps = pages * self.hostmap.geometry.page_nbytes / max(seconds, 1e-9) / 1e9
@@ -278,6 +284,19 @@ class TuttiStorage(HiCacheStorage):
             self._warned.add(tag)
         if first:
             logger.warning(msg, *args, exc_info=exc_info)
+
+
+def _write(store: ObjectStore, keys: list, addrs, aligned: bool):
+    """store.write_pages in its steps, to tell the pages it wrote from those it already held
+    (deduplicated: True, not written). Returns (ok per key, pages written)."""
+    pending = store.begin_pages(keys)
+    if pending is None:  # a read-only rank stores nothing
+        return np.zeros(len(keys), dtype=bool), 0
+    try:
+        store.land_pages(pending, 0, len(keys), addrs, aligned)
+    finally:  # what landed is published, the rest of the reservations given back
+        ok = store.publish_pages([pending])[0]
+    return ok, int(ok[pending.todo].sum())
 
 
 def _aligned_tensors(tensors, hm: HostMap) -> bool:

@@ -115,8 +115,8 @@ class LayerwiseKV:
         if nbytes < per_page:
             return None
         host = HostTier(nbytes, self.num_layers, self.k_objs, self.obj_stride, self.device, self.cuda)
-        logger.info("tutti linker: DRAM tier of %.1f GB (%d pages) in front of the SSD store",
-                    host.nbytes / 1e9, host.slots)
+        logger.info("tutti linker: DRAM tier of %.2f GiB (%d pages) in front of the SSD store",
+                    host.nbytes / 2**30, host.slots)
         return host
 
     def _io_stream(self):

@@ -5,8 +5,12 @@ At a glance (threads: [scheduler] SGLang's, [loader], [offloader]; every method 
     host.online                             set once the memory is pinned (a thread at attach:
                                             GBs take seconds); until then it takes nothing
     host.present(keys) -> bool array        resident and readable (no side effect)
-    host.pin(keys) -> slots (-1: not here)  [scheduler] a load's DRAM pages, held until unpin;
-                                            a hit moves a page from probation to protected
+    host.pin(keys, hit=True) -> slots (-1: not here)   [scheduler] pages held until unpin
+                                            (never evicted); a hit moves a page from probation
+                                            to protected and counts (host_hit_pages)
+    host.hit(slots)                         [scheduler] pinned pages served: hits (a load pins
+                                            with hit=False at load(), hits at start(), so a
+                                            cancelled or refused load is none)
     host.unpin(slots)                       [loader] the load's last layer was handed over
     host.reserve(keys, hot) -> slots        room for pages about to be written in (-1: no room
                                             or already here); evicts clean, unpinned pages
@@ -98,7 +102,7 @@ class HostTier:
         self.page_nbytes = num_layers * self.per_layer
         self.slots = int(nbytes // self.page_nbytes)
         if self.slots < 1:
-            raise ValueError(f"tutti_host_gb: {nbytes / 1e9:g} GB holds no page of "
+            raise ValueError(f"tutti_host_gb: {nbytes / 2**30:g} GiB holds no page of "
                              f"{self.page_nbytes} bytes")
         self.nbytes = self.slots * self.page_nbytes
         self.cuda = cuda
@@ -140,8 +144,8 @@ class HostTier:
                 raise RuntimeError(f"cudaHostRegister returned {rc}")
             self._registered = True
         except Exception as e:  # noqa: BLE001 - a tier that cannot pin stays off
-            logger.warning("tutti: the DRAM tier could not pin %.1f GB (%s); it stays off",
-                           self.nbytes / 1e9, e)
+            logger.warning("tutti: the DRAM tier could not pin %.1f GiB (%s); it stays off",
+                           self.nbytes / 2**30, e)
             return
         try:
             view = torch.as_tensor(_Mapped(self._buf.address, self.nbytes),
@@ -203,8 +207,8 @@ class HostTier:
                 rates.append(n * self.page_nbytes / (a.elapsed_time(b) / 1e3) / 1e9)
             del out
             self._counts["host_gather_GBps"], self._counts["host_copy_GBps"] = rates
-            logger.info("tutti: DRAM tier online: %.1f GB pinned; its gather reads %.1f GB/s over the "
-                        "bus (a plain H2D copy: %.1f GB/s)", self.nbytes / 1e9, *rates)
+            logger.info("tutti: DRAM tier online: %.1f GiB pinned; its gather reads %.1f GB/s over "
+                        "the bus (a plain H2D copy: %.1f GB/s)", self.nbytes / 2**30, *rates)
         except Exception as e:  # noqa: BLE001 - a measurement only
             logger.debug("tutti: measuring the DRAM tier's gather failed: %s", e)
 
@@ -216,8 +220,8 @@ class HostTier:
             return np.array([(s := self._slot_of.get(k)) is not None and bool(self._ready[s])
                              for k in keys], dtype=bool)
 
-    def pin(self, keys: list) -> np.ndarray:
-        """Slots of the resident keys, pinned (-1 where not here); each hit is touched."""
+    def pin(self, keys: list, hit: bool = True) -> np.ndarray:
+        """Slots of the resident keys, pinned (-1 where not here); hit: each is a hit (hit())."""
         out = np.full(len(keys), -1, dtype=np.int64)
         if not self.online.is_set():
             return out
@@ -228,9 +232,22 @@ class HostTier:
                     continue
                 out[i] = s
                 self._pins[s] += 1
-                self._touch(k)
-            self._counts["host_hit_pages"] += int((out >= 0).sum())
+            if hit:
+                self._hit(out)
         return out
+
+    def hit(self, slots) -> None:
+        """Pinned pages (slots of pin(), -1 skipped) are served: counted, and touched (2Q)."""
+        with self._lock:
+            self._hit(np.asarray(slots, dtype=np.int64))
+
+    def _hit(self, slots: np.ndarray) -> None:
+        slots = slots[slots >= 0]
+        for s in slots.tolist():
+            k = self._key_of[s]
+            if k is not None:  # pinned: still this key's
+                self._touch(k)
+        self._counts["host_hit_pages"] += len(slots)
 
     def unpin(self, slots) -> None:
         slots = np.asarray(slots, dtype=np.int64)

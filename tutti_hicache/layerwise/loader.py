@@ -3,7 +3,8 @@
 At a glance ([scheduler] = SGLang's scheduler thread; [loader] = this module's thread):
     loader = Loader(store, counter, stage, stage_pages, k_bufs, v_bufs, page_size, io, cfg,
                     windows, stats, observer, host=None, copy_recent=True)
-    loader.load(rid, keys, device_indices) -> bool     [scheduler] pin and queue; no I/O
+    loader.load(rid, keys, device_indices) -> bool     [scheduler] pin and queue; no I/O (its
+                                                       DRAM pages are hits once it starts)
     loader.cancel(rid) -> bool, loader.cancel_all()    [scheduler] unpin queued pages
     loader.start(input_tokens) -> index                [scheduler] hand every queued page over:
         [loader] one store read stream over every (layer, staging chunk) of the batch, each
@@ -146,7 +147,10 @@ class Loader:
         if rid in self._queued:
             raise ValueError(f"tutti linker: request {rid} is already queued")
         # each page from where it is fastest: DRAM where resident, else the SSD
-        slots = self._host.pin(keys) if self._host is not None else np.full(len(keys), -1, np.int64)
+        # DRAM pages pinned (never evicted until the load ran or was cancelled), but a hit only
+        # once the batch starts (start()): a cancelled or refused load neither counts nor promotes
+        slots = (self._host.pin(keys, hit=False) if self._host is not None
+                 else np.full(len(keys), -1, np.int64))
         ssd_keys = [k for k, s in zip(keys, slots.tolist()) if s < 0]
         entries = self._store.pin(ssd_keys) if ssd_keys else []
         if any(e is None for e in entries):
@@ -216,6 +220,7 @@ class Loader:
             index = self._counter.update_producer()
             self._counter.describe(index, input_tokens, sum(len(ks) for *_, ks in items) * self._page_size)
             self._counter.fail(index, LoadFailed(f"pages of {', '.join(lost)} left the store after lookup"))
+            self._stats.add(load_failures=1)
             self._recent = None
             return index
         recent, self._recent = self._recent, None
@@ -227,6 +232,8 @@ class Loader:
             for es, sl, *_ in items:
                 self._unpin(es, sl)
             raise
+        if len(job.host_slots):  # the batch runs: its DRAM pages are hits (2Q: protected)
+            self._host.hit(job.host_slots)
         if self._can_copy and (job.entries or len(job.host_slots)):
             try:
                 self._plan_copies(job, recent)

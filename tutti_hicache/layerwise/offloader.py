@@ -14,6 +14,9 @@ At a glance ([scheduler] = SGLang's scheduler thread; [offloader] = this module'
         DRAM tier the offload completes once every chunk is off the device (its pages in DRAM
         or staged), before its SSD writes end: off.backlog counts the pages not yet durable
     off.num_completed() / off.pop_completed() -> ok            [scheduler] FIFO results
+        counted (stats): every job (offloads), its pages once stored (offload_pages), every
+        failed job once (offload_write_failures), every refusal of a full backlog
+        (offload_refusals)
     off.backlog                                                pages queued and not yet written
     off.clear_results(), off.worker (drain, thread), off.close()
 
@@ -105,10 +108,13 @@ class Offloader:
             self._results.append(_Done(True))
             return True
         with self._lock:
-            if self._backlog + len(todo) > self._max_backlog:
-                self._results.append(_Done(False))
-                return True
-            self._backlog += len(todo)  # reserved: given back when the job ends
+            refused = self._backlog + len(todo) > self._max_backlog
+            if not refused:
+                self._backlog += len(todo)  # reserved: given back when the job ends
+        if refused:
+            self._results.append(_Done(False))
+            self._stats.add(offload_refusals=1)
+            return True
         try:
             ps = self._page_size
             page_ids = device_indices[::ps] // ps
@@ -194,11 +200,10 @@ class Offloader:
                 self._host.unpin(slots)
             with self._lock:
                 self._backlog -= len(job.keys)
-            if not job.done:
+            if not job.done:  # else the DRAM tier completed it: its failure is in the counter
                 job.finish(ok)
-            elif not ok:
-                self._stats.add(offload_write_failures=1)
             self._stats.add(offloads=1, offload_pages=len(job.keys) if ok else 0,
+                            offload_write_failures=0 if ok else 1,
                             offload_seconds=time.perf_counter() - t0)
 
     def _gather_chunk(self, keys: list, page_ids, job=None):

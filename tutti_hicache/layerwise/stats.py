@@ -30,7 +30,8 @@ class LinkerStats:
                         "load_bytes": 0,
                         "load_seconds": 0.0,
                         "load_failures": 0, "first_load_seconds": None, "offloads": 0,
-                        "offload_pages": 0, "offload_write_failures": 0, "offload_seconds": 0.0, "warmup_seconds": 0.0}
+                        "offload_pages": 0, "offload_write_failures": 0, "offload_refusals": 0,
+                        "offload_seconds": 0.0, "warmup_seconds": 0.0}
         self._file = StatsFile(stats_file)
 
     def add(self, **add) -> None:
