@@ -83,10 +83,10 @@ MIN_HISTORY_S = 3600  # inspect projects wear only from at least this much count
 
 
 def _wear_lines(dirs: list, counters: list, drive_gb: float, drives: dict) -> list[str]:
-    """Inspect's wear lines of one namespace; adds each directory's drive writes per day to
-    drives[dir] (several namespaces share a drive). No projection from under MIN_HISTORY_S."""
-    from .cost import Endurance
-    from .store.wear import drive_capacity, lifetime
+    """Inspect's wear lines of one namespace; adds each directory's drive writes per day to its
+    drive's entry in drives (keyed by filesystem: several directories and namespaces share a
+    drive, whose figure is their sum). No projection from under MIN_HISTORY_S."""
+    from .store.wear import drive_capacity, drive_of, lifetime
     out = ["  wear (bytes handed to each drive since counting began):"]
     for d, c in zip(dirs, counters):
         if c is None or "error" in c:
@@ -104,11 +104,27 @@ def _wear_lines(dirs: list, counters: list, drive_gb: float, drives: dict) -> li
                        f"drive writes per day or a lifetime (needs {MIN_HISTORY_S // 3600} h of "
                        "counting)")
             continue
-        rating = Endurance()
-        years = rating.years_at(v["drive_writes_per_day"])
-        drives[d] = drives.get(d, 0.0) + v["drive_writes_per_day"]
+        dev = drive_of(d)
+        drive = drives.setdefault(("dev", dev) if dev is not None else ("dir", d),
+                                  {"dirs": [], "dwpd": 0.0, "capacity": cap})
+        drive["dirs"] += [d] if d not in drive["dirs"] else []
+        drive["dwpd"] += v["drive_writes_per_day"]
         out.append(f"      over {v['seconds'] / 86400:.2f} days: {v['drive_writes_per_day']:.4g} "
-                   f"drive writes per day of {cap / 1e12:.3f} TB"
+                   f"drive writes per day of {cap / 1e12:.3f} TB from this directory (its "
+                   f"drive's total, with every directory on it, is below)")
+    return out
+
+
+def _drive_lines(drives: dict) -> list[str]:
+    """One line per drive: the drive writes per day of every directory and namespace on it, and
+    how long a drive's rating lasts at that rate."""
+    from .cost import Endurance
+    rating = Endurance()
+    out = []
+    for drive in sorted(drives.values(), key=lambda x: sorted(x["dirs"])):
+        years = rating.years_at(drive["dwpd"])
+        out.append(f"drive {', '.join(sorted(drive['dirs']))}: {drive['dwpd']:.4g} drive writes "
+                   f"per day of {drive['capacity'] / 1e12:.3f} TB, all namespaces"
                    + (f"; a {rating.dwpd:g} DWPD x {rating.warranty_years:g} y rating lasts "
                       f"{years:.3g} years at this rate" if years else ""))
     return out
@@ -136,53 +152,88 @@ def cmd_inspect(a) -> int:
     drives: dict = {}
     for name, dirs in found.items():
         try:
-            store = ExistingNamespace(dirs, name)
+            store = ExistingNamespace(dirs, name, given=a.dirs)
         except (ValueError, OSError) as e:
             print(f"{name}: cannot open: {e}")
             failed += 1
             continue
         try:
             slots, nbytes = store.capacity_slots, store.layout.slot_nbytes
-            print(f"{name}  ({', '.join(dirs)})")
+            print(f"{name}  ({', '.join(store.dirs)})")
             print(f"  identity: {json.dumps(store.identity, sort_keys=True)}")
-            print(f"  slots: {slots} x {nbytes} B = {slots * nbytes / 2**30:.2f} GiB, "
-                  f"pages: {len(store)}")
+            print(f"  slots: {slots} x {nbytes} B = {slots * nbytes / 2**30:.2f} GiB "
+                  f"(the segment files' sizes), pages: {len(store)}")
+            for line in store.notes:
+                print(f"  metadata: {line}")
+            for line in store.issues:
+                print(f"  segments: {line}")
             entries = store.entries()
             for k in sorted(entries)[: a.keys]:
                 e = entries[k]
                 print(f"    {k}  slot {e.slot}  seq {e.seq}  xxh3 {e.checksum:016x}")
-            print("\n".join(_wear_lines(dirs, store.wear(), a.drive_capacity_gb, drives)))
+            print("\n".join(_wear_lines(store.dirs, store.wear(), a.drive_capacity_gb, drives)))
         finally:
             store.close()
-    for d, dwpd in sorted(drives.items()):
-        print(f"drive {d}: {dwpd:.4g} drive writes per day, all namespaces")
+    for line in _drive_lines(drives):
+        print(line)
     return 1 if failed else 0
 
 
+def _repaired(n: int, done: int, what: str, verb: str, repair: bool) -> str:
+    """ "3 bad payloads", with --repair "3 bad payloads dropped" only when all 3 were, else
+    "3 bad payloads (1 dropped, 2 not repaired)" / "(not repaired)"."""
+    if not repair or not n:
+        return f"{n} {what}"
+    if done == n:
+        return f"{n} {what} {verb}"
+    return f"{n} {what} ({done} {verb}, {n - done} not repaired)" if done else \
+        f"{n} {what} (not repaired)"
+
+
 def cmd_fsck(a) -> int:
+    """Exit 0 only when every namespace was checked and nothing is left wrong: with --repair,
+    when every bad page was dropped and every unreadable header cleared."""
     from .store.repair.fsck import ExistingNamespace, quarantined
     found = _stores(a)
-    bad = 0
+    left = 0  # findings not repaired, and namespaces not checked
     for line in quarantined(a.dirs):  # set aside by attach: no longer served, not damage now
         print(line)
     for name, dirs in found.items():
         try:
-            store = ExistingNamespace(dirs, name, writer=a.repair)
+            store = ExistingNamespace(dirs, name, writer=a.repair, given=a.dirs)
         except (ValueError, OSError) as e:
             print(f"{name}: cannot check: {e}")
-            bad += 1
+            left += 1
             continue
         try:
             r = store.check(repair=a.repair, progress=sys.stderr.isatty())
         finally:
             store.close()
-        bad += r["bad"] + r["bad_headers"]
-        print(f"{name}: {r['checked']} pages checked, {r['bad']} bad payloads"
-              f"{' dropped' if a.repair and r['bad'] else ''}, {r['bad_headers']} unreadable "
-              f"headers{' cleared' if a.repair and r['bad_headers'] else ''}")
+        left += (r["bad"] - r["dropped"] + r["bad_headers"] - r["cleared"] + r["foreign_headers"]
+                 + len(r["issues"]) + len(r["notes"]))
+        pages = _repaired(r["bad"], r["dropped"], "bad payloads", "dropped", a.repair)
+        heads = _repaired(r["bad_headers"], r["cleared"], "unreadable headers", "cleared", a.repair)
+        print(f"{name}: {r['checked']} pages checked, {pages}, {heads}"
+              + (f", {r['foreign_headers']} headers of another slot or namespace"
+                 if r["foreign_headers"] else ""))
+        if r["live_writers"]:
+            print(f"  live: {r['live_writers']} writer process(es) registered: pages they "
+                  f"rewrite during the check are read again, not reported"
+                  + ("; rows they hold cannot be repaired" if a.repair else ""))
+        if r["changed"]:
+            print(f"  {r['changed']} pages or headers changed while checked (a live writer "
+                  f"rewrote their slots): not damage")
+        if r["refused"] and not a.repair:
+            print(f"  --repair would refuse: {r['refused']}")
+        for why in r["not_repaired"]:
+            print(f"  not repaired: {why}")
+        for line in r["notes"]:
+            print(f"  metadata: {line}")
+        for line in r["issues"]:
+            print(f"  segments: {line}")
         for k in r["bad_keys"]:
             print(f"  bad: {k}")
-    return 1 if bad and not a.repair else 0
+    return 1 if left else 0
 
 
 def cmd_profile(a) -> int:
@@ -213,34 +264,90 @@ def _endurance(a):
     return Endurance(a.ssd_dwpd, a.ssd_warranty_years, a.ssd_drive_usd, a.ssd_drive_tb)
 
 
+def _json_file(path: str, flag: str):
+    """A JSON file the user named; ValueError naming the flag and the file otherwise."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: cannot read it ({e.strerror})") from None
+    except ValueError as e:
+        raise ValueError(f"{flag} {path}: not JSON ({e})") from None
+
+
+def _is_number(v, low: float = 0.0) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= low
+
+
+def _stats_wear(stats, path: str) -> None:
+    """ValueError unless stats is a tutti_stats_file with the wear counters cost needs."""
+    w = stats.get("wear") if isinstance(stats, dict) else None
+    wa = w.get("write_amplification") if isinstance(w, dict) else None
+    if not isinstance(w, dict) or not all(_is_number(w.get(k)) for k in
+                                          ("seconds", "physical_bytes")) or \
+            not (wa is None or _is_number(wa)):
+        raise ValueError(f"--stats {path}: not a tutti_stats_file (it needs the store's wear "
+                         f"counters: an object with \"wear\": {{\"seconds\", \"physical_bytes\", "
+                         f"\"write_amplification\"}}, as tutti_stats_file writes them)")
+
+
+def _prefill_rows(a, endurance, prices, wa) -> list:
+    """cost.prefill_rows of the --from-json file; ValueError when it is not a bench_prefill
+    result (naming what is missing or wrong)."""
+    from . import cost
+    result = _json_file(a.from_json, "--from-json")
+    what = "a JSON object" if not isinstance(result, dict) else \
+        "its \"shape\"" if not isinstance(result.get("shape"), dict) else \
+        "its \"results\" list" if not isinstance(result.get("results"), list) else None
+    if what is None:
+        try:
+            return cost.prefill_rows(result, endurance, a.sessions, a.gpus, prices, wa)
+        except KeyError as e:
+            what = f"a {e} field"
+        except (TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
+            what = f"usable numbers ({e})"
+    raise ValueError(f"--from-json {a.from_json}: not a bench_prefill result (it lacks {what})")
+
+
 def cmd_cost(a) -> int:
     from . import cost
     if not a.from_json and a.throughput is None:
         raise ValueError("give the measured throughput, --throughput TOKENS_PER_S, or a "
                          "bench_prefill result, --from-json FILE: the cost per token is the "
                          "machine's price divided by it")
+    if not a.from_json and a.write_amplification is not None:
+        raise ValueError("--write-amplification scales the KV a --from-json run writes; with "
+                         "--throughput the bytes written are the drive's own (--stats measures "
+                         "them, amplification included; --write-gb-per-mtok gives them): leave "
+                         "it out")
     endurance = _endurance(a)
-    rate, wa = 0.0, a.write_amplification
-    if a.stats:
-        with open(a.stats) as f:
-            rate, measured_wa = cost.measured_rate(json.load(f))
+    rate, wa, measured_wa = 0.0, a.write_amplification, None
+    if a.stats:  # every file is read and checked before anything is printed
+        stats = _json_file(a.stats, "--stats")
+        _stats_wear(stats, a.stats)
+        rate, measured_wa = cost.measured_rate(stats)
         wa = wa or measured_wa
-        print(f"measured ({a.stats}): {rate / 1e6:.1f} MB/s written, write amplification "
-              f"{f'{measured_wa:.4f}' if measured_wa else 'n/a'}")
     prices = (a.p_gpu, a.p_mem, a.p_ssd)
-    print(f"assumed: ${a.p_gpu:g}/h per GPU (--p-gpu) x {a.gpus:g} GPU(s) (--gpus), "
-          f"${a.p_mem:g}/GB-h DRAM (--p-mem), ${a.p_ssd:g}/GB-h SSD (--p-ssd)"
-          + ("" if a.from_json else f", {a.dram_gb:g} GB DRAM (--dram-gb), {a.ssd_gb:g} GB SSD "
-             f"(--ssd-gb)"))
     if a.from_json:
-        with open(a.from_json) as f:
-            rows = cost.prefill_rows(json.load(f), endurance, a.sessions, a.gpus, prices, wa)
+        rows = _prefill_rows(a, endurance, prices, wa)
     else:
         written = (a.write_gb_per_mtok * 1e9 if a.write_gb_per_mtok is not None
                    else rate / a.throughput * 1e6)
         rows = [cost.CostRow("given", 0, 0, a.throughput, cost.cost_per_million(
             a.throughput, a.gpus, a.dram_gb, a.ssd_gb, *prices), written,
             endurance.per_million(written))]
+    if a.stats:
+        print(f"measured ({a.stats}): {rate / 1e6:.1f} MB/s written, write amplification "
+              f"{f'{measured_wa:.4f}' if measured_wa else 'n/a'}")
+    print(f"assumed: ${a.p_gpu:g}/h per GPU (--p-gpu) x {a.gpus:g} GPU(s) (--gpus), "
+          f"${a.p_mem:g}/GB-h DRAM (--p-mem), ${a.p_ssd:g}/GB-h SSD (--p-ssd)"
+          + ("" if a.from_json else f", {a.dram_gb:g} GB DRAM (--dram-gb), {a.ssd_gb:g} GB SSD "
+             f"(--ssd-gb)"))
+    if not a.from_json and not a.stats and a.write_gb_per_mtok is None:
+        print("no write data given (--stats STATS.json or --write-gb-per-mtok GB): the SSD "
+              "wear is not included (wear $/1M shows 0)")
+    elif not a.from_json and a.write_gb_per_mtok is None and not rate:
+        print(f"--stats {a.stats}: no bytes written while it counted: the SSD wear term is 0")
     print(cost.table(rows, endurance, a.ssd_drives))
     return 0
 
@@ -287,7 +394,8 @@ def _add_wear_args(c) -> None:
     c.add_argument("--write-gb-per-mtok", type=_number(0),
                    help="GB written to SSD per 1M tokens (default: from --stats and --throughput)")
     c.add_argument("--write-amplification", type=_number(1),
-                   help="drive bytes per KV byte (default: --stats', else the format's)")
+                   help="drive bytes per KV byte of a --from-json run (default: --stats', else "
+                        "the format's)")
     c.add_argument("--ssd-dwpd", type=_number(0, True), default=cost.DEFAULT_DWPD,
                    help="rated drive writes per day")
     c.add_argument("--ssd-warranty-years", type=_number(0, True),

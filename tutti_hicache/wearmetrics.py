@@ -10,6 +10,8 @@ Exported (summed over the processes of a multi-process server, so per drive over
     sglang:tutti_ssd_written_bytes_total{device, kind}   kind: payload, header, tombstone, meta
     sglang:tutti_kv_stored_bytes_total{device}           logical: KV bytes stored
     sglang:tutti_ssd_drive_writes_per_day{device}        at this session's rate (gauge, livesum)
+One drive writes per day figure per drive: the bytes of every store directory on its filesystem,
+labelled with the first of them (two directories on one drive share one figure, not half each).
 Without prometheus_client nothing is exported (logged once). Thread-safe: one lock per instance.
 """
 
@@ -71,7 +73,10 @@ class WearMetrics:
                 for kind in KINDS:
                     self._add(written.labels(device=d, kind=kind), (d, kind), dev[f"{kind}_bytes"])
                 self._add(stored.labels(device=d), (d, "logical"), dev["logical_bytes"])
-                dwpd.labels(device=d).set(dev["drive_writes_per_day"])
+            for drive in snapshot.get("drives") or [
+                    {"device": dev["dir"], "drive_writes_per_day": dev["drive_writes_per_day"]}
+                    for dev in snapshot["devices"]]:
+                dwpd.labels(device=drive["device"]).set(drive["drive_writes_per_day"])
             return True
 
     def _add(self, counter, key: tuple, total: int) -> None:

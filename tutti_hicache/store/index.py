@@ -10,6 +10,8 @@ At a glance (no I/O, no torch, no threads; the store holds the lock around every
     pin(keys) -> entries         pin present keys for a read (eviction skips pinned slots)
     unpin(slots)
     learn(slot, key, checksum, seq, owned)   an entry found on disk (rebuild, re-scan)
+    forget_slot(slot, foreign_only)          the header at slot is gone: forget its entry
+    order_lru(keys)              own keys a scan learned, oldest first: to the LRU's recent end
     drop(key)                    forget a key (bad checksum, clear)
 
 A slot is "dirty" when it may hold a valid header on disk; the store writes a tombstone
@@ -180,10 +182,20 @@ class SlotIndex:
         self.free = deque(f for f in self.free if f[0] not in slots)
         return True
 
-    def forget_slot(self, slot: int) -> None:
+    def forget_slot(self, slot: int, foreign_only: bool = False) -> None:
+        """Forget the entry at slot (its header on disk is gone); with foreign_only, only an
+        entry learned from another writer (a row this process has just taken over)."""
         key = self.by_slot.get(slot)
-        if key is not None:
+        if key is not None and not (foreign_only and self.entries[key].owned):
             self._remove(key)
+
+    def order_lru(self, keys: Iterable[str]) -> None:
+        """Move the keys that are in the LRU to its recent end in the order given (oldest
+        first): the own entries a scan learned, by their headers' sequence numbers, so that a
+        restart evicts the pages written longest ago first, not those in the lowest slots. Keys
+        no longer in the LRU (evicted or dropped meanwhile) are skipped. Iterates in C."""
+        lru = self.lru
+        deque(map(lru.move_to_end, filter(lru.__contains__, keys)), maxlen=0)
 
     def drop(self, key: str, hold: bool = False) -> Optional[int]:
         """Forget key; an own slot goes back to the free list (dirty), or with hold stays out

@@ -15,7 +15,8 @@ At a glance:
                                             after reclaiming quarantined files (heal.reclaim)
         .fit_row(row)                       size a row's files to the slots the capacity holds
         .remove_rows(rows, writer)          the capacity shrank: delete unused rows beyond it
-    existing_capacity(dirs, placement) -> slots   what a namespace's segment files span (fsck)
+    segment_census(ns_dirs, placement) -> SegmentCensus   what a namespace's segment files hold,
+                                            from their sizes, bounded by the files (fsck, inspect)
     FileTable(io_engine, namespace, writable)   engine file handles of the segment files
         .open_row(row, create) -> bool      open (with create: make) the row's files; idempotent
         .is_open(d, row), .slot_files(slots) -> (file, offset), .path(file), .paths()
@@ -35,7 +36,9 @@ import errno
 import fcntl
 import logging
 import os
+import stat
 import threading
+from typing import NamedTuple
 
 import numpy as np
 
@@ -134,8 +137,13 @@ def _segment_bytes(ns: str) -> int:
 
 
 def _segment_files(ns: str) -> list[tuple[int, str]]:
-    """(row, file name) of every segment file in a namespace directory."""
-    return [(int(name[4:-4]), name) for name in os.listdir(ns)
+    """(row, file name) of every segment file in a namespace directory (none where the
+    directory itself is missing: fsck looks at a namespace as it is)."""
+    try:
+        names = os.listdir(ns)
+    except FileNotFoundError:
+        return []
+    return [(int(name[4:-4]), name) for name in names
             if name.startswith("seg-") and name.endswith(".dat") and name[4:-4].isdigit()]
 
 
@@ -143,10 +151,76 @@ def namespace_dirs(dirs, fingerprint: bytes) -> list[str]:
     return [os.path.join(d, "tutti-" + fingerprint.hex()) for d in dirs]
 
 
-def existing_capacity(ns_dirs: list[str], placement: Placement) -> int:
-    """Slots of every row that has a segment file in one of ns_dirs (at least one row)."""
-    rows = _existing_rows(ns_dirs)
-    return (max(rows, default=0) + 1) * placement.slots_per_segment * len(ns_dirs)
+class SegmentCensus(NamedTuple):
+    """A namespace's segment files as found (segment_census)."""
+    rows: int  # rows 0 .. rows-1: each has a file in some directory (the rows that count)
+    slots: int  # whole slots in those files, at most a segment's per file: the capacity
+    span: int  # 1 + the highest slot those files hold (0: none); reads past a file's end miss
+    issues: list  # one line per file that is missing, short, cut mid-slot or not the store's
+
+
+def segment_census(ns_dirs: list[str], placement: Placement) -> SegmentCensus:
+    """What the segment files of a namespace hold, from their sizes (the store fits every file
+    to its capacity, the last row cut short: Namespace.fit_row). Rows count from 0 while some
+    directory has the row's file; a file past them (a stray name, a row after a missing one) is
+    reported and ignored, so nothing is sized from a file name. Reported too: a file that is
+    missing or shorter than its row needs (a row before the last needs a whole segment in every
+    directory; the last row may end mid-row, one slot more in the first directories at most),
+    a size that is not a whole number of slots, anything that is not a regular file."""
+    n, slot, sps = len(ns_dirs), placement.slot_nbytes, placement.slots_per_segment
+    issues: list[str] = []
+    sizes: dict[tuple[int, int], int] = {}  # (directory, row) -> bytes
+    for d, ns in enumerate(ns_dirs):
+        for row, name in sorted(_segment_files(ns)):
+            path = os.path.join(ns, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if name != f"seg-{row:06d}.dat":
+                issues.append(f"{path}: not a segment name of this store: ignored")
+            elif not stat.S_ISREG(st.st_mode):
+                issues.append(f"{path}: not a regular file: ignored (attach removes it)")
+            else:
+                sizes[d, row] = st.st_size
+    present = {row for _, row in sizes}
+    rows = 0
+    while rows in present:
+        rows += 1
+    stray = sorted((row, d) for d, row in sizes if row >= rows)
+    for row, d in stray[:5]:
+        issues.append(f"{os.path.join(ns_dirs[d], f'seg-{row:06d}.dat')}: past the store's rows "
+                      f"(seg-{rows:06d}.dat is in no directory): ignored, not checked")
+    if len(stray) > 5:
+        issues.append(f"{len(stray) - 5} more segment files past the store's rows: ignored")
+    slots, span = 0, 0
+    for row in range(rows):
+        have = [min(sizes.get((d, row), 0), sps * slot) // slot for d in range(n)]
+        if row < rows - 1:
+            need = [sps] * n
+        else:  # the last row: the capacity may end mid-row, after directory (end - 1) % n
+            end = max(((k - 1) * n + d + 1 for d, k in enumerate(have) if k), default=0)
+            need = [max(0, -(-(end - d) // n)) for d in range(n)]
+        for d in range(n):
+            path = os.path.join(ns_dirs[d], f"seg-{row:06d}.dat")
+            size = sizes.get((d, row))
+            if size is not None and size % slot:
+                issues.append(f"{path}: {size} bytes, not a whole number of {slot}-byte slots "
+                              f"(cut mid-slot: the page it ends in is lost)")
+            if size is not None and size > sps * slot:
+                issues.append(f"{path}: {size} bytes, longer than a {sps}-slot segment: the "
+                              f"bytes past it are ignored")
+            if size is None and need[d]:
+                issues.append(f"{path}: missing (deleted?): the pages of its {need[d]} slots are "
+                              f"lost; a server's attach recreates it empty")
+            elif have[d] < need[d]:
+                issues.append(f"{path}: holds {have[d]} of the {need[d]} slots its row needs "
+                              f"(truncated?): the pages past its end are lost; a server's "
+                              f"attach sizes it again")
+            slots += have[d]
+            if have[d]:
+                span = max(span, ((row * sps + have[d] - 1) * n + d) + 1)
+    return SegmentCensus(rows, slots, span, issues)
 
 
 class Namespace:

@@ -88,12 +88,13 @@ class ReadCounts:
     stale_foreign: int = 0  # another process's slot changed under us (re-scanned, a miss)
 
 
-def drop_entries(index: SlotIndex, bad_entries) -> tuple[list, int]:
+def drop_entries(index: SlotIndex, bad_entries, hold: bool = False) -> tuple[list, int, list]:
     """Forget entries whose bytes failed their checksum (call with the index lock held).
     Returns (damaged: [(slot, key)] of own slots, for log_damaged; stale: how many were other
     processes' slots, which the usual cause is that their owner reused them since our last
-    re-scan)."""
-    damaged, stale = [], 0
+    re-scan; held: with hold, the own slots dropped now, kept out of every list until the caller
+    has tombstoned their headers and let them go, index.let_go)."""
+    damaged, stale, held = [], 0, []
     for e in bad_entries:
         key = index.by_slot.get(e.slot)
         if e.owned:
@@ -101,8 +102,11 @@ def drop_entries(index: SlotIndex, bad_entries) -> tuple[list, int]:
         else:
             stale += 1
         if key is not None and index.entries.get(key) is e:
-            index.drop(key)
-    return damaged, stale
+            own = e.owned
+            index.drop(key, hold=hold)
+            if hold and own:
+                held.append(e.slot)
+    return damaged, stale, held
 
 
 def log_damaged(damaged: list) -> None:
@@ -272,11 +276,21 @@ class ObjectStore:
         return good
 
     def _drop_corrupt(self, bad_entries) -> None:
+        """Drop pages that failed their checksum. An own page's header is tombstoned (its slot
+        held out of the free list until then, as clear() does): left valid, the page would come
+        back at every restart, and fail and be counted as damage again, until its slot is
+        reused. Another process's page is left to its owner."""
         with self._lock:
-            damaged, stale = drop_entries(self._index, bad_entries)
+            damaged, stale, held = drop_entries(self._index, bad_entries, hold=True)
             self._stats.checksum_failures += len(damaged)
             self._stats.stale_foreign += stale
         log_damaged(damaged)
+        if held:
+            try:
+                self._io.tombstones(*self._files.slot_files(np.array(held, np.int64)))
+            finally:
+                with self._lock:
+                    self._index.let_go(held)
         if stale:
             self._scan.request()
 

@@ -142,7 +142,14 @@ class SlotIO:
     def land(self, x: "Landed", sel: np.ndarray, addrs: np.ndarray, aligned: bool) -> None:
         """Payloads of x's pages `sel` (indices into x) from addrs [len(sel), m], checksummed
         inside the write window -> fdatasync (sync durability); sets their sums, units and
-        landed flags. Calls on disjoint `sel` may run at once (a linker offload's chunks)."""
+        landed flags. Calls on disjoint `sel` may run at once (a linker offload's chunks).
+        Only ready pages are written: a reused slot whose tombstone was refused or failed still
+        holds the evicted page's valid header, which must never end up over another page's
+        bytes; it stays unlanded (headers() skips it, the caller gives its slot back)."""
+        keep = x.ready[sel]
+        sel, addrs = sel[keep], addrs[keep]
+        if not len(sel):
+            return
         files, offsets = x.files[sel], x.offsets[sel]
         sums = np.zeros(len(sel), dtype=np.uint64)
         units = np.zeros((len(sel), self._layout.geometry.units), dtype=np.uint64)
@@ -158,7 +165,7 @@ class SlotIO:
             return ok
 
         good = self._gated(self._placement.devices(x.slots[sel]), len(sel),
-                           self._layout.payload_nbytes, payload) & x.ready[sel]
+                           self._layout.payload_nbytes, payload)
         self.sync(files[good])
         x.sums[sel], x.units[sel] = sums, units
         x.landed[sel] = good

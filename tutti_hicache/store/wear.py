@@ -13,12 +13,19 @@ At a glance:
                                         (a damaged one is reset with a warning, never fatal)
     wear.maybe_flush() / wear.flush()   add this process's new bytes to each directory's counter
                                         file (maybe_: at most once a minute); never raises
-    wear.snapshot() -> dict             per device: bytes by kind, logical, write amplification,
-                                        capacity, drive writes per day (this session, lifetime)
+    wear.snapshot() -> dict             per store directory ("devices"): bytes by kind, logical,
+                                        write amplification, capacity; per drive ("drives": the
+                                        directories on one filesystem together): drive writes per
+                                        day (this session, lifetime)
     read_counters(path) -> dict         a counter file, validated (ValueError if damaged)
     lifetime(counters, capacity_bytes, now) -> dict   a counter file's bytes, amplification and
                                         drive writes per day since it began (inspect)
     drive_writes_per_day(nbytes, seconds, capacity_bytes) -> float
+    drive_of(store_dir) -> st_dev       which drive (filesystem) a directory is on (None: unknown)
+
+Drive writes per day are a drive's: every store directory on one filesystem (st_dev) adds its
+bytes to that drive's before they are divided by its capacity, so two directories on one drive
+each show the drive's figure, not half of it (a directory's own bytes stay in its counters).
 
 Physical bytes are the bytes of write requests that completed (a failed request counts nothing),
 so physical / logical is the write amplification of our own format: slot headers, tombstones of
@@ -88,6 +95,14 @@ def drive_capacity(store_dir: str, configured_gb: float = 0.0) -> int:
     return st.f_blocks * st.f_frsize
 
 
+def drive_of(store_dir: str) -> Optional[int]:
+    """The st_dev of the filesystem holding store_dir (its drive), None when it cannot be read."""
+    try:
+        return os.stat(store_dir).st_dev
+    except OSError:
+        return None
+
+
 def read_counters(path: str) -> Optional[dict]:
     """The counter file at path as {kind: bytes, "logical": bytes, "since": unix s}; None when
     there is none; ValueError when it is damaged (not JSON, another format, a bad field)."""
@@ -144,6 +159,7 @@ class Wear:
         self._flush_lock = threading.Lock()
         self._last_flush = time.monotonic()
         self._capacity = [0] * n
+        self._drive: list = [None] * n  # st_dev of each directory's filesystem (load)
         self._warned: set = set()  # tags warned once (a racing duplicate is harmless)
 
     # ----------------------------------------------------------------- counting
@@ -190,6 +206,7 @@ class Wear:
         """Read each directory's counter file (lifetime totals) and its drive's capacity."""
         for d, ns in enumerate(self.ns_dirs):
             self._capacity[d] = drive_capacity(os.path.dirname(ns) or ns, self._drive_gb)
+            self._drive[d] = drive_of(os.path.dirname(ns) or ns)
             try:
                 c = read_counters(os.path.join(ns, FILE_NAME))
             except (OSError, ValueError) as e:
@@ -279,7 +296,9 @@ class Wear:
     # ------------------------------------------------------------------- views
     def snapshot(self) -> dict:
         """Counters of this session and of the drive's life (the counter files plus what is not
-        flushed yet), per store directory, with drive writes per day at each rate."""
+        flushed yet), per store directory ("devices"), and drive writes per day at each rate per
+        drive ("drives": the bytes of every directory on one filesystem over its capacity; each
+        directory's entry repeats its drive's figure)."""
         with self._lock:
             session = self._session.copy()
             life = self._base + self._flushing + self._pending
@@ -293,10 +312,36 @@ class Wear:
             dev["lifetime"] = lifetime({"since": float(since[d]),
                                         **dict(zip(COLUMNS, life[d].tolist()))}, cap, now)
             devices.append(dev)
+        drives = []
+        for group in self._drive_groups():
+            cap = self._capacity[group[0]]
+            rate = sum(devices[d]["lifetime"]["physical_bytes"] / devices[d]["lifetime"]["seconds"]
+                       for d in group if devices[d]["lifetime"]["seconds"] > 0)
+            drive = {"device": min(devices[d]["dir"] for d in group),
+                     "dirs": [devices[d]["dir"] for d in group], "capacity_bytes": cap,
+                     "physical_bytes": int(session[group][:, PHYSICAL].sum()), "seconds": seconds,
+                     "drive_writes_per_day": drive_writes_per_day(
+                         int(session[group][:, PHYSICAL].sum()), seconds, cap),
+                     "lifetime_drive_writes_per_day": drive_writes_per_day(
+                         rate * SECONDS_PER_DAY, SECONDS_PER_DAY, cap)}
+            for d in group:  # each directory shows its drive's figures
+                dev = devices[d]
+                dev["drive_dirs"] = drive["dirs"]
+                dev["drive_writes_per_day"] = drive["drive_writes_per_day"]
+                dev["lifetime"]["drive_writes_per_day"] = drive["lifetime_drive_writes_per_day"]
+            drives.append(drive)
         phys, logical = int(session[:, PHYSICAL].sum()), int(session[:, LOGICAL].sum())
         return {"physical_bytes": phys, "logical_bytes": logical,
                 "write_amplification": write_amplification(phys, logical), "seconds": seconds,
-                "devices": devices}
+                "devices": devices, "drives": drives}
+
+    def _drive_groups(self) -> list[list[int]]:
+        """Directory indices grouped by drive (filesystem), in directory order; a directory whose
+        filesystem is unknown is a drive of its own."""
+        groups: dict = {}
+        for d, dev in enumerate(self._drive):
+            groups.setdefault(("dev", dev) if dev is not None else ("dir", d), []).append(d)
+        return list(groups.values())
 
 
 def _encode(total: np.ndarray, since: float) -> tuple[np.ndarray, bytes]:
