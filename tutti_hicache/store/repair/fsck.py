@@ -63,6 +63,7 @@ from ..wear import FILE_NAME as WEAR_FILE, read_counters
 NAME = re.compile(r"tutti-[0-9a-f]{32}")  # tutti-<fingerprint>, 16 bytes in hex
 ATTACH_HEALS = "a server's attach rebuilds it"
 MAX_SEGMENT_BYTES = 1 << 50  # where a filesystem's size cannot be read
+CHECK_BYTES = 256 << 20  # page bytes read per step of check(), at most (2 GiB of 8 MiB pages before)
 
 
 def namespaces(dirs: list[str]) -> dict[str, list[str]]:
@@ -326,6 +327,7 @@ class ExistingNamespace:
         items = list(self._index.entries.items())
         bad, checked, changed = [], 0, 0
         lay = self.layout
+        chunk = max(1, min(chunk, CHECK_BYTES // lay.payload_nbytes))  # bounds the stage's memory
         m = len(lay.object_nbytes)
         for i in tqdm(range(0, len(items), chunk), desc="fsck", unit="chunk", leave=False,
                       disable=not progress):
