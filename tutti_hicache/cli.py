@@ -408,14 +408,14 @@ def _add_wear_args(c) -> None:
                    help="drives sharing the writes (for the DWPD column)")
 
 
-def _count(text: str) -> int:
-    """An argparse type: an integer >= 1."""
+def _count(text: str, least: int = 1) -> int:
+    """An argparse type: an integer >= least (1)."""
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    if v < least:
+        raise argparse.ArgumentTypeError(f"must be >= {least}, got {v}")
     return v
 
 
@@ -445,7 +445,8 @@ def parser() -> argparse.ArgumentParser:
     bs.set_defaults(fn=cmd_bench_store)
     i = sub.add_parser("inspect", help="capacity, slots, keys, identities of a store")
     i.add_argument("dirs", nargs="+", help="the store's directories (the server's tutti_dirs)")
-    i.add_argument("--keys", type=int, default=5, help="keys to list per namespace")
+    i.add_argument("--keys", type=lambda t: _count(t, 0), default=5,
+                   help="keys to list per namespace")
     i.add_argument("--drive-capacity-gb", type=_number(0), default=0.0,
                    help="drive size for drive writes per day (GB = 10^9 B; default: statvfs)")
     i.set_defaults(fn=cmd_inspect)

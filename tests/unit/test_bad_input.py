@@ -185,3 +185,12 @@ def test_the_prefetch_policies_that_cut_hits():
     assert best.startswith("--hicache-storage-prefetch-policy best_effort") and "wait_complete" in best
     [timeout] = cuts(dict(DEFAULTS, prefetch_policy="timeout", timeout_base_s=2.0), 2, 1, 1)
     assert "within 2 s + 0.25 s per 1024 tokens" in timeout and "use wait_complete" in timeout
+
+
+def test_inspect_keys_refuses_a_negative_count(capsys):
+    """--keys -1 listed every key but one (a Python slice); 0 lists none."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["inspect", "--keys", "-1", "."])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert err == "tutti-hicache inspect: argument --keys: must be >= 0, got -1 (see tutti-hicache inspect --help)\n"
