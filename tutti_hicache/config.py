@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, Optional
 
 PREFIX = "tutti_"
 ENV_PREFIX = "TUTTI_HICACHE_"
+MAX_QUEUE_DEPTH = 32768  # io_uring_setup refuses more entries (-EINVAL)
 GiB = 1 << 30
 
 
@@ -63,7 +64,7 @@ def _parse_number(key: str, v: Any, cast: Callable) -> Any:
         raise ValueError(f"{key}: expected a number, got {v!r}")
     try:
         out = cast(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # int(inf): OverflowError
         raise ValueError(f"{key}: expected a number, got {v!r}") from None
     if cast is int and isinstance(v, float) and v != out:
         raise ValueError(f"{key}: expected an integer, got {v!r}")
@@ -84,7 +85,7 @@ def _parse_dirs(key: str, v: Any) -> tuple[str, ...]:
                                  "a comma-separated string") from None
         else:
             v = [p for p in text.replace(":", ",").split(",") if p.strip()]
-    if not isinstance(v, (list, tuple)) or not all(isinstance(p, str) and p for p in v):
+    if not isinstance(v, (list, tuple)) or not all(isinstance(p, str) and p.strip() for p in v):
         raise ValueError(f"{key}: expected a list of directory paths, got {v!r}")
     dirs = tuple(os.path.abspath(os.path.expanduser(p.strip())) for p in v)
     if len(set(dirs)) != len(dirs):
@@ -231,11 +232,20 @@ class TuttiConfig:
     cluster_retry_s: float = setting(5.0,
         "Tiered backend: seconds between attempts to reach the cluster tier while it is "
         "unreachable or down (the backend serves the local SSD tier meanwhile).", minimum=0.05)
+    cluster_timeout_s: float = setting(3.0,
+        "Tiered backend: bound on one cluster tier call while the Mooncake master or a peer node "
+        "hangs: applied before the Mooncake client is made to MC_RPC_TIMEOUT_MS (a master "
+        "request) and MC_TCP_PROGRESS_TIMEOUT_SEC (a TCP transfer without progress, whole "
+        "seconds), each unless already set in the environment (an exported value wins); also "
+        "bounds the check that the master answers before the client is made.", minimum=0.1)
 
     def __post_init__(self) -> None:
-        if 0 < self.queue_depth < 8:
-            raise ValueError(f"{PREFIX}queue_depth: 0 (derived from the devices) or >= 8, got "
-                             f"{self.queue_depth}")
+        if 0 < self.queue_depth < 8 or self.queue_depth > MAX_QUEUE_DEPTH:
+            raise ValueError(f"{PREFIX}queue_depth: 0 (derived from the devices) or 8 to "
+                             f"{MAX_QUEUE_DEPTH} (io_uring's most entries), got {self.queue_depth}")
+        if -1 < self.host_gb < 0 or self.host_gb < -1:
+            raise ValueError(f"{PREFIX}host_gb: -1 (auto), 0 (off) or a size in GiB, got "
+                             f"{self.host_gb}")
 
     @property
     def capacity_bytes(self) -> int:
@@ -251,7 +261,13 @@ class TuttiConfig:
         """Merge defaults < environment < extra_config < overrides, validate, and return."""
         env = os.environ if env is None else env
         extra = dict(extra_config or {})
-        unknown = [k for k in extra if k.startswith(PREFIX) and k[len(PREFIX):] not in _BY_NAME]
+        # ours in any case or separator (tutti-capacity-gb, Tutti_capacity_gb): a misspelt key
+        # would otherwise leave its setting at the default without a word
+        unknown = [k for k in extra if isinstance(k, str) and _ours(k, PREFIX)
+                   and (not k.startswith(PREFIX) or k[len(PREFIX):] not in _BY_NAME)]
+        unknown += [k for k in env if _ours(k, ENV_PREFIX) and env.get(k, "") != ""
+                    and (not k.startswith(ENV_PREFIX) or k[len(ENV_PREFIX):].lower() not in _BY_NAME
+                         or k != k.upper())]
         if unknown:
             raise ValueError(_unknown(unknown[0]))
         values: dict[str, Any] = {}
@@ -296,12 +312,22 @@ if not set(YOU_SET) <= set(_BY_NAME):
     raise TypeError(f"YOU_SET names no setting: {sorted(set(YOU_SET) - set(_BY_NAME))}")
 
 
+def _ours(key: str, prefix: str) -> bool:
+    """Whether key names a tutti setting in some spelling: prefix in any case, - or _."""
+    return key.lower().replace("-", "_").startswith(prefix.lower())
+
+
 def _unknown(key: str) -> str:
-    """An unknown tutti_ key's message: the closest known key, if one is close, else the list."""
-    close = difflib.get_close_matches(key[len(PREFIX):], list(_BY_NAME), n=1, cutoff=0.6)
+    """An unknown tutti_ key's (or TUTTI_HICACHE_ variable's) message: the closest known key,
+    if one is close, else the list."""
+    env = key.lower().replace("-", "_").startswith(ENV_PREFIX.lower())
+    prefix = ENV_PREFIX if env else PREFIX
+    name = key.lower().replace("-", "_")[len(prefix):]
+    spell = (lambda n: ENV_PREFIX + n.upper()) if env else (lambda n: PREFIX + n)
+    close = difflib.get_close_matches(name, list(_BY_NAME), n=1, cutoff=0.6)
     if close:  # compared without the prefix every key shares
-        return f"{key}: unknown tutti setting; did you mean {PREFIX}{close[0]}?"
-    return f"{key}: unknown tutti setting (known: {', '.join(sorted(PREFIX + n for n in _BY_NAME))})"
+        return f"{key}: unknown tutti setting; did you mean {spell(close[0])}?"
+    return f"{key}: unknown tutti setting (known: {', '.join(sorted(spell(n) for n in _BY_NAME))})"
 
 
 def settings_markdown() -> str:

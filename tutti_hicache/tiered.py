@@ -23,11 +23,13 @@ Keys: Mooncake object keys are SGLang's (model prefix, TP/PP suffixes) behind a 
 tutti namespace fingerprint (model, weights revision, dtype, geometry, rank coordinates) and the
 host pool layout, since Mooncake objects are raw host-layout bytes: only identical layouts match.
 
-Failures: the cluster tier never raises into SGLang's threads. An outage closes its gate (one
-warning), the backend serves the local tier alone, and the gate reopens when Mooncake answers
-again. A remote page counts only when every one of its objects arrived (SGLang's own rule).
-``clear()`` drops local pages only: MooncakeStore.clear() would wipe every node's objects. The
-legacy flat-page API (batch_get/batch_set, SGLang's generic path) is TuttiStorage's: local only.
+Failures: the cluster tier never raises into SGLang's threads. An outage, a hung master or a
+failed transfer from a peer node closes its gate (one warning; the call that meets it waits about
+tutti_cluster_timeout_s, twice for a get), the backend serves the local tier alone, and the gate
+reopens when Mooncake answers again. A remote page counts only when every one of its objects arrived (SGLang's
+own rule). ``clear()`` drops the local pages and this node's published objects, not other nodes'
+(MooncakeStore.clear() would wipe every node's). The legacy flat-page API (batch_get/batch_set,
+SGLang's generic path) is TuttiStorage's: local only.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ class TieredStorage(TuttiStorage):
             return
         tag = cluster_tag(self.store.fingerprint, str(mem_pool_host.layout))
         self.cluster = ClusterTier(self.storage_config, mem_pool_host, tag,
-                                   self.cfg.cluster_retry_s)
+                                   self.cfg.cluster_retry_s, self.cfg.cluster_timeout_s)
 
     # ----------------------------------------------------------- queries
     def _remote(self):
@@ -218,8 +220,14 @@ class TieredStorage(TuttiStorage):
 
     # ------------------------------------------------------- maintenance
     def clear(self) -> None:
-        """Local pages only (see the module docstring); promotions queued before it land first,
-        so none reappears after the clear."""
+        """This node's pages: the local ones, and the Mooncake objects it published (removed by
+        the cluster thread, now or once the master answers; this node reads none of them
+        meanwhile, so none is promoted back). Promotions queued before it land first, so none
+        reappears after the clear. Other nodes' objects stay: MooncakeStore.clear() would remove
+        every node's."""
+        cluster = self.cluster
+        if cluster is not None:
+            cluster.retire_published()
         self.drain_promotions()
         super().clear()
 

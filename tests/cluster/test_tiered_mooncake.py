@@ -15,24 +15,6 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def mooncake():
-    import importlib.util
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed (scripts/setup_env.sh installs it)")
-    from tutti_hicache.cluster import mooncake_missing
-    from tutti_hicache.testing.sglang import ensure_sglang
-
-    ensure_sglang()
-
-    reason = mooncake_missing()
-    if reason:
-        pytest.skip(f"the Mooncake client does not import: {reason}")
-    from tutti_hicache.testing import cluster
-
-    return cluster
-
-
 class Cluster:
     def __init__(self, mc, tmp):
         self.mc, self.tmp = mc, tmp
@@ -264,7 +246,7 @@ def test_a_promotion_stores_the_bytes_read_even_when_the_host_pages_are_reused_a
         assert st.batch_get_v1(k, again) == [True] * 6
         assert sglang.page_bytes(pool, again) == want and st.tutti_stats()["hits"] >= 6
         assert st.store.forget(k) == 6 and st.batch_get_v1(k, dst) == [True] * 6  # promoting
-        st.clear()  # local pages only, queued promotions included: none lands after it
+        st.clear()  # queued promotions included: none lands after it
         assert not st.store.present(k).any()
     finally:
         st.close()

@@ -4,6 +4,7 @@ non-finite numbers), directory checks."""
 
 import math
 import os
+import re
 
 import pytest
 
@@ -169,3 +170,24 @@ def test_unwritable_directory(sglang, tmp_path, mount_tmpfs):
     finally:
         if not mounted:
             ro.chmod(0o700)
+
+
+@pytest.mark.parametrize("extra, env, why", [
+    ('{"tutti_threads": Infinity}', {}, "tutti_threads: expected a number"),  # OverflowError before
+    ('{"tutti_dirs": ["/kv", " "]}', {}, "tutti_dirs: expected a list of directory paths"),  # the cwd
+    ('{"tutti-capacity-gb": 2000}', {}, "did you mean tutti_capacity_gb?"),  # silently the default
+    ('{"Tutti_capacity_gb": 2000}', {}, "did you mean tutti_capacity_gb?"),
+    ("{}", {"TUTTI_HICACHE_CAPACITY_G": "2000"}, "did you mean TUTTI_HICACHE_CAPACITY_GB?"),
+    ('{"tutti_queue_depth": 65536}', {}, "to 32768"),  # io_uring refused it: the posix engine
+    ('{"tutti_host_gb": -0.5}', {}, "-1 (auto), 0 (off) or a size"),  # silently auto
+])
+def test_settings_that_were_accepted_or_crashed(extra, env, why):
+    """Each of these was taken silently (a misspelt key left its setting at the default, a blank
+    directory became the working directory, -0.5 GiB meant auto, a queue depth io_uring refuses
+    fell back to the posix engine with a message blaming the kernel) or raised another error
+    than the ValueError naming the key (Infinity: OverflowError)."""
+    import json as _json
+    cfg = _json.loads(extra)
+    cfg.setdefault("tutti_dirs", ["/kv"])
+    with pytest.raises(ValueError, match=re.escape(why)):
+        TuttiConfig.from_sources(cfg, env=env)

@@ -3,9 +3,12 @@ processes, each holding real SGLang host pools and tiered backends (tutti_hicach
 
     free_port() -> int
     listening(pid) -> {(address, port)}                     what a process listens on (/proc)
-    Master(rpc_port=None).start() / .stop() / .address     mooncake_master, stopped by pid
+    Master(rpc_port=None, lease_ms=None).start() / .stop() / .address
+                                                            mooncake_master, stopped by pid
+    master.pause() / .resume()                              SIGSTOP / SIGCONT: a hung master
+                                                            (the kernel still accepts connections)
     mooncake_extra(master, **kw) -> dict                    SGLang's Mooncake keys for extra_config
-    Node.spawn() -> Node; node.call(verb, *args); node.exit()
+    Node.spawn() -> Node; node.call(verb, *args); node.pause() / .resume(); node.exit()
 
 Every listener the master has is bound to 127.0.0.1 (RPC, metrics; the transfer metadata goes
 through P2PHANDSHAKE, so no HTTP metadata server runs: 0.3.13's ignores its host flag and binds
@@ -14,7 +17,7 @@ all interfaces). A client advertises 127.0.0.1 (local_hostname, MC_TCP_BIND_ADDR
 INADDR_ANY), so these ports are reachable from the host's network while a test runs.
 
 A node runs in its own process (spawned, so it imports SGLang and Mooncake itself) and answers
-verbs over a pipe: open, write, exists, read, forget, stats, warnings, wait_state, close.
+verbs over a pipe: open, write, exists, read, forget, clear, stats, warnings, wait_state, close.
 Pages are written and read through SGLang's own controller methods (testing/sglang.py), and
 read pages come back as SHA-256 digests.
 """
@@ -25,6 +28,7 @@ import hashlib
 import logging
 import multiprocessing as mp
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -77,12 +81,16 @@ def master_binary() -> str:
 
 
 class Master:
-    """mooncake_master on loopback; start() waits until its RPC port accepts connections."""
+    """mooncake_master on loopback; start() waits until its RPC port accepts connections.
+    lease_ms: the master's object lease (default 10 s: an object read or queried cannot be removed
+    for that long)."""
 
-    def __init__(self, rpc_port: Optional[int] = None, log_path: Optional[str] = None):
+    def __init__(self, rpc_port: Optional[int] = None, log_path: Optional[str] = None,
+                 lease_ms: Optional[int] = None):
         self.rpc_port = rpc_port or free_port()
         self.metrics_port = free_port()
         self.log_path = log_path or os.devnull
+        self.lease_ms = lease_ms
         self.proc: Optional[subprocess.Popen] = None
 
     @property
@@ -93,6 +101,8 @@ class Master:
         args = [master_binary(), f"--rpc_port={self.rpc_port}", "--rpc_address=127.0.0.1",
                 "--metrics_host=127.0.0.1", f"--metrics_port={self.metrics_port}",
                 "--enable_metric_reporting=false", "--rpc_thread_num=2"]
+        if self.lease_ms is not None:
+            args.append(f"--default_kv_lease_ttl={self.lease_ms}")
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -107,9 +117,17 @@ class Master:
         self.stop()
         raise RuntimeError(f"mooncake_master did not listen on {self.address} in {timeout} s")
 
+    def pause(self) -> None:
+        """SIGSTOP: a hung master. Its listening socket stays: connects still succeed."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
     def stop(self) -> None:
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)  # a paused master dies at once too
             os.kill(proc.pid, 9)
         if proc is not None:
             proc.wait(timeout=10)
@@ -223,6 +241,12 @@ class _Node:
     def forget(self, name, keys):
         return self.backends[name][0].store.forget(list(keys))
 
+    def clear(self, name, wait_s=0.0):
+        """The backend's clear(); with wait_s, then until its Mooncake objects are gone (True)."""
+        backend = self.backends[name][0]
+        backend.clear()
+        return backend.cluster.wait_retired(wait_s) if wait_s else None
+
     def stats(self, name):
         return self.backends[name][0].tutti_stats()
 
@@ -298,6 +322,13 @@ class Node:
         proc.start()
         return cls(proc, parent)
 
+    def pause(self) -> None:
+        """SIGSTOP the node process: a frozen node (its segment stays mounted for a while)."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
     def ready(self, timeout: float = 180.0) -> "Node":
         self._answer(timeout)
         return self
@@ -323,5 +354,6 @@ class Node:
             pass
         self.proc.join(timeout)
         if self.proc.is_alive():
+            os.kill(self.proc.pid, signal.SIGCONT)
             os.kill(self.proc.pid, 9)
             self.proc.join(10)
