@@ -106,3 +106,38 @@ def test_patch_set_applies_to_the_installed_sglang(sglang, tmp_path):
     assert '"tutti_hicache.storage"' in factory and 'backend_name == "tutti"' in factory
     for rel in touched:
         compile((tmp_path / "python" / "sglang" / rel).read_text(), rel, "exec")
+
+
+def test_readme_recipe_patches_an_install_inside_a_git_checkout(sglang, tmp_path):
+    """patches/README.md's recipe for an installed SGLang, in a site-packages directory that sits
+    inside a git checkout (a virtual environment in a project): plain `git apply -p2` takes paths
+    relative to the checkout's root there, skips every file and exits 0; the recipe's
+    GIT_CEILING_DIRECTORIES makes it patch, and its `-R --check` line confirms it."""
+    import sglang as sgl
+    if sglang.sglang_version() != "0.5.23":
+        pytest.skip("the patch set targets SGLang 0.5.23")
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    project = tmp_path / "project"
+    site = project / ".venv" / "lib" / "site-packages"
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    patches = sorted(os.path.join(ROOT, "patches", "sglang-0.5.23", p)
+                     for p in os.listdir(os.path.join(ROOT, "patches", "sglang-0.5.23")))
+    touched = set()
+    for p in patches:
+        with open(p) as f:
+            touched.update(line[len("+++ b/python/sglang/"):].strip() for line in f
+                           if line.startswith("+++ b/python/sglang/"))
+    src = os.path.dirname(sgl.__file__)
+    for rel in touched:
+        dst = site / "sglang" / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(os.path.join(src, rel), dst)
+    factory = site / "sglang/srt/mem_cache/storage/backend_factory.py"
+    plain = subprocess.run(["git", "apply", "-p2", patches[0]], cwd=site, capture_output=True)
+    assert plain.returncode == 0 and "tutti" not in factory.read_text()  # the trap
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(site.parent))
+    for p in patches:
+        subprocess.run(["git", "apply", "-p2", p], cwd=site, env=env, check=True)
+    assert 'backend_name == "tutti"' in factory.read_text()
+    subprocess.run(["git", "apply", "-R", "--check", "-p2", *patches], cwd=site, env=env, check=True)

@@ -135,7 +135,11 @@ def word_bytes(sizes: Sequence[int], ptrs: Sequence[int]) -> int:
 
 
 def as_words(t: torch.Tensor, nbytes: int, word_bytes: int) -> torch.Tensor:
-    """1-D view of the first ``nbytes`` bytes of contiguous ``t`` as words of ``word_bytes`` bytes."""
+    """1-D view of the first ``nbytes`` bytes of contiguous ``t`` as words of ``word_bytes`` bytes
+    (nothing to view for 0: an empty tensor reports address 0, so the word chosen may not divide
+    its real offset, and torch refuses that view)."""
+    if nbytes == 0:
+        return torch.empty(0, dtype=WORD_DTYPES[word_bytes], device=t.device)
     return t.reshape(-1).view(torch.uint8)[:nbytes].view(WORD_DTYPES[word_bytes])
 
 

@@ -375,12 +375,25 @@ class Loader:
                             load_copied_pages=job.copied)
         except BaseException as e:  # the forward must never hang; finish() reports it
             logger.error("tutti linker: load of %d pages failed: %s", n, e)
+            self._quiesce()
             self._counter.fail(index, e)
             self._stats.add(load_failures=1)
         finally:
             self._store.unpin(entries)
             if self._host is not None and len(job.host_slots):
                 self._unpin_host(job.host_slots)
+
+    def _quiesce(self) -> None:
+        """A failed load: let the kernels it queued on the I/O stream run before finish() can
+        return. finish() waits only for the layers that completed, and once it returns False
+        SGLang frees the load's pool pages: a scatter still pending would then write this load's
+        bytes into pages another request was given (and read staging slots the next load
+        refills)."""
+        if self._cuda:
+            try:
+                self._io.stream.synchronize()
+            except BaseException:  # a failed device: nothing more can be done for the bytes
+                logger.exception("tutti linker: waiting for a failed load's kernels failed")
 
     def _unpin_host(self, slots) -> None:
         """Give a load's DRAM slots back once the kernels that read them have run: on a GPU they
