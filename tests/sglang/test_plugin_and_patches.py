@@ -79,6 +79,18 @@ def test_plugin_makes_tutti_a_backend_name(sglang, tmp_path):
     assert "BACKEND TuttiStorage" in r.stdout or "TuttiStorage" in r.stdout
 
 
+def _patch_set() -> tuple[list, set]:
+    """The 0.5.23 patches in order, and the files under python/sglang/ they touch."""
+    patches = sorted(os.path.join(ROOT, "patches", "sglang-0.5.23", p)
+                     for p in os.listdir(os.path.join(ROOT, "patches", "sglang-0.5.23")))
+    touched = set()
+    for p in patches:
+        with open(p) as f:
+            touched.update(line[len("+++ b/python/sglang/"):].strip() for line in f
+                           if line.startswith("+++ b/python/sglang/"))
+    return patches, touched
+
+
 def test_patch_set_applies_to_the_installed_sglang(sglang, tmp_path):
     """git apply the upstream-style patches onto a copy of the installed sources, in order."""
     import sglang as sgl
@@ -87,13 +99,7 @@ def test_patch_set_applies_to_the_installed_sglang(sglang, tmp_path):
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
     src = os.path.dirname(sgl.__file__)
-    patches = sorted(os.path.join(ROOT, "patches", "sglang-0.5.23", p)
-                     for p in os.listdir(os.path.join(ROOT, "patches", "sglang-0.5.23")))
-    touched = set()
-    for p in patches:
-        with open(p) as f:
-            touched.update(line[len("+++ b/python/sglang/"):].strip() for line in f
-                           if line.startswith("+++ b/python/sglang/"))
+    patches, touched = _patch_set()
     for rel in touched:
         dst = tmp_path / "python" / "sglang" / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -121,13 +127,7 @@ def test_readme_recipe_patches_an_install_inside_a_git_checkout(sglang, tmp_path
     project = tmp_path / "project"
     site = project / ".venv" / "lib" / "site-packages"
     subprocess.run(["git", "init", "-q", str(project)], check=True)
-    patches = sorted(os.path.join(ROOT, "patches", "sglang-0.5.23", p)
-                     for p in os.listdir(os.path.join(ROOT, "patches", "sglang-0.5.23")))
-    touched = set()
-    for p in patches:
-        with open(p) as f:
-            touched.update(line[len("+++ b/python/sglang/"):].strip() for line in f
-                           if line.startswith("+++ b/python/sglang/"))
+    patches, touched = _patch_set()
     src = os.path.dirname(sgl.__file__)
     for rel in touched:
         dst = site / "sglang" / rel
