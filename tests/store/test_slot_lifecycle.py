@@ -180,6 +180,26 @@ def test_a_reused_slot_whose_tombstone_did_not_land_keeps_its_old_page(tmp_path,
         s.close()
 
 
+def test_a_write_that_reuses_no_slot_asks_no_tombstone_budget(tmp_path):
+    """begin() went through the write scheduler (a write window to wait for, the backlog to be
+    refused by) for a header's bytes per page even when no slot of the batch was reused and
+    there was nothing to tombstone."""
+    n = 20
+    s = ObjectStore(cfg_slots([tmp_path / "s"], n, n), GEOM, IDENT)
+    try:
+        new, src = keys(n, "n"), Pages(n, seed=43)
+        w = s.begin_pages(new)
+        assert s.gate.stats["write_chunks"] == 0  # a fresh store: no slot is reused
+        s.land_pages(w, 0, n, src.addrs, True)
+        [ok] = s.publish_pages([w])
+        assert ok.all() and reads_back(s, new, src).all()
+        w = s.begin_pages(keys(4, "m"))  # four slots reused: their tombstones are scheduled
+        assert s.gate.stats["write_chunks"] > 0 and w.landed.ready.all()
+        s.publish_pages([w])
+    finally:
+        s.close()
+
+
 # ------------------------------------------------------------------ the LRU after a restart
 @pytest.mark.parametrize("chunk", [scan_module.SCAN_CHUNK, 3])
 def test_after_a_restart_pages_are_evicted_oldest_first(tmp_path, monkeypatch, chunk):

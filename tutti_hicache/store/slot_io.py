@@ -133,7 +133,10 @@ class SlotIO:
                 good[reused] = self.tombstones(files[a:b][reused], offsets[a:b][reused])
             return good
 
-        ready = self._gated(self._placement.devices(slots), n, HEADER_NBYTES, tombstones)
+        if any(dirty):
+            ready = self._gated(self._placement.devices(slots), n, HEADER_NBYTES, tombstones)
+        else:  # nothing to tombstone: no write window to wait for, no backlog to be refused by
+            ready = np.ones(n, dtype=bool)
         return Landed(list(keys), np.asarray(slots), files, offsets, np.asarray(seqs),
                       np.zeros(n, dtype=np.uint64),
                       np.zeros((n, self._layout.geometry.units), dtype="<u8"),
