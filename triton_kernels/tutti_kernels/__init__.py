@@ -12,6 +12,10 @@ import ``tutti_hicache``.
 
 One signature for MHA and MLA: ``(staging, k_buf(s), v_buf(s), page_ids, page_size, obj_stride=None)``, with
 ``v_buf(s)=None`` for MLA, whose single latent buffer per layer is passed as ``k_buf(s)``.
+The page ids a scatter writes must be distinct: an object over 16 KiB is copied in chunks by
+several programs, so two sources for one page could leave it holding chunks of both (the callers'
+ids are SGLang's slots, distinct, and the loader's dedupe keeps copies' sources and destinations
+apart). Nothing checks it.
 """
 
 from .gather import gather_layer, gather_layer_ref, gather_pages, gather_pages_ref
