@@ -96,8 +96,14 @@ class TuttiStorage(HiCacheStorage):
     # ------------------------------------------------------------ attach
     def register_mem_pool_host(self, mem_pool_host) -> None:
         super().register_mem_pool_host(mem_pool_host)
-        if self.store is not None:
+        if self.store is not None:  # its session's counters end here, the new store's start at 0
+            try:
+                self._wear_metrics.update(self.store.wear(), force=True)
+            except Exception:
+                self._warn_once("wear-metrics", "tutti: exporting the wear counters failed",
+                                exc_info=True)
             self.store.close()
+            self._wear_metrics = WearMetrics(self._wear_metrics.min_interval_s)
         hm = HostMap.from_pool(mem_pool_host)
         ident = identity_of(self.cfg, self.storage_config, hm)
         writer = is_storage_writer(self.storage_config)

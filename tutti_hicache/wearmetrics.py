@@ -3,8 +3,9 @@ scheduler iteration with --enable-metrics; SGLang's StorageMetrics has no field 
 
 At a glance:
     m = WearMetrics()          the process's metrics (prometheus_client, created on first use)
-    m.update(snapshot) -> bool add what store.wear() counted since the last update; at most once
-                               a second (min_interval_s); False when not due or not exportable
+    m.update(snapshot, force=False) -> bool   add what store.wear() counted since the last update;
+                               at most once a second (min_interval_s) unless forced; False when
+                               not due or not exportable. One WearMetrics per store session
 
 Exported (summed over the processes of a multi-process server, so per drive over its ranks):
     sglang:tutti_ssd_written_bytes_total{device, kind}   kind: payload, header, tombstone, meta
@@ -58,10 +59,12 @@ class WearMetrics:
         self._last = float("-inf")
         self._exported: dict = {}  # (device, column) -> bytes already added to the counters
 
-    def update(self, snapshot: dict) -> bool:
+    def update(self, snapshot: dict, force: bool = False) -> bool:
+        """snapshot: one store's wear() since its attach. A store attached anew starts from 0:
+        it needs a WearMetrics of its own (the counts of this one are the old store's)."""
         with self._lock:
             now = time.monotonic()
-            if now - self._last < self.min_interval_s:
+            if now - self._last < self.min_interval_s and not force:
                 return False
             self._last = now
             m = _metrics()
@@ -81,7 +84,7 @@ class WearMetrics:
 
     def _add(self, counter, key: tuple, total: int) -> None:
         prev = self._exported.get(key, 0)
-        new = total - prev if total >= prev else total  # a new store (re-attach) counts from 0
+        new = total - prev if total >= prev else total  # counts only grow within one store
         self._exported[key] = total
         if new > 0:
             counter.inc(new)

@@ -56,3 +56,29 @@ def test_linker_stats_file_carries_the_wear(sg, tmp_path):
     assert wear["devices"][0]["header_bytes"] == pages * HEADER
     payload = store.layout.payload_nbytes if store.layout.padded else page  # bounce: padded
     assert wear["devices"][0]["payload_bytes"] == pages * payload
+
+
+def test_a_host_pool_registered_again_exports_the_new_stores_bytes_whole(sglang, tmp_path):
+    """SGLang registering a host pool again closes the store and opens another, whose counters
+    start at 0. The exported counters went on from the old store's totals: the new store's bytes
+    up to them were never added (here 4 pages' worth), and the old store's last ones were lost."""
+    prom = pytest.importorskip("prometheus_client")
+    h = sglang
+    pool = make_pool(h, "mha", "layer_first", 16)
+    st, _ = tutti(h, [tmp_path / "s"], "mha", "layer_first")
+    st.register_mem_pool_host(pool)
+    page = st.hostmap.geometry.page_nbytes
+    dev = str(tmp_path / "s")
+    sample = lambda: prom.REGISTRY.get_sample_value(  # noqa: E731
+        "sglang:tutti_ssd_written_bytes_total", {"device": dev, "kind": "payload"}) or 0
+    base = sample()
+    assert all(st.batch_set_v1(h.make_page_keys(4), pool.alloc(4 * PAGE)))
+    st.get_stats()
+    assert all(st.batch_set_v1(h.make_page_keys(8)[4:], pool.alloc(4 * PAGE)))  # not polled yet
+    st.register_mem_pool_host(pool)  # a new store: its counters start at 0
+    assert sample() - base == 8 * page  # the old store's last 4 pages exported at the switch
+    assert all(st.batch_set_v1(h.make_page_keys(16)[8:], pool.alloc(8 * PAGE)))
+    st._wear_metrics.min_interval_s = 0.0
+    st.get_stats()
+    assert sample() - base == 16 * page
+    st.close()
