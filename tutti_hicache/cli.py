@@ -86,7 +86,7 @@ def _wear_lines(dirs: list, counters: list, drive_gb: float, drives: dict) -> li
     """Inspect's wear lines of one namespace; adds each directory's drive writes per day to its
     drive's entry in drives (keyed by filesystem: several directories and namespaces share a
     drive, whose figure is their sum). No projection from under MIN_HISTORY_S."""
-    from .store.wear import drive_capacity, drive_of, lifetime
+    from .store.wear import drive_capacity, drive_key, lifetime
     out = ["  wear (bytes handed to each drive since counting began):"]
     for d, c in zip(dirs, counters):
         if c is None or "error" in c:
@@ -104,9 +104,7 @@ def _wear_lines(dirs: list, counters: list, drive_gb: float, drives: dict) -> li
                        f"drive writes per day or a lifetime (needs {MIN_HISTORY_S // 3600} h of "
                        "counting)")
             continue
-        dev = drive_of(d)
-        drive = drives.setdefault(("dev", dev) if dev is not None else ("dir", d),
-                                  {"dirs": [], "dwpd": 0.0, "capacity": cap})
+        drive = drives.setdefault(drive_key(d), {"dirs": [], "dwpd": 0.0, "capacity": cap})
         drive["dirs"] += [d] if d not in drive["dirs"] else []
         drive["dwpd"] += v["drive_writes_per_day"]
         out.append(f"      over {v['seconds'] / 86400:.2f} days: {v['drive_writes_per_day']:.4g} "

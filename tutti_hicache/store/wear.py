@@ -21,7 +21,8 @@ At a glance:
     lifetime(counters, capacity_bytes, now) -> dict   a counter file's bytes, amplification and
                                         drive writes per day since it began (inspect)
     drive_writes_per_day(nbytes, seconds, capacity_bytes) -> float
-    drive_of(store_dir) -> st_dev       which drive (filesystem) a directory is on (None: unknown)
+    drive_key(store_dir) -> tuple       which drive (filesystem) a directory is on: ("dev", st_dev),
+                                        or ("dir", store_dir) when it cannot be read
 
 Drive writes per day are a drive's: every store directory on one filesystem (st_dev) adds its
 bytes to that drive's before they are divided by its capacity, so two directories on one drive
@@ -95,12 +96,13 @@ def drive_capacity(store_dir: str, configured_gb: float = 0.0) -> int:
     return st.f_blocks * st.f_frsize
 
 
-def drive_of(store_dir: str) -> Optional[int]:
-    """The st_dev of the filesystem holding store_dir (its drive), None when it cannot be read."""
+def drive_key(store_dir: str) -> tuple:
+    """The drive holding store_dir: ("dev", st_dev of its filesystem); a directory that cannot
+    be read is a drive of its own, ("dir", store_dir)."""
     try:
-        return os.stat(store_dir).st_dev
+        return ("dev", os.stat(store_dir).st_dev)
     except OSError:
-        return None
+        return ("dir", store_dir)
 
 
 def read_counters(path: str) -> Optional[dict]:
@@ -159,7 +161,7 @@ class Wear:
         self._flush_lock = threading.Lock()
         self._last_flush = time.monotonic()
         self._capacity = [0] * n
-        self._drive: list = [None] * n  # st_dev of each directory's filesystem (load)
+        self._drive: list = [None] * n  # drive_key of each directory (load)
         self._warned: set = set()  # tags warned once (a racing duplicate is harmless)
 
     # ----------------------------------------------------------------- counting
@@ -205,8 +207,9 @@ class Wear:
     def load(self) -> None:
         """Read each directory's counter file (lifetime totals) and its drive's capacity."""
         for d, ns in enumerate(self.ns_dirs):
-            self._capacity[d] = drive_capacity(os.path.dirname(ns) or ns, self._drive_gb)
-            self._drive[d] = drive_of(os.path.dirname(ns) or ns)
+            store_dir = os.path.dirname(ns) or ns
+            self._capacity[d] = drive_capacity(store_dir, self._drive_gb)
+            self._drive[d] = drive_key(store_dir)
             try:
                 c = read_counters(os.path.join(ns, FILE_NAME))
             except (OSError, ValueError) as e:
@@ -317,11 +320,11 @@ class Wear:
             cap = self._capacity[group[0]]
             rate = sum(devices[d]["lifetime"]["physical_bytes"] / devices[d]["lifetime"]["seconds"]
                        for d in group if devices[d]["lifetime"]["seconds"] > 0)
+            phys = int(session[group][:, PHYSICAL].sum())
             drive = {"device": min(devices[d]["dir"] for d in group),
                      "dirs": [devices[d]["dir"] for d in group], "capacity_bytes": cap,
-                     "physical_bytes": int(session[group][:, PHYSICAL].sum()), "seconds": seconds,
-                     "drive_writes_per_day": drive_writes_per_day(
-                         int(session[group][:, PHYSICAL].sum()), seconds, cap),
+                     "physical_bytes": phys, "seconds": seconds,
+                     "drive_writes_per_day": drive_writes_per_day(phys, seconds, cap),
                      "lifetime_drive_writes_per_day": drive_writes_per_day(
                          rate * SECONDS_PER_DAY, SECONDS_PER_DAY, cap)}
             for d in group:  # each directory shows its drive's figures
@@ -339,8 +342,8 @@ class Wear:
         """Directory indices grouped by drive (filesystem), in directory order; a directory whose
         filesystem is unknown is a drive of its own."""
         groups: dict = {}
-        for d, dev in enumerate(self._drive):
-            groups.setdefault(("dev", dev) if dev is not None else ("dir", d), []).append(d)
+        for d, key in enumerate(self._drive):
+            groups.setdefault(key if key is not None else ("index", d), []).append(d)
         return list(groups.values())
 
 
