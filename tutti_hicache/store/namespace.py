@@ -147,6 +147,11 @@ def _segment_files(ns: str) -> list[tuple[int, str]]:
             if name.startswith("seg-") and name.endswith(".dat") and name[4:-4].isdigit()]
 
 
+def segment_name(row: int) -> str:
+    """The file name of a row's segment in each directory."""
+    return f"seg-{row:06d}.dat"
+
+
 def namespace_dirs(dirs, fingerprint: bytes) -> list[str]:
     return [os.path.join(d, "tutti-" + fingerprint.hex()) for d in dirs]
 
@@ -177,7 +182,7 @@ def segment_census(ns_dirs: list[str], placement: Placement) -> SegmentCensus:
                 st = os.lstat(path)
             except OSError:
                 continue
-            if name != f"seg-{row:06d}.dat":
+            if name != segment_name(row):
                 issues.append(f"{path}: not a segment name of this store: ignored")
             elif not stat.S_ISREG(st.st_mode):
                 issues.append(f"{path}: not a regular file: ignored (attach removes it)")
@@ -189,8 +194,8 @@ def segment_census(ns_dirs: list[str], placement: Placement) -> SegmentCensus:
         rows += 1
     stray = sorted((row, d) for d, row in sizes if row >= rows)
     for row, d in stray[:5]:
-        issues.append(f"{os.path.join(ns_dirs[d], f'seg-{row:06d}.dat')}: past the store's rows "
-                      f"(seg-{rows:06d}.dat is in no directory): ignored, not checked")
+        issues.append(f"{os.path.join(ns_dirs[d], segment_name(row))}: past the store's rows "
+                      f"({segment_name(rows)} is in no directory): ignored, not checked")
     if len(stray) > 5:
         issues.append(f"{len(stray) - 5} more segment files past the store's rows: ignored")
     slots, span = 0, 0
@@ -202,7 +207,7 @@ def segment_census(ns_dirs: list[str], placement: Placement) -> SegmentCensus:
             end = max(((k - 1) * n + d + 1 for d, k in enumerate(have) if k), default=0)
             need = [max(0, -(-(end - d) // n)) for d in range(n)]
         for d in range(n):
-            path = os.path.join(ns_dirs[d], f"seg-{row:06d}.dat")
+            path = os.path.join(ns_dirs[d], segment_name(row))
             size = sizes.get((d, row))
             if size is not None and size % slot:
                 issues.append(f"{path}: {size} bytes, not a whole number of {slot}-byte slots "
@@ -236,7 +241,7 @@ class Namespace:
 
     # ------------------------------------------------------------------ layout
     def segment_path(self, d: int, row: int) -> str:
-        return os.path.join(self.dirs[d], f"seg-{row:06d}.dat")
+        return os.path.join(self.dirs[d], segment_name(row))
 
     def file_slots(self, d: int, row: int) -> np.ndarray:
         """Slots of segment (d, row) that fit in the capacity, in file order."""
