@@ -51,14 +51,14 @@ from .heal import _marker as heal_marker, _read as read_json, _stripe_order, \
 from .witness import NONE, witness
 from ..index import SlotIndex
 from ...layout import HEADER_NBYTES, PageGeometry, Placement, SlotLayout, strided
-from ..namespace import FileTable, Namespace, lock_paths, segment_census
+from ..namespace import FileTable, Namespace, lock_paths, segment_census, segment_name
 from ..rows import Rows
 from ..scan import Scanner
 from ..scheduler import Gate
 from ..slot_io import SlotIO
 from ...identity import with_geometry
 from ..objectstore import PageInfo, drop_entries, log_damaged
-from ..wear import FILE_NAME as WEAR_FILE, read_counters
+from ..wear import FILE_NAME as WEAR_FILE, drive_capacity, read_counters
 
 NAME = re.compile(r"tutti-[0-9a-f]{32}")  # tutti-<fingerprint>, 16 bytes in hex
 ATTACH_HEALS = "a server's attach rebuilds it"
@@ -208,14 +208,7 @@ def _marker(ns: str, slot_nbytes: int):
 
 def _segment_bound(paths: list[str]) -> int:
     """The largest segment a namespace in these directories can have: its largest filesystem."""
-    sizes = []
-    for p in paths:
-        try:
-            st = os.statvfs(os.path.dirname(p))
-            sizes.append(st.f_blocks * st.f_frsize)
-        except OSError:
-            pass
-    return max(sizes, default=0) or MAX_SEGMENT_BYTES
+    return max((drive_capacity(os.path.dirname(p)) for p in paths), default=0) or MAX_SEGMENT_BYTES
 
 
 def _majority(values) -> int | None:
@@ -232,7 +225,7 @@ def _sps_from_files(paths: list[str], slot_nbytes: int) -> int:
     sizes = []
     for p in paths:
         try:
-            sizes.append(os.path.getsize(os.path.join(p, "seg-000000.dat")))
+            sizes.append(os.path.getsize(os.path.join(p, segment_name(0))))
         except OSError:
             pass
     return max(1, max(sizes, default=0) // slot_nbytes)
