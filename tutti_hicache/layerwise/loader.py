@@ -375,7 +375,7 @@ class Loader:
                             load_copied_pages=job.copied)
         except BaseException as e:  # the forward must never hang; finish() reports it
             logger.error("tutti linker: load of %d pages failed: %s", n, e)
-            self._quiesce()
+            self._quiesce("tutti linker: waiting for a failed load's kernels failed")
             self._counter.fail(index, e)
             self._stats.add(load_failures=1)
         finally:
@@ -383,30 +383,29 @@ class Loader:
             if self._host is not None and len(job.host_slots):
                 self._unpin_host(job.host_slots)
 
-    def _quiesce(self) -> None:
-        """A failed load: let the kernels it queued on the I/O stream run before finish() can
-        return. finish() waits only for the layers that completed, and once it returns False
-        SGLang frees the load's pool pages: a scatter still pending would then write this load's
-        bytes into pages another request was given (and read staging slots the next load
-        refills)."""
+    def _quiesce(self, what: str, *args) -> bool:
+        """Wait until the kernels queued on the I/O stream have run (on a GPU; at once on the
+        CPU). False, with `what` logged, when the device failed.
+        A failed load waits so before finish() can return: finish() waits only for the layers
+        that completed, and once it returns False SGLang frees the load's pool pages, so a
+        scatter still pending would write this load's bytes into pages another request was given
+        (and read staging slots the next load refills)."""
         if self._cuda:
             try:
                 self._io.stream.synchronize()
-            except BaseException:  # a failed device: nothing more can be done for the bytes
-                logger.exception("tutti linker: waiting for a failed load's kernels failed")
+            except BaseException:
+                logger.exception(what, *args)
+                return False
+        return True
 
     def _unpin_host(self, slots) -> None:
         """Give a load's DRAM slots back once the kernels that read them have run: on a GPU they
         were only queued on the I/O stream, and a slot given back before then may be refilled
-        with another page that the pending kernel would scatter into this load's pool pages."""
-        if self._cuda:
-            try:
-                self._io.stream.synchronize()
-            except BaseException:  # a failed device: keep the slots rather than risk their bytes
-                logger.exception("tutti linker: waiting for the DRAM copies failed; %d DRAM slots "
-                                 "stay pinned", len(slots))
-                return
-        self._host.unpin(slots)
+        with another page that the pending kernel would scatter into this load's pool pages. A
+        failed device keeps them pinned rather than risk their bytes."""
+        if self._quiesce("tutti linker: waiting for the DRAM copies failed; %d DRAM slots stay "
+                         "pinned", len(slots)):
+            self._host.unpin(slots)
 
     # ------------------------------------------------------------ [loader] the DRAM tier
     def _reserve_promotions(self, job) -> Optional[_CopyUp]:
