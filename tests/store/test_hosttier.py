@@ -63,7 +63,8 @@ def test_scan_of_new_pages_does_not_flush_hot_ones():
     pages fills the free slots, then only cycles probation."""
     t = tier(8)
     insert(t, ["h0", "h1", "h2", "h3"])
-    got = t.pin(["h0", "h1", "h2", "h3"])  # reused: protected
+    got = t.pin(["h0", "h1", "h2", "h3"])
+    t.hit(got)  # reused: protected
     t.unpin(got)
     for i in range(40):  # a scan: 40 pages seen once
         insert(t, [f"s{i}"])
@@ -426,7 +427,9 @@ def test_one_long_offload_does_not_empty_the_hot_set(tmp_path):
     assert lw.offload(hot, torch.arange(PAGE, PAGE * 5), [])
     lw._offloader.worker.drain()
     assert lw.pop_completed()
-    host.unpin(host.pin(hot))  # a hit: protected
+    slots = host.pin(hot)
+    host.hit(slots)  # a hit: protected
+    host.unpin(slots)
     assert host.stats()["host_protected_pages"] == 4
     scan = [f"s{i:063d}" for i in range(40)]
     assert lw.offload(scan, torch.arange(PAGE * 10, PAGE * 50), [])

@@ -5,12 +5,11 @@ At a glance (threads: [scheduler] SGLang's, [loader], [offloader]; every method 
     host.online                             set once the memory is pinned (a thread at attach:
                                             GBs take seconds); until then it takes nothing
     host.present(keys) -> bool array        resident and readable (no side effect)
-    host.pin(keys, hit=True) -> slots (-1: not here)   [scheduler] pages held until unpin
-                                            (never evicted); a hit moves a page from probation
-                                            to protected and counts (host_hit_pages)
-    host.hit(slots)                         [scheduler] pinned pages served: hits (a load pins
-                                            with hit=False at load(), hits at start(), so a
-                                            cancelled or refused load is none)
+    host.pin(keys) -> slots (-1: not here)  [scheduler] pages held until unpin (never evicted)
+    host.hit(slots)                         [scheduler] pinned pages served: each counts
+                                            (host_hit_pages) and moves from probation to
+                                            protected (a load pins at load(), hits at start(),
+                                            so a cancelled or refused load is none)
     host.unpin(slots)                       [loader] the load's last layer was handed over
     host.reserve(keys, hot) -> slots        room for pages about to be written in (-1: no room
                                             or already here); evicts clean, unpinned pages
@@ -220,8 +219,8 @@ class HostTier:
             return np.array([(s := self._slot_of.get(k)) is not None and bool(self._ready[s])
                              for k in keys], dtype=bool)
 
-    def pin(self, keys: list, hit: bool = True) -> np.ndarray:
-        """Slots of the resident keys, pinned (-1 where not here); hit: each is a hit (hit())."""
+    def pin(self, keys: list) -> np.ndarray:
+        """Slots of the resident keys, pinned (-1 where not here); not yet hits (hit())."""
         out = np.full(len(keys), -1, dtype=np.int64)
         if not self.online.is_set():
             return out
@@ -232,22 +231,18 @@ class HostTier:
                     continue
                 out[i] = s
                 self._pins[s] += 1
-            if hit:
-                self._hit(out)
         return out
 
     def hit(self, slots) -> None:
         """Pinned pages (slots of pin(), -1 skipped) are served: counted, and touched (2Q)."""
-        with self._lock:
-            self._hit(np.asarray(slots, dtype=np.int64))
-
-    def _hit(self, slots: np.ndarray) -> None:
+        slots = np.asarray(slots, dtype=np.int64)
         slots = slots[slots >= 0]
-        for s in slots.tolist():
-            k = self._key_of[s]
-            if k is not None:  # pinned: still this key's
-                self._touch(k)
-        self._counts["host_hit_pages"] += len(slots)
+        with self._lock:
+            for s in slots.tolist():
+                k = self._key_of[s]
+                if k is not None:  # pinned: still this key's
+                    self._touch(k)
+            self._counts["host_hit_pages"] += len(slots)
 
     def unpin(self, slots) -> None:
         slots = np.asarray(slots, dtype=np.int64)

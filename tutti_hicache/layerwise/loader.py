@@ -149,7 +149,7 @@ class Loader:
         # each page from where it is fastest: DRAM where resident, else the SSD
         # DRAM pages pinned (never evicted until the load ran or was cancelled), but a hit only
         # once the batch starts (start()): a cancelled or refused load neither counts nor promotes
-        slots = (self._host.pin(keys, hit=False) if self._host is not None
+        slots = (self._host.pin(keys) if self._host is not None
                  else np.full(len(keys), -1, np.int64))
         ssd_keys = [k for k, s in zip(keys, slots.tolist()) if s < 0]
         entries = self._store.pin(ssd_keys) if ssd_keys else []
