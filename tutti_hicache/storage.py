@@ -97,11 +97,7 @@ class TuttiStorage(HiCacheStorage):
     def register_mem_pool_host(self, mem_pool_host) -> None:
         super().register_mem_pool_host(mem_pool_host)
         if self.store is not None:  # its session's counters end here, the new store's start at 0
-            try:
-                self._wear_metrics.update(self.store.wear(), force=True)
-            except Exception:
-                self._warn_once("wear-metrics", "tutti: exporting the wear counters failed",
-                                exc_info=True)
+            self._export_wear(self.store, force=True)
             self.store.close()
             self._wear_metrics = WearMetrics(self._wear_metrics.min_interval_s)
         hm = HostMap.from_pool(mem_pool_host)
@@ -251,12 +247,16 @@ class TuttiStorage(HiCacheStorage):
                 values.clear()
         store = self.store  # once: close() on the scheduler thread may set it to None
         if store is not None:
-            try:
-                self._wear_metrics.update(store.wear())
-            except Exception:
-                self._warn_once("wear-metrics", "tutti: exporting the wear counters failed",
-                                exc_info=True)
+            self._export_wear(store)
         return m
+
+    def _export_wear(self, store: ObjectStore, force: bool = False) -> None:
+        """The store's wear counters into SGLang's Prometheus metrics (never raises)."""
+        try:
+            self._wear_metrics.update(store.wear(), force=force)
+        except Exception:
+            self._warn_once("wear-metrics", "tutti: exporting the wear counters failed",
+                            exc_info=True)
 
     def tutti_stats(self) -> dict:
         """Richer counters: bytes, hits, misses, checksum failures, evictions, engine calls."""
