@@ -347,16 +347,18 @@ def warm_batch_kernels(srv: Server, page_size: int, seqs: int = 2, seed: int = 7
 
 def warm_extend_sizes(srv: Server, sizes: list, page_size: int, seed: int = 11) -> dict:
     """Compile SGLang's kernels for the extends a sweep will measure before it measures one: per
-    size M, a random prompt of two pages and a bit, then the same prompt with M new tokens (an
-    extend of M tokens behind a cached prefix), one output token each. Triton kernels compile per
-    batch shape: on the MoE models SGLang's fused-MoE kernel took 0.66-0.92 s for a size it had
-    not run (benchmarks.md 7.5), which fell on the sweep point's restore and not on its compute-only
-    twin, run just after with the same size. {"sizes", "seconds", "ok"}."""
+    size M, a random prompt of exactly two pages, then the same prompt with M new tokens (an
+    extend of exactly M tokens behind a cached, page-aligned prefix, as the sweep's are), one
+    output token each. Triton kernels compile per batch shape, and per integer argument's
+    divisibility by 16: on the MoE models SGLang's kernels took 0.66-1.7 s for a size it had not
+    run (benchmarks.md 7.5), which fell on the sweep point's restore and not on its compute-only
+    twin, run just after with the same size. A head of two pages and a bit left the bit to the
+    extend (M + 7 tokens) and compiled the wrong variant. {"sizes", "seconds", "ok"}."""
     import random
     rng = random.Random(seed)
     t0, ok = time.time(), True
     for m in sizes:
-        head = [rng.randrange(1000, 30000) for _ in range(2 * page_size + 7)]
+        head = [rng.randrange(1000, 30000) for _ in range(2 * page_size)]  # whole pages: all cached
         for ids in (head, head + [rng.randrange(1000, 30000) for _ in range(m)]):
             ok = _generate(srv, ids, 1, 300) and ok
     return {"sizes": list(sizes), "seconds": round(time.time() - t0, 3), "ok": ok}
