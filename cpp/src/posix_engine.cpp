@@ -125,6 +125,7 @@ class PosixEngine final : public EngineBase {
       finish_op(o, b, on_done, err, results, stats_);
     };
     d.pool->run(fn, plan.ops.size());
+    if (on_done) on_done->flush();
   }
 
   void release() override {

@@ -267,7 +267,9 @@ void Ring::run(Op op, Plan& plan, const Batch& b, Completion* on_done, const Fil
     // Wait for all when nothing else is pending; otherwise refill at the low-water mark.
     enter(more ? f.inflight - std::min(f.inflight, low_water) : f.inflight, c);
     reap(op, plan, f, c, end);
+    if (on_done) on_done->flush();  // what the pass completed goes to the checksum threads
   }
+  if (on_done) on_done->flush();  // requests that ended without I/O
 }
 
 void Ring::run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicCounters& c) {
@@ -291,6 +293,7 @@ void Ring::run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicC
     if (!f.inflight && f.requeue.empty()) {
       if (f.next >= nops || cancelled) break;
       if (f.next >= limit) {  // nothing allowed: sleep until allow() or cancel()
+        if (on_done) on_done->flush();
         s.wait_allowed(allowed);
         continue;
       }
@@ -318,7 +321,9 @@ void Ring::run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicC
                          : static_cast<unsigned>(std::min<size_t>(f.inflight, s.ops_left_oldest())),
           c);
     reap(Op::kRead, plan, f, c, end);
+    if (on_done) on_done->flush();  // a chunk is final only once its checksums are
   }
+  if (on_done) on_done->flush();
   if (f.wake_armed) {  // complete our own read on the eventfd before the ring serves others
     uint64_t one = 1;
     if (::write(s.wake_fd(), &one, sizeof one) < 0) { /* counter full: the read completes */ }

@@ -315,6 +315,45 @@ def test_read_stream_chunks_land_in_order_with_checksums(engine, tmp_path):
     engine.register_buffers([])
 
 
+def test_read_stream_small_groups_are_final_when_each_chunk_is_allowed_only_after_the_last(engine, tmp_path):
+    """Checksums go to the pool in tasks of about 1 MiB of groups (GroupChecksums::kTaskBytes);
+    what a reap pass leaves below that is sent before the ring waits. Here the owner allows chunk
+    c + 1 only after chunk c is final, every group 4 KiB (a chunk never fills a task) and some
+    groups 1.5 MiB (one fills a task alone): every chunk still turns final, with the sums of a
+    plain checksum over the bytes; a held-back group would leave the owner waiting forever."""
+    small, big = 4096, 3 << 19
+    sizes = np.array([small] * 40 + [big, small, big] + [small] * 21, dtype=np.int64)
+    n, total = len(sizes), int(sizes.sum())
+    offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    f = engine.open_file(make_file(tmp_path, total, "g.bin"), True, True)
+    src, a = buf_of(total, seed=21)
+    assert (engine.submit("write", np.full(n, f), offs, sizes, src.address + offs.astype(np.uint64)) == sizes).all()
+    dst, b = buf_of(total)
+    chunks = np.array([0, 8, 16, 40, 44, 64])
+    groups = np.concatenate([np.arange(0, 40, 2), [40, 41, 42, 43], np.arange(44, n + 1, 4)])
+    st = engine.read_stream(np.full(n, f), offs, sizes, dst.address + offs.astype(np.uint64), chunks, groups)
+    want = E.checksum_groups(src.address + offs.astype(np.uint64), sizes, groups, 1)
+    got, errors = [], []
+
+    def owner():
+        try:
+            for c in range(len(chunks) - 1):
+                st.allow(c + 1)
+                res, sums = st.wait(c)
+                assert (res == sizes[chunks[c]:chunks[c + 1]]).all()
+                got.append(sums)
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    t = threading.Thread(target=owner, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "a chunk never turned final: a checksum was held back"
+    assert not errors, errors
+    st.join()
+    assert (np.concatenate(got) == want).all() and (b == a).all()
+
+
 def test_read_stream_submits_nothing_before_allow_and_cancel_ends_it(engine, tmp_path):
     n, sz = 16, 4096
     f, a = _stream_file(engine, tmp_path, n, sz, 8)

@@ -69,14 +69,38 @@ void GroupChecksums::done(size_t request, bool ok) {
     compute(g);
     return;
   }
+  if (on_task) on_task(g, +1);  // now, before the engine counts the group's last op finished
+  std::vector<uint32_t> batch;
   {
     std::lock_guard lock(mu_);
+    ready_.push_back(g);
+    for (int64_t i = start_[g]; i < start_[g + 1]; ++i) ready_bytes_ += nbytes_[i];
+    if (ready_bytes_ < kTaskBytes) return;
+    batch.swap(ready_);
+    ready_bytes_ = 0;
     pending_++;
   }
-  if (on_task) on_task(g, +1);
-  pool_->push([this, g] {
-    compute(g);
-    if (on_task) on_task(g, -1);
+  dispatch(std::move(batch));
+}
+
+void GroupChecksums::flush() {
+  std::vector<uint32_t> batch;
+  {
+    std::lock_guard lock(mu_);
+    if (ready_.empty()) return;
+    batch.swap(ready_);
+    ready_bytes_ = 0;
+    pending_++;
+  }
+  dispatch(std::move(batch));
+}
+
+void GroupChecksums::dispatch(std::vector<uint32_t> groups) {
+  pool_->push([this, groups = std::move(groups)] {
+    for (const uint32_t g : groups) {
+      compute(g);
+      if (on_task) on_task(g, -1);
+    }
     std::lock_guard lock(mu_);
     if (--pending_ == 0) cv_.notify_all();
   });
@@ -87,6 +111,7 @@ void GroupChecksums::compute(uint32_t g) {
 }
 
 void GroupChecksums::wait() {
+  if (pool_) flush();
   std::unique_lock lock(mu_);
   cv_.wait(lock, [this] { return pending_ == 0; });
 }

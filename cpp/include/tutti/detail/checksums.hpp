@@ -24,20 +24,26 @@ void check_groups(const int64_t* start, size_t ngroups, size_t nreq);
 // The completion hook of a verified read (overlapping verification with the I/O still in
 // flight). Group g = requests [start[g], start[g+1]) of the arrays addr/nbytes; when its last
 // request lands and all of them succeeded, out[g] = xxh3_pieces over them, computed on `pool`
-// (or inline without one). Groups with a failed request get 0. wait() returns once every
-// checksum started has finished; call it before the arrays go away.
+// (or inline without one). Groups with a failed request get 0. Ready groups go to the pool in
+// tasks of about kTaskBytes, the rest at flush(): one task (one wake of a pool thread) per
+// 72 KiB object cost the completing thread more than the hashing did. wait() sends what is
+// held back, then returns once every checksum started has finished; call it before the arrays
+// go away.
 class GroupChecksums final : public Completion {
  public:
   GroupChecksums(const uint64_t* addr, const int64_t* nbytes, const int64_t* start,
                  size_t ngroups, size_t nreq, uint64_t* out, TaskPool* pool);
   void done(size_t request, bool ok) override;
+  void flush() override;
   void wait();
+  static constexpr int64_t kTaskBytes = int64_t{1} << 20;
   // Optional: told (g, +1) when group g's checksum is queued on the pool and (g, -1) once it
   // is computed (a read stream uses it to know when a chunk's checksums are final).
   std::function<void(uint32_t, int)> on_task;
 
  private:
   void compute(uint32_t g);
+  void dispatch(std::vector<uint32_t> groups);  // one pool task for them; pending_ counted
   const uint64_t* addr_;
   const int64_t* nbytes_;
   const int64_t* start_;
@@ -46,6 +52,8 @@ class GroupChecksums final : public Completion {
   std::mutex mu_;
   std::condition_variable cv_;
   int pending_ = 0;
+  std::vector<uint32_t> ready_;  // whole, unfailed groups not yet sent (under mu_)
+  int64_t ready_bytes_ = 0;
   std::vector<uint32_t> group_of_;
   std::unique_ptr<std::atomic<int32_t>[]> remaining_;
   std::unique_ptr<std::atomic<bool>[]> failed_;

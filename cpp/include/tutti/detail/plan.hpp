@@ -14,9 +14,11 @@
 namespace tutti::detail {
 
 // Told once per request when its result is final (ok: it succeeded), from an engine thread.
+// flush(): the engine is about to wait or return: whatever done() held back to batch must go now.
 class Completion {
  public:
   virtual void done(size_t request, bool ok) = 0;
+  virtual void flush() {}
 
  protected:
   ~Completion() = default;
@@ -27,6 +29,7 @@ class ShiftedCompletion final : public Completion {
  public:
   ShiftedCompletion(Completion* inner, size_t base) : inner_(inner), base_(base) {}
   void done(size_t request, bool ok) override { inner_->done(base_ + request, ok); }
+  void flush() override { inner_->flush(); }
 
  private:
   Completion* inner_;
