@@ -37,8 +37,10 @@ class GroupChecksums final : public Completion {
   void flush() override;
   void wait();
   static constexpr int64_t kTaskBytes = int64_t{1} << 20;
-  // Optional: told (g, +1) when group g's checksum is queued on the pool and (g, -1) once it
-  // is computed (a read stream uses it to know when a chunk's checksums are final).
+  // Optional: told (g, +1) once group g is whole and its checksum owed (from done(), before
+  // the engine counts the group's last op finished; the checksum may wait in a batch until
+  // flush()) and (g, -1) once it is computed (a read stream uses it to know when a chunk's
+  // checksums are final).
   std::function<void(uint32_t, int)> on_task;
 
  private:
