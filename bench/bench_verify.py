@@ -1,5 +1,6 @@
-"""What verification costs the layer-wise restore, by object size: the linker's loader (LayerwiseKV,
-its thread, read stream and checksum pool) restoring the same bytes with tutti_verify on and off,
+"""What verification costs a restore, by object size: the linker's loader (LayerwiseKV, its thread,
+read stream and checksum pool) and the host tier's page read (ObjectStore.read_pages, what
+TuttiStorage's get runs) restoring the same bytes with tutti_verify on and off,
 for an MLA geometry (DeepSeek-V2-Lite's: 27 layers, one 72 KiB object per layer and page) and an
 MHA one with the same page bytes in 648 KiB layer requests. Side by side in one process, arms
 interleaved; the figure is each geometry's verify-on / verify-off ratio (absolute GB/s hold only
@@ -21,9 +22,11 @@ import shutil
 import statistics
 import time
 
+import numpy as np
 import torch
 
 from tutti_hicache.config import TuttiConfig
+from tutti_hicache.engine import extension
 from tutti_hicache.layerwise import LayerwiseKV
 from tutti_hicache.layerwise import loader as loader_mod
 from tutti_hicache.layout import PageGeometry
@@ -75,30 +78,49 @@ def restore(lw, keys, idx) -> None:
     lw.drain_loads()
 
 
+def host_read(lw, keys, buf) -> None:
+    """The host tier's read (TuttiStorage's get): whole pages into host memory, one group per
+    checksum unit (a layer's objects), as SGLang's host pool receives them."""
+    lay = lw.store.layout
+    n, m = len(keys), len(lay.object_nbytes)
+    offs = np.concatenate([[0], np.cumsum(lay.object_nbytes)[:-1]]).astype(np.uint64)
+    addrs = (np.uint64(buf.address) + np.arange(n, dtype=np.uint64)[:, None] * np.uint64(lay.payload_nbytes)
+             + offs[None, :])
+    assert lw.store.read_pages(keys, addrs, aligned=True).all(), "a host read failed"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="/dev/shm/bench-verify", help="the medium (O_DIRECT)")
     ap.add_argument("--pages", type=int, default=256)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=8, help="tutti_threads (the checksum pool)")
+    ap.add_argument("--paths", default="linker,host", help="which restores: linker, host")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     loader_mod.Loader._scatter = lambda self, staging, layer, page_ids: None  # a GPU kernel there
     rigs = {(nm, v): make(a.dir, nm, a.pages, v, a.threads) for nm in GEOMS for v in (True, False)}
-    gbps = {f"{nm}/{'on' if v else 'off'}": [] for nm, v in rigs}
+    host = extension().AlignedBuffer(max(lw.store.layout.payload_nbytes * len(keys)
+                                         for lw, keys, _, _ in rigs.values()))
+    paths = {"linker": lambda lw, keys, idx: restore(lw, keys, idx),
+             "host": lambda lw, keys, idx: host_read(lw, keys, host)}
+    paths = {p: paths[p] for p in a.paths.split(",")}
+    gbps = {f"{path}/{nm}/{'on' if v else 'off'}": [] for path in paths for nm, v in rigs}
     for _ in range(a.reps):
-        for (nm, v), (lw, keys, idx, nbytes) in rigs.items():
-            t0 = time.perf_counter()
-            restore(lw, keys, idx)
-            gbps[f"{nm}/{'on' if v else 'off'}"].append(nbytes / (time.perf_counter() - t0) / 1e9)
+        for path, fn in paths.items():
+            for (nm, v), (lw, keys, idx, nbytes) in rigs.items():
+                t0 = time.perf_counter()
+                fn(lw, keys, idx)
+                gbps[f"{path}/{nm}/{'on' if v else 'off'}"].append(nbytes / (time.perf_counter() - t0) / 1e9)
     med = {k: statistics.median(v) for k, v in gbps.items()}
     print(f"GB/s, median of {a.reps}; verify on / off")
-    print("| geometry | verify on | verify off | on / off |\n| --- | --- | --- | --- |")
+    print("| path | geometry | verify on | verify off | on / off |\n| --- | --- | --- | --- | --- |")
     ratios = {}
-    for nm in GEOMS:
-        on, off = med[f"{nm}/on"], med[f"{nm}/off"]
-        ratios[nm] = on / off
-        print(f"| {nm} | {on:.2f} | {off:.2f} | {on / off:.2f} |")
+    for path in paths:
+        for nm in GEOMS:
+            on, off = med[f"{path}/{nm}/on"], med[f"{path}/{nm}/off"]
+            ratios[f"{path}/{nm}"] = on / off
+            print(f"| {path} | {nm} | {on:.2f} | {off:.2f} | {on / off:.2f} |")
     for lw, *_ in rigs.values():
         lw.close()
     shutil.rmtree(a.dir, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""bench/bench_verify.py: the loader restoring with verification on and off, MLA beside MHA."""
+"""bench/bench_verify.py: the loader and the host tier's read with verification on and off, MLA beside MHA."""
 
 import importlib.util
 import json
@@ -22,6 +22,6 @@ def test_both_geometries_restore_with_verification_on_and_off(tmp_path, monkeypa
                                       "--threads", "2", "--json", str(out)])
     bv.main()  # each restore asserts that the loader finished it
     r = json.loads(out.read_text())
-    assert set(r["on_over_off"]) == {"mla27", "mha3"}
-    assert all(len(v) == 1 and v[0] > 0 for v in r["GBps"].values()) and len(r["GBps"]) == 4
+    assert set(r["on_over_off"]) == {"linker/mla27", "linker/mha3", "host/mla27", "host/mha3"}
+    assert all(len(v) == 1 and v[0] > 0 for v in r["GBps"].values()) and len(r["GBps"]) == 8
     assert not (tmp_path / "m").exists()  # its stores are removed
