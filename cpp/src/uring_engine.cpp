@@ -312,6 +312,7 @@ void Ring::run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicC
         f.wake_armed = true;
       }
     }
+    if (on_done) on_done->flush();  // nothing whole waits behind the ring (plan-time groups too)
     // Top up once a quarter of the ring is free; otherwise wait until the oldest chunk's
     // operations are done, or, while the read on the eventfd is armed, for any completion: the
     // wake is one completion, and a wait for more would keep an allowed chunk from the devices
@@ -321,9 +322,8 @@ void Ring::run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicC
                          : static_cast<unsigned>(std::min<size_t>(f.inflight, s.ops_left_oldest())),
           c);
     reap(Op::kRead, plan, f, c, end);
-    if (on_done) on_done->flush();  // a chunk is final only once its checksums are
   }
-  if (on_done) on_done->flush();
+  if (on_done) on_done->flush();  // a chunk is final only once its checksums are
   if (f.wake_armed) {  // complete our own read on the eventfd before the ring serves others
     uint64_t one = 1;
     if (::write(s.wake_fd(), &one, sizeof one) < 0) { /* counter full: the read completes */ }

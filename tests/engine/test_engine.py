@@ -555,6 +555,37 @@ def test_read_stream_chunks_past_an_unfinished_one_still_land(engine, tmp_path, 
     assert (got[at] == 7).all() and (np.delete(got, at, axis=0) == a.reshape(n, sz)).all()
 
 
+@pytest.mark.parametrize("groups", [False, True], ids=["no-checksums", "checksums"])
+@pytest.mark.parametrize("zero_at", [0, 1])
+def test_a_chunk_whole_at_plan_time_is_final_while_another_is_in_flight(engine, tmp_path, zero_at, groups):
+    """A chunk of one zero-byte request (its checksum group whole before any I/O) and a chunk
+    reading a FIFO (in flight until fed), both allowed: the zero-byte chunk turns final at once,
+    in either order. Its group's checksum must go to the pool before the ring waits, not after
+    the first completion (GroupChecksums holds whole groups back to batch them)."""
+    if engine.name != "uring":
+        pytest.skip("the POSIX engine's preadv cannot read a FIFO")
+    fifo = str(tmp_path / "z.fifo")
+    os.mkfifo(fifo)
+    p = engine.open_file(fifo, True, False)
+    dst, b = buf_of(2 * 4096)
+    sizes = np.array([0, 4096]) if zero_at == 0 else np.array([4096, 0])
+    st = engine.read_stream(np.array([p, p]), np.array([0, 0]), sizes,
+                            dst.address + np.array([0, 4096], dtype=np.uint64), np.array([0, 1, 2]),
+                            np.array([0, 1, 2]) if groups else None)
+    try:
+        st.allow(2)
+        end = time.time() + 10
+        while not st.final(zero_at) and time.time() < end:
+            time.sleep(0.005)
+        assert st.final(zero_at) and not st.final(1 - zero_at)
+    finally:
+        _feed(fifo, 4096, 7)  # the FIFO chunk lands (also when an assertion failed)
+    res, _ = _wait_within(st, 1 - zero_at)
+    assert (res == 4096).all()
+    st.join()
+    assert (b[4096 * (1 - zero_at):][:4096] == 7).all()
+
+
 def test_a_second_write_batch_runs_while_the_first_is_still_in_flight(engine, tmp_path):
     """Two writers at once (the linker's chunk writers): the first batch writes into a full FIFO,
     so it stays in flight until the test drains it, and a second batch on another file still

@@ -51,6 +51,7 @@ GroupChecksums::GroupChecksums(const uint64_t* addr, const int64_t* nbytes, cons
       group_of_(nreq, UINT32_MAX),
       remaining_(new std::atomic<int32_t>[ngroups]),
       failed_(new std::atomic<bool>[ngroups]) {
+  if (pool_) ready_.reserve(ngroups);  // done() never allocates under mu_
   for (size_t g = 0; g < ngroups; ++g) {
     remaining_[g] = static_cast<int32_t>(start[g + 1] - start[g]);
     failed_[g] = false;
@@ -76,7 +77,8 @@ void GroupChecksums::done(size_t request, bool ok) {
     ready_.push_back(g);
     for (int64_t i = start_[g]; i < start_[g + 1]; ++i) ready_bytes_ += nbytes_[i];
     if (ready_bytes_ < kTaskBytes) return;
-    batch.swap(ready_);
+    batch.assign(ready_.begin(), ready_.end());  // ready_ keeps its reserved capacity
+    ready_.clear();
     ready_bytes_ = 0;
     pending_++;
   }
@@ -88,7 +90,8 @@ void GroupChecksums::flush() {
   {
     std::lock_guard lock(mu_);
     if (ready_.empty()) return;
-    batch.swap(ready_);
+    batch.assign(ready_.begin(), ready_.end());
+    ready_.clear();
     ready_bytes_ = 0;
     pending_++;
   }
@@ -96,14 +99,19 @@ void GroupChecksums::flush() {
 }
 
 void GroupChecksums::dispatch(std::vector<uint32_t> groups) {
-  pool_->push([this, groups = std::move(groups)] {
-    for (const uint32_t g : groups) {
+  auto run = [this](const std::vector<uint32_t>& gs) {
+    for (const uint32_t g : gs) {
       compute(g);
       if (on_task) on_task(g, -1);
     }
     std::lock_guard lock(mu_);
     if (--pending_ == 0) cv_.notify_all();
-  });
+  };
+  try {
+    pool_->push([run, groups] { run(groups); });
+  } catch (...) {  // no room for the task: compute here, so pending_ and the chunks still settle
+    run(groups);
+  }
 }
 
 void GroupChecksums::compute(uint32_t g) {
