@@ -716,3 +716,58 @@ def test_nixl_missing_is_named_before_a_server_starts(tmp_path, monkeypatch):
     (tmp_path / "nixl" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert e2e_sglang.nixl_unavailable() is None
+
+
+def test_runs_of_two_models_stay_apart_in_the_report_and_the_output_check():
+    """Two files of two models (or KV dtypes) given together: merge_runs keeps both linker runs,
+    the sweep table gets a model column with one row each, recompute ratios and outputs come
+    only from the same model's recompute: an fp8 linker is never held against bf16 outputs."""
+    runs, bpt, cached = _runs()
+
+    def as_model(run, shape, kv="auto"):
+        return dict(run, model_shape=shape, layers=12, kv_cache_dtype=kv, weights="seeded", page_size=64,
+                    page_bytes=bpt * 64)
+    a = [as_model(r, "qwen3-30b-a3b") for r in runs]
+    b = [as_model(r, "llama3-70b", "fp8_e4m3") for r in runs if r["config"] == "tutti-linker"]
+    merged = e2e_report.merge_runs(a + b)
+    assert sorted((r["config"], r["model_shape"]) for r in merged) == [
+        ("dram", "qwen3-30b-a3b"), ("recompute", "qwen3-30b-a3b"),
+        ("tutti-linker", "llama3-70b"), ("tutti-linker", "qwen3-30b-a3b")]
+    rows = [r for r in e2e_report.sweep_rows(merged, bpt) if r["config"] == "tutti-linker"]
+    by = {r["model"]: r for r in rows}
+    assert set(by) == {"qwen3-30b-a3b/12/auto", "llama3-70b/12/fp8_e4m3"}
+    assert by["qwen3-30b-a3b/12/auto"]["vs_recompute"] == pytest.approx(0.25)
+    assert by["llama3-70b/12/fp8_e4m3"]["vs_recompute"] is None  # no fp8 recompute given
+    table = e2e_report.sweep_pivot(e2e_report.sweep_rows(merged, bpt))
+    assert table.splitlines()[0].startswith("| model | medium |") and len(table.splitlines()) == 4
+    eq_fp8 = e2e.outputs_vs([r for r in merged if r["model_shape"] == "qwen3-30b-a3b" and
+                             r["config"] == "recompute"] + b)
+    assert eq_fp8["tutti-linker@m"]["sweep"]["compared"] == 0
+    eq_same = e2e.outputs_vs(a)
+    assert eq_same["tutti-linker@m"]["sweep"]["compared"] == 2
+
+
+def test_the_floor_plus_sglang_time_is_given_for_io_bound_rows_only():
+    """split_rows' floor_ms (I/O floor + before + after) is the bound of a row whose I/O floor is
+    at least its twin's compute-only time; a compute-bound row leaves it out."""
+    run = {"config": "tutti-linker", "medium": "m", "raw_read_GBps": 10.0, "phases": {"sweep": [
+        {"id": "sweep/4096/0.9", "sent_ns": 1_000_000_000, "first_token_ns": 1_300_000_000, "cached": 1000},
+        {"id": "sweep/4096/0.9/l1", "ttft_s": 0.05}]},
+        "timeline": [{"start_ns": 1_030_000_000, "finish_ns": 1_280_000_000, "reads_ms": 240.0}]}
+    (row,) = e2e_report.split_rows([run], 1000)  # floor 0.1 ms < the twin's 50 ms: compute-bound
+    assert row["floor_ms"] is None
+    (row,) = e2e_report.split_rows([run], 10_000_000)  # floor 1000 ms > 50 ms: I/O-bound
+    assert row["floor_ms"] == pytest.approx(1000 + 30 + 20)
+
+
+def test_restore_rate_counts_only_the_pages_the_ssd_served():
+    """restore_summary: the linker's loads' SSD pages (load_ssd_pages) over their time, not the
+    DRAM tier's or copied pages; stats from before the counter keep every page of a load."""
+    from tutti_hicache.benchmarks.e2e_sglang import restore_summary
+    page = 2 << 20
+    tiered = {"linker": {"load_pages": 100, "load_ssd_pages": 25, "load_bytes": 100 * page, "load_seconds": 0.01}}
+    assert restore_summary([tiered])["restore_GBps"] == pytest.approx(25 * page / 0.01 / 1e9)
+    old = {"linker": {"load_pages": 100, "load_bytes": 100 * page, "load_seconds": 0.01}}
+    assert restore_summary([old])["restore_GBps"] == pytest.approx(100 * page / 0.01 / 1e9)
+    none = {"linker": {"load_pages": 50, "load_ssd_pages": 0, "load_bytes": 50 * page, "load_seconds": 0.01}}
+    assert restore_summary([none])["restore_GBps"] == 0

@@ -517,7 +517,8 @@ def test_a_rate_sweep_split_over_two_calls_is_merged_when_its_shape_is_the_same(
     both = e2e_report.merge_runs([first, run({1: 0.2}, config="tutti-linker"), second])
     assert sorted(r["config"] for r in both) == ["lmcache-dram", "tutti-linker"]
     # a later call where the configuration did not start (an error, no phase) leaves the earlier run
-    failed = {"config": "lmcache-dram", "medium": "array-8", "phases": {}, "error": "daemon exited"}
+    failed = {**{k: first[k] for k in ("config", "medium", "model_shape", "layers")}, "phases": {},
+              "error": "daemon exited"}  # the harness records the model from the start
     (kept,) = e2e_report.merge_runs([first, failed])
     assert kept is first
     (only,) = e2e_report.merge_runs([failed])

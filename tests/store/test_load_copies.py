@@ -95,6 +95,7 @@ def test_one_document_of_two_requests_partly_in_the_dram_tier(tmp_path, device):
     s = lw.stats()["linker"]
     assert 0 < s["load_host_pages"] < 100  # 1 MB holds part of the document
     assert (s["load_pages"], s["load_copied_pages"]) == (100, 100)
+    assert s["load_ssd_pages"] == 100 - s["load_host_pages"]  # what the SSD served, read once
     assert _exact(k, v, KEYS[:100], a, want) and _exact(k, v, KEYS[:100], b, want)
     lw.close()
 
@@ -110,6 +111,7 @@ def test_a_document_in_dram_is_copied_over_the_bus_once(tmp_path, device):
     lw.drain_loads()
     s = lw.stats()["linker"]
     assert (s["load_pages"], s["load_host_pages"], s["load_copied_pages"]) == (100, 100, 200)
+    assert s["load_ssd_pages"] == 0  # the SSD served nothing: a restore rate has no SSD bytes
     assert all(_exact(k, v, KEYS[:100], p, want) for p in (a, b, c))
     lw.close()
 

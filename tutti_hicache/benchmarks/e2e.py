@@ -167,6 +167,13 @@ def summarize(records: list, seconds: Optional[float] = None) -> dict:
     return out
 
 
+def model_key(run: dict) -> tuple:
+    """What a run's outputs and timings belong to beyond its configuration and medium: the model
+    shape, layers, KV dtype, weights and page size its server ran (None for fields a run from
+    before they were recorded lacks: such runs keep matching each other)."""
+    return tuple(run.get(k) for k in ("model_shape", "layers", "kv_cache_dtype", "weights", "page_size"))
+
+
 def _by_id(run: dict) -> dict:
     return {r["id"]: r for recs in run.get("phases", {}).values() for r in recs}
 
@@ -243,22 +250,25 @@ def compare_output(got: dict, want: dict, tol: float = LOGPROB_TOL) -> tuple:
 
 def outputs_vs(runs: list, ref: str = "recompute", tol: float = LOGPROB_TOL) -> dict:
     """Per configuration and phase, every request with the reference configuration's output
-    for the same id (same medium or any medium: outputs do not depend on the medium) compared
-    by compare_output: {"compared", "equal", "with_logprobs" (compared on logprobs too),
-    "max_logprob_diff" (None without logprobs), "mismatches": [ids]}."""
+    for the same id on the same model (model_key: shape, layers, KV dtype, weights, page size;
+    same medium or any medium: outputs do not depend on the medium) compared by compare_output:
+    {"compared", "equal", "with_logprobs" (compared on logprobs too), "max_logprob_diff" (None
+    without logprobs), "mismatches": [ids]}. A request with no reference on its model is not
+    compared: an fp8 run is never held against a bf16 recompute."""
     refs = {}
     for run in runs:
         if run.get("config") == ref:
-            refs.update({k: r for k, r in _by_id(run).items() if r.get("output_ids") is not None})
+            mk = model_key(run)
+            refs.update({(mk, k): r for k, r in _by_id(run).items() if r.get("output_ids") is not None})
     out = {}
     for run in runs:
         if run.get("config") == ref:
             continue
-        per = {}
+        per, mk = {}, model_key(run)
         for phase, recs in run.get("phases", {}).items():
             row = {"compared": 0, "equal": 0, "with_logprobs": 0, "max_logprob_diff": None, "mismatches": []}
             for r in recs:
-                want = refs.get(r["id"])
+                want = refs.get((mk, r["id"]))
                 if want is None or r.get("output_ids") is None:
                     continue
                 equal, diff = compare_output(r, want, tol)

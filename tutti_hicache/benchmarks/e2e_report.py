@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .configs import CONFIGS
-from .e2e import LOGPROB_TOL, outputs_vs, summarize
+from .e2e import LOGPROB_TOL, model_key, outputs_vs, summarize
 from .serving import highest_rate
 
 # what must match for two calls' rate points of one configuration to be one sweep
@@ -28,14 +28,14 @@ _SAME_SWEEP = ("model_shape", "layers", "page_size", "kv_cache_dtype", "attentio
 
 
 def merge_runs(runs: list) -> list:
-    """Runs of several calls (in call order) -> one per (config, medium): the last call's, with the
+    """Runs of several calls (in call order) -> one per (config, medium, model_key): the last call's, with the
     rate points of earlier calls on the same model, settings and rate-phase shape that it lacks
     (a sweep split over calls; the GPU machine's calls are short). The highest rate under the SLO
     is taken again over the merged points. Anything else of an earlier call is dropped, except
     where the later call measured nothing (the configuration did not start): the earlier run stays."""
     out: dict = {}
     for run in runs:
-        key = (run.get("config"), run.get("medium"))
+        key = (run.get("config"), run.get("medium"), *model_key(run))  # a run of another model stays
         old = out.get(key)
         if old and old.get("phases") and not run.get("phases"):
             continue
@@ -75,10 +75,11 @@ def sweep_rows(runs: list, bpt: int) -> list:
     for run in runs:
         if run.get("config") in ("dram", "recompute"):
             for r in run.get("phases", {}).get("sweep", []):
-                base[(run["config"], r["id"])] = r.get("ttft_s")
+                base[(model_key(run), run["config"], r["id"])] = r.get("ttft_s")
     rows = []
     for run in runs:
         recs = {r["id"]: r for r in run.get("phases", {}).get("sweep", [])}
+        mk = model_key(run)
         raw, run_bytes = run.get("raw_read_GBps") or 0, run_bpt(run, bpt)
         for rid, r in recs.items():
             if rid.endswith("/l1") or r.get("ttft_s") is None:
@@ -87,16 +88,26 @@ def sweep_rows(runs: list, bpt: int) -> list:
             l1 = recs.get(rid + "/l1", {}).get("ttft_s")
             io = io_floor_s(r, raw, run_bytes)
             bound = max(x for x in (l1, io) if x is not None) if (l1 or io) else None
-            row = {"config": run["config"], "medium": run.get("medium"), "context": int(c),
+            row = {"config": run["config"], "medium": run.get("medium"), "model": model_label(run), "context": int(c),
                    "h": float(h), "ttft_ms": r["ttft_s"] * 1e3,
                    "compute_ms": l1 * 1e3 if l1 else None, "io_floor_ms": io * 1e3 if io else None,
                    "vs_bound": r["ttft_s"] / bound if bound else None,
                    "cached_tokens": r.get("cached_tokens"), "details": r.get("details")}
             for b in ("dram", "recompute"):
-                t = base.get((b, rid))
+                t = base.get((mk, b, rid))
                 row[f"vs_{b}"] = r["ttft_s"] / t if t else None
             rows.append(row)
-    return sorted(rows, key=lambda x: (x["medium"] or "", x["config"], x["context"], x["h"]))
+    return sorted(rows, key=lambda x: (x["model"], x["medium"] or "", x["config"], x["context"], x["h"]))
+
+
+def model_label(run: dict) -> str:
+    """The model_key as a table cell: shape/layers/KV dtype (weights and page size when not the
+    defaults); "" for a run from before the fields were recorded."""
+    shape, layers, kv, weights, page = model_key(run)
+    if shape is None and layers is None:
+        return ""
+    extra = [x for x, d in ((weights, "seeded"), (page and f"page {page}", "page 64")) if x and x != d]
+    return "/".join(str(x) for x in (shape, layers, kv or "auto", *extra))
 
 
 def run_bpt(run: dict, bpt: int) -> int:
@@ -123,16 +134,18 @@ def sweep_pivot(rows: list) -> str:
                                                                  "tutti-linker")
     cells: dict = {}
     for r in rows:
-        cells.setdefault((r["medium"], r["context"], r["h"]), {})[r["config"]] = r
+        cells.setdefault((r.get("model", ""), r["medium"], r["context"], r["h"]), {})[r["config"]] = r
+    models = len({k[0] for k in cells}) > 1  # runs of several models: a column says whose row
     lines = []
-    for (medium, c, h), by in sorted(cells.items(), key=lambda kv: (kv[0][0] or "", kv[0][1], kv[0][2])):
+    for (model, medium, c, h), by in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2], kv[0][3])):
         ref = by.get(ours) or next(iter(by.values()))
-        lines.append([medium, c, f"{h:g}"] + [_f(by[k]["ttft_ms"]) if k in by else "-" for k in configs] +
+        lines.append(([model] if models else []) + [medium, c, f"{h:g}"] +
+                     [_f(by[k]["ttft_ms"]) if k in by else "-" for k in configs] +
                      [_f(ref["compute_ms"]), _f(ref["io_floor_ms"]), _f(by.get(ours, {}).get("vs_bound"), ".2f"),
                       _f(_ratio(by, "recompute", "tutti-linker"), ".1f")])
     name = "linker" if ours == "tutti-linker" else ours
-    return _table(["medium", "C", "h"] + configs + ["compute only", "I/O floor", f"{name} / max(compute, I/O)",
-                                                    "recompute / linker"], lines)
+    return _table((["model"] if models else []) + ["medium", "C", "h"] + configs +
+                  ["compute only", "I/O floor", f"{name} / max(compute, I/O)", "recompute / linker"], lines)
 
 
 def _ratio(by: dict, a: str, b: str):
@@ -623,7 +636,7 @@ def split_rows(runs: list, bpt: int = 0) -> list:
                                                 "layers_compute_ms", "next_bare_compute_ms",
                                                 "gpu_layer0_ms", "gpu_last_layer_ms")}}
             io = io_floor_s(r, raw, run_bytes)
-            if io is not None:
+            if io is not None and (row["twin_ms"] is None or io * 1e3 >= row["twin_ms"]):  # I/O-bound rows
                 row["floor_ms"] = io * 1e3 + row["before_ms"] + row["after_ms"]
             out.append(row)
     return sorted(out, key=lambda x: (x["medium"] or "", x["config"], x["context"], x["h"]))

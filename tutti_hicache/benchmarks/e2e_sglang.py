@@ -467,6 +467,9 @@ def run_cluster(args, config: str, wl: e2e.Workload, raw: dict) -> dict:
     GUARD.reset()
     run = {"config": config, "medium": args.medium, **raw, "layers": args.layers,
            "cuda_graph_max_bs": args.cuda_graph_max_bs, "prefill_graphs": args.prefill_graphs,
+           # what e2e.model_key matches its outputs and rows on, as run_config records them
+           "model_shape": args.model_shape, "kv_cache_dtype": args.kv_cache_dtype,
+           "weights": args.weights, "page_size": getattr(args, "page_size", e2e.PAGE),
            "page_bytes": args.bpt * getattr(args, "page_size", e2e.PAGE), "phases": {}, "summaries": {},
            "start_s": [],
            "host_pool_gb": args.host_gb, "store_from": None, "salt": wl.salt,
@@ -511,9 +514,14 @@ def run_cluster(args, config: str, wl: e2e.Workload, raw: dict) -> dict:
 
 
 def restore_summary(stats: list) -> dict:
-    """Restore GB/s from tutti's stats files: the linker's loads, else the host tier's reads."""
-    lb = sum(s.get("linker", {}).get("load_bytes", 0) for s in stats)
-    ls = sum(s.get("linker", {}).get("load_seconds", 0.0) for s in stats)
+    """Restore GB/s from tutti's stats files: the linker's loads, else the host tier's reads. The
+    linker's counts the pages its loads read from the SSD (load_ssd_pages), not those its DRAM
+    tier or a copy in the pool served, over the loads' whole time (a lower bound where DRAM
+    pages shared a load); stats from before that counter count every page of a load."""
+    lk = [s.get("linker", {}) for s in stats]
+    lb = sum(k.get("load_bytes", 0) if "load_ssd_pages" not in k or not k.get("load_pages")
+             else k["load_bytes"] // k["load_pages"] * k["load_ssd_pages"] for k in lk)
+    ls = sum(k.get("load_seconds", 0.0) for k in lk)
     rb = sum(s.get("read_bytes", 0) for s in stats)
     rs = sum(s.get("read_seconds", 0.0) for s in stats)
     out = {"checksum_failures": sum(s.get("checksum_failures", 0) for s in stats)} if stats else {}

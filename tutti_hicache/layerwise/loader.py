@@ -370,9 +370,10 @@ class Loader:
             if entries and not len(job.host_slots):  # the medium's rate, for write windows
                 self._rates.append(len(entries) * self._page_nbytes / max(seconds, 1e-9))
             self._stats.first_load(seconds)
+            # after _load, job.entries / job.host_slots are the pages read (the rest copied)
             self._stats.add(loads=1, load_pages=n, load_bytes=n * self._page_nbytes,
                             load_seconds=seconds, load_host_pages=len(job.host_slots),
-                            load_copied_pages=job.copied)
+                            load_ssd_pages=len(job.entries), load_copied_pages=job.copied)
         except BaseException as e:  # the forward must never hang; finish() reports it
             logger.error("tutti linker: load of %d pages failed: %s", n, e)
             self._quiesce("tutti linker: waiting for a failed load's kernels failed")

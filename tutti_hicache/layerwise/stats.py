@@ -26,7 +26,8 @@ class LinkerStats:
         self._host = host  # the DRAM tier, whose counters join the linker's
         self._windows = windows
         self._lock = threading.Lock()
-        self._counts = {"loads": 0, "load_pages": 0, "load_host_pages": 0, "load_copied_pages": 0,
+        self._counts = {"loads": 0, "load_pages": 0, "load_host_pages": 0, "load_ssd_pages": 0,
+                        "load_copied_pages": 0,
                         "load_bytes": 0,
                         "load_seconds": 0.0,
                         "load_failures": 0, "first_load_seconds": None, "offloads": 0,
