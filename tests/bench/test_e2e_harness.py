@@ -483,6 +483,15 @@ def test_the_io_floor_takes_the_faster_of_the_raw_reads_before_and_after(tmp_pat
     # the default shape's (Llama-3-8B, bf16, page 64) request: K and V of one layer, 2 x 128 KiB
     assert sizes == [256 << 10] * 2 and run["raw_request_bytes"] == 256 << 10
     assert run["raw_request_GBps"] == 4.0
+    # a partial run an earlier, killed call left in the JSON keeps its own raw read: the next
+    # call's after-read is not this run's (review finding)
+    left = {"config": "dram", "medium": "m", "raw_read_GBps": 2.0, "phases": {}}
+    out.write_text(json.dumps([left]))
+    reads, at_request = iter([5.0, 1.0, 9.0]), iter([4.0, 3.0])
+    mod.main()
+    old, new = json.loads(out.read_text())
+    assert old["raw_read_GBps"] == 2.0 and "raw_read_after_GBps" not in old
+    assert new["raw_read_after_GBps"] == 9.0 and new["raw_read_GBps"] == 9.0
 
 
 def test_a_forward_record_with_a_host_anchor_places_its_layers_on_the_host_clock():

@@ -696,6 +696,7 @@ def main(description: str = __doc__):
     if os.path.exists(args.json):
         with open(args.json) as f:
             results = json.load(f)
+    earlier = len(results)  # runs of an earlier call: their raw reads are that call's, not this one's
     PARTIAL.update(json=args.json, done=results)
     writer = ""  # the linker configuration whose store later ones share (--share-linker-store)
     ran = 0  # configurations this call started: the first always starts, its phases cut by the deadline
@@ -725,7 +726,7 @@ def main(description: str = __doc__):
     after, after_req = again["raw_read_GBps"], again["raw_engine_GBps"]
     print(f"raw O_DIRECT read after the configurations: {after:.2f} GB/s "
           f"({after_req:.2f} through tutti's engine in {request >> 10} KiB requests)", flush=True)
-    for run in results:
+    for run in results[earlier:]:
         if "raw_read_GBps" in run and "raw_read_after_GBps" not in run:
             run["raw_read_before_GBps"], run["raw_read_after_GBps"] = run["raw_read_GBps"], after
             run["raw_read_GBps"] = max(run["raw_read_GBps"], after)
