@@ -22,14 +22,13 @@ import shutil
 import statistics
 import time
 
-import numpy as np
 import torch
 
 from tutti_hicache.config import TuttiConfig
 from tutti_hicache.engine import extension
 from tutti_hicache.layerwise import LayerwiseKV
 from tutti_hicache.layerwise import loader as loader_mod
-from tutti_hicache.layout import PageGeometry
+from tutti_hicache.layout import PageGeometry, strided
 
 # name: geometry, per-token K shape (heads, dim), V shape (None: MLA's one latent)
 GEOMS = {
@@ -82,10 +81,7 @@ def host_read(lw, keys, buf) -> None:
     """The host tier's read (TuttiStorage's get): whole pages into host memory, one group per
     checksum unit (a layer's objects), as SGLang's host pool receives them."""
     lay = lw.store.layout
-    n, m = len(keys), len(lay.object_nbytes)
-    offs = np.concatenate([[0], np.cumsum(lay.object_nbytes)[:-1]]).astype(np.uint64)
-    addrs = (np.uint64(buf.address) + np.arange(n, dtype=np.uint64)[:, None] * np.uint64(lay.payload_nbytes)
-             + offs[None, :])
+    addrs = lay.staged_objects(strided(buf.address, len(keys), lay.payload_nbytes))
     assert lw.store.read_pages(keys, addrs, aligned=True).all(), "a host read failed"
 
 

@@ -77,10 +77,7 @@ void GroupChecksums::done(size_t request, bool ok) {
     ready_.push_back(g);
     for (int64_t i = start_[g]; i < start_[g + 1]; ++i) ready_bytes_ += nbytes_[i];
     if (ready_bytes_ < kTaskBytes) return;
-    batch.assign(ready_.begin(), ready_.end());  // ready_ keeps its reserved capacity
-    ready_.clear();
-    ready_bytes_ = 0;
-    pending_++;
+    batch = take_ready();
   }
   dispatch(std::move(batch));
 }
@@ -90,12 +87,17 @@ void GroupChecksums::flush() {
   {
     std::lock_guard lock(mu_);
     if (ready_.empty()) return;
-    batch.assign(ready_.begin(), ready_.end());
-    ready_.clear();
-    ready_bytes_ = 0;
-    pending_++;
+    batch = take_ready();
   }
   dispatch(std::move(batch));
+}
+
+std::vector<uint32_t> GroupChecksums::take_ready() {
+  std::vector<uint32_t> batch(ready_.begin(), ready_.end());  // ready_ keeps its reserved capacity
+  ready_.clear();
+  ready_bytes_ = 0;
+  pending_++;  // settled by the task dispatch() makes of them
+  return batch;
 }
 
 void GroupChecksums::dispatch(std::vector<uint32_t> groups) {

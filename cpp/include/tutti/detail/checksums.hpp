@@ -45,7 +45,8 @@ class GroupChecksums final : public Completion {
 
  private:
   void compute(uint32_t g);
-  void dispatch(std::vector<uint32_t> groups);  // one pool task for them; pending_ counted
+  std::vector<uint32_t> take_ready();  // under mu_: ready_ emptied into a batch, pending_ counted
+  void dispatch(std::vector<uint32_t> groups);  // one pool task for a batch take_ready() made
   const uint64_t* addr_;
   const int64_t* nbytes_;
   const int64_t* start_;
