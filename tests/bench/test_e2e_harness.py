@@ -8,6 +8,7 @@ SGLang's real argument parser (with the plugin's `tutti` choices), and the run's
 """
 
 import argparse
+import copy
 import json
 import os
 
@@ -103,7 +104,7 @@ def _runs():
                             _rec("sweep/4096/0.9/l1", 0.1, out=(7, 8))], {0.5: 200.0, 1: 250.0, 2: 1200.0}),
     ]
     for r in runs[2]["phases"]["sweep"]:
-        r["cached"] = cached
+        r["cached"] = r["cached_tokens"] = cached
     return runs, bpt, cached
 
 
@@ -751,9 +752,53 @@ def test_runs_of_two_models_stay_apart_in_the_report_and_the_output_check():
     assert table.splitlines()[0].startswith("| model | medium |") and len(table.splitlines()) == 4
     eq_fp8 = e2e.outputs_vs([r for r in merged if r["model_shape"] == "qwen3-30b-a3b" and
                              r["config"] == "recompute"] + b)
-    assert eq_fp8["tutti-linker@m"]["sweep"]["compared"] == 0
+    assert eq_fp8[e2e.run_key(b[0])]["sweep"]["compared"] == 0
+    lin_a = next(r for r in a if r["config"] == "tutti-linker")
     eq_same = e2e.outputs_vs(a)
-    assert eq_same["tutti-linker@m"]["sweep"]["compared"] == 2
+    assert eq_same[e2e.run_key(lin_a)]["sweep"]["compared"] == 2
+
+
+def test_two_models_keep_an_output_check_each_in_one_report():
+    """Two models' linker runs on one medium, each beside its own model's recompute: the output
+    check of each is filed under its own key (config@medium alone made the second overwrite the
+    first), and the report's output table lists both with a model column."""
+    runs, bpt, _ = _runs()
+
+    def as_model(run, shape):
+        return dict(copy.deepcopy(run), model_shape=shape, layers=12, kv_cache_dtype="auto", weights="seeded",
+                    page_size=64, page_bytes=bpt * 64)
+    a = [as_model(r, "qwen3-30b-a3b") for r in runs if r["config"] in ("recompute", "tutti-linker")]
+    b = [as_model(r, "llama3-70b") for r in runs if r["config"] in ("recompute", "tutti-linker")]
+    b_lin = next(r for r in b if r["config"] == "tutti-linker")
+    for rec in b_lin["phases"]["sweep"]:  # model b's linker matches its recompute everywhere
+        ref = next(x for x in next(r for r in b if r["config"] == "recompute")["phases"]["sweep"]
+                   if x["id"] == rec["id"])
+        rec["output_ids"] = list(ref["output_ids"]) if ref.get("output_ids") is not None else rec.get("output_ids")
+    eq = e2e.outputs_vs(a + b)
+    lin_a = next(r for r in a if r["config"] == "tutti-linker")
+    assert e2e.run_key(lin_a) != e2e.run_key(b_lin)
+    assert eq[e2e.run_key(lin_a)]["sweep"]["mismatches"] == ["sweep/4096/0.9/l1"]
+    assert eq[e2e.run_key(b_lin)]["sweep"]["mismatches"] == []
+    rows = e2e_report.output_rows(a + b)
+    assert sorted((r["model"], r["equal"], r["compared"]) for r in rows if r["config"] == "tutti-linker") == [
+        ("llama3-70b/12/auto", 2, 2), ("qwen3-30b-a3b/12/auto", 1, 2)]
+    text = e2e_report.report_markdown(a + b, bpt)
+    assert "| model | medium | config | phase |" in text
+
+
+def test_a_partial_hit_is_marked_in_the_sweep_tables():
+    """A sweep request for which SGLang reported fewer cached tokens than the prefix the store
+    holds recomputed part of it: its row carries the hit share and its TTFT cell says so."""
+    runs, bpt, cached = _runs()
+    lin = next(r for r in runs if r["config"] == "tutti-linker")
+    full = dict(lin, phases={"sweep": [dict(x, cached_tokens=x["cached"]) for x in lin["phases"]["sweep"]]})
+    part = dict(lin, phases={"sweep": [dict(x, cached_tokens=x["cached"] // 2) for x in lin["phases"]["sweep"]]})
+    (row,) = [r for r in e2e_report.sweep_rows([full], bpt) if r["config"] == "tutti-linker"]
+    assert row["hit_share"] == 1.0 and "(hit" not in e2e_report.sweep_pivot([row])
+    (row,) = [r for r in e2e_report.sweep_rows([part], bpt) if r["config"] == "tutti-linker"]
+    assert row["hit_share"] == pytest.approx(0.5)
+    assert "(hit 50%)" in e2e_report.sweep_pivot([row])
+    assert e2e_report.hit_share({"cached": 100}) is None  # SGLang's count unknown: not flagged
 
 
 def test_the_floor_plus_sglang_time_is_given_for_io_bound_rows_only():

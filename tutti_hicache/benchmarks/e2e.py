@@ -5,7 +5,7 @@ At a glance:
     wl.warm() / wl.first() / wl.sweep(fractions) / wl.rates(rate, n) / wl.capacity_warm(n_docs, C)
         / wl.capacity_reuse(n_docs, C, n)   -> [Request]   (seeded token ids, no data set)
     summarize(records, seconds) -> dict                    TTFT mean/p50/p99, ITL, throughput, cached tokens
-    outputs_vs(runs, ref="recompute", tol) -> {config: {phase: {compared, equal, max_logprob_diff,
+    outputs_vs(runs, ref="recompute", tol) -> {run_key(run): {phase: {compared, equal, max_logprob_diff,
                                                   mismatches}}}   greedy ids and top-k logprobs
     compare_output(got, want, tol) -> (equal, logprob difference)   one request against its reference
     position_diff({token: logprob}, {token: logprob}) -> float     one position's top-k difference
@@ -174,6 +174,15 @@ def model_key(run: dict) -> tuple:
     return tuple(run.get(k) for k in ("model_shape", "layers", "kv_cache_dtype", "weights", "page_size"))
 
 
+def run_key(run: dict) -> str:
+    """The key outputs_vs files a run's check under: config@medium, then |model_key when the run
+    records its model, so two models' runs of one configuration on one medium keep a check each
+    (a report rebuilt from several calls' files holds both)."""
+    key = f"{run['config']}@{run.get('medium', '')}"
+    mk = model_key(run)
+    return key if all(x is None for x in mk) else key + "|" + "/".join("" if x is None else str(x) for x in mk)
+
+
 def _by_id(run: dict) -> dict:
     return {r["id"]: r for recs in run.get("phases", {}).values() for r in recs}
 
@@ -249,7 +258,7 @@ def compare_output(got: dict, want: dict, tol: float = LOGPROB_TOL) -> tuple:
 
 
 def outputs_vs(runs: list, ref: str = "recompute", tol: float = LOGPROB_TOL) -> dict:
-    """Per configuration and phase, every request with the reference configuration's output
+    """Per run (run_key: configuration, medium, model) and phase, every request with the reference configuration's output
     for the same id on the same model (model_key: shape, layers, KV dtype, weights, page size;
     same medium or any medium: outputs do not depend on the medium) compared by compare_output:
     {"compared", "equal", "with_logprobs" (compared on logprobs too), "max_logprob_diff" (None
@@ -280,7 +289,7 @@ def outputs_vs(runs: list, ref: str = "recompute", tol: float = LOGPROB_TOL) -> 
                     row["with_logprobs"] += 1
                     row["max_logprob_diff"] = max(diff, row["max_logprob_diff"] or 0.0)
             per[phase] = row
-        out[f"{run['config']}@{run.get('medium', '')}"] = per
+        out[run_key(run)] = per
     return out
 
 

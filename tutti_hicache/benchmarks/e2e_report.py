@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .configs import CONFIGS
-from .e2e import LOGPROB_TOL, model_key, outputs_vs, summarize
+from .e2e import LOGPROB_TOL, model_key, outputs_vs, run_key, summarize
 from .serving import highest_rate
 
 # what must match for two calls' rate points of one configuration to be one sweep
@@ -92,7 +92,8 @@ def sweep_rows(runs: list, bpt: int) -> list:
                    "h": float(h), "ttft_ms": r["ttft_s"] * 1e3,
                    "compute_ms": l1 * 1e3 if l1 else None, "io_floor_ms": io * 1e3 if io else None,
                    "vs_bound": r["ttft_s"] / bound if bound else None,
-                   "cached_tokens": r.get("cached_tokens"), "details": r.get("details")}
+                   "cached_tokens": r.get("cached_tokens"), "details": r.get("details"),
+                   "hit_share": hit_share(r) if run["config"] != "recompute" else None}  # recompute misses by design
             for b in ("dram", "recompute"):
                 t = base.get((mk, b, rid))
                 row[f"vs_{b}"] = r["ttft_s"] / t if t else None
@@ -118,6 +119,21 @@ def run_bpt(run: dict, bpt: int) -> int:
     return page_bytes // page_size if page_bytes and page_size else bpt
 
 
+def hit_share(rec: dict):
+    """The share of a request's intended cached prefix (rec["cached"]) that SGLang reported cached
+    (its cached_tokens), capped at 1; None when either is unknown. Under 1 the request recomputed
+    part of its prefix: its TTFT and its I/O floor (priced at the intended prefix) are not the
+    point's, and the tables mark it."""
+    want, got = rec.get("cached"), rec.get("cached_tokens")
+    return min(1.0, got / want) if want and got is not None else None
+
+
+def _cell(row: dict) -> str:
+    """A sweep row's TTFT, marked with the hit share when SGLang served less than the intended prefix."""
+    share = row.get("hit_share")
+    return _f(row["ttft_ms"]) + (f" (hit {share:.0%})" if share is not None and share < 1 else "")
+
+
 def io_floor_s(rec: dict, raw_GBps, bpt: int):
     """Seconds to read a request's cached prefix at the medium's raw rate, or None (unknown)."""
     if not (bpt and raw_GBps and rec.get("cached")):
@@ -126,9 +142,10 @@ def io_floor_s(rec: dict, raw_GBps, bpt: int):
 
 
 def sweep_pivot(rows: list) -> str:
-    """One line per (medium, context, h): each configuration's TTFT, the compute-only time and the
-    I/O floor (from the linker's run when there is one), and the linker's ratios; without a linker
-    run in the rows, the ratio to the bound is the first configuration's, and says so."""
+    """One line per (medium, context, h): each configuration's TTFT (marked "(hit N%)" where SGLang
+    served less than the intended prefix), the compute-only time and the I/O floor (from the
+    linker's run when there is one), and the linker's ratios; without a linker run in the rows,
+    the ratio to the bound is the first configuration's, and says so."""
     configs = [c for c in CONFIGS if any(r["config"] == c for r in rows)]
     ours = "tutti-linker" if "tutti-linker" in configs else next((c for c in configs if c != "recompute"),
                                                                  "tutti-linker")
@@ -140,7 +157,7 @@ def sweep_pivot(rows: list) -> str:
     for (model, medium, c, h), by in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2], kv[0][3])):
         ref = by.get(ours) or next(iter(by.values()))
         lines.append(([model] if models else []) + [medium, c, f"{h:g}"] +
-                     [_f(by[k]["ttft_ms"]) if k in by else "-" for k in configs] +
+                     [_cell(by[k]) if k in by else "-" for k in configs] +
                      [_f(ref["compute_ms"]), _f(ref["io_floor_ms"]), _f(by.get(ours, {}).get("vs_bound"), ".2f"),
                       _f(_ratio(by, "recompute", "tutti-linker"), ".1f")])
     name = "linker" if ours == "tutti-linker" else ours
@@ -339,7 +356,7 @@ def _outputs(runs: list, refs: list = (), tol: float = LOGPROB_TOL) -> dict:
     JSON alone still shows it."""
     eq = outputs_vs([*runs, *refs], tol=tol)
     for run in runs:
-        key = f"{run['config']}@{run.get('medium', '')}"
+        key = run_key(run)
         stored = run.get("outputs_vs_recompute")
         if stored and not any(row["compared"] for row in eq.get(key, {}).values()):
             eq[key] = stored
@@ -349,11 +366,14 @@ def _outputs(runs: list, refs: list = (), tol: float = LOGPROB_TOL) -> dict:
 def output_rows(runs: list, tol: float = LOGPROB_TOL, refs: list = ()) -> list:
     """One row per configuration, medium and phase with requests compared against recompute's
     (e2e.outputs_vs: greedy ids, and top-k logprobs within tol)."""
-    rows = []
-    for key, per in _outputs(runs, refs, tol).items():
-        config, _, medium = key.rpartition("@")
-        rows += [{"config": config, "medium": medium, "phase": phase, **row}
-                 for phase, row in per.items() if row["compared"]]
+    eq, rows, seen = _outputs(runs, refs, tol), [], set()
+    for run in runs:
+        key = run_key(run)
+        if key in seen:
+            continue
+        seen.add(key)
+        rows += [{"config": run["config"], "medium": run.get("medium", ""), "model": model_label(run),
+                  "phase": phase, **row} for phase, row in eq.get(key, {}).items() if row["compared"]]
     return rows
 
 
@@ -368,7 +388,7 @@ def control_rows(runs: list, tol: float = LOGPROB_TOL, refs: list = ()) -> list:
         m = run.get("misplaced")
         if m is None:
             continue
-        per = eq.get(f"{run['config']}@{run.get('medium', '')}", {})
+        per = eq.get(run_key(run), {})
         bad = {i for row in per.values() for i in row["mismatches"]}
         both = _answered(run) & answered
         affected = [i for i in m.get("affected", []) if i in both]
@@ -454,19 +474,22 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = L
           _f(r["requests_with_hit"], ".2f"), _f(r["working_set_gb"], ".1f"),
           _f(r["host_pool_gb"], ".1f"), _f(r["dram_page_share_run"], ".2f")] for r in capacity_rows(runs)])]
     eq = _outputs(runs, refs, tol)
+    models = len({model_label(run) for run in runs}) > 1  # several models: a column says whose row
+    head = ["model"] if models else []
     parts += ["### Per configuration", _table(
-        ["medium", "config", "first request after start ms",
-         "restore GB/s over whole load spans, paced ones too (raw; raw in the linker's requests)",
-         "pages loaded / copied from pages just restored (whole run)", "server starts s",
-         "outputs = recompute (sequential phases)", "outputs = recompute (concurrent phases)"],
-        [_config_row(run, eq.get(f"{run['config']}@{run.get('medium', '')}", {})) for run in runs])]
+        head + ["medium", "config", "first request after start ms",
+                "restore GB/s over whole load spans, paced ones too (raw; raw in the linker's requests)",
+                "pages loaded / copied from pages just restored (whole run)", "server starts s",
+                "outputs = recompute (sequential phases)", "outputs = recompute (concurrent phases)"],
+        [[model_label(run)] * models + _config_row(run, eq.get(run_key(run), {})) for run in runs])]
     outs = output_rows(runs, tol, refs)
     if outs:
         parts += [f"### Outputs against the same prompt recomputed (greedy ids; top-k logprobs within {tol:g})",
-                  _table(["medium", "config", "phase", "compared", "equal", "compared on logprobs",
-                          "max logprob difference", "mismatching requests"],
-                         [[r["medium"], r["config"], r["phase"], r["compared"], r["equal"], r["with_logprobs"],
-                           _f(r["max_logprob_diff"], ".2g"), _ids(r["mismatches"])] for r in outs])]
+                  _table(head + ["medium", "config", "phase", "compared", "equal", "compared on logprobs",
+                                 "max logprob difference", "mismatching requests"],
+                         [[r["model"]] * models + [r["medium"], r["config"], r["phase"], r["compared"], r["equal"],
+                                                   r["with_logprobs"], _f(r["max_logprob_diff"], ".2g"),
+                                                   _ids(r["mismatches"])] for r in outs])]
     ctl = control_rows(runs, tol, refs)
     if ctl:
         parts += ["### Negative control: a misplaced page (+misplace; each request that restores it must differ)",
@@ -510,7 +533,7 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = L
              "GPU begins layer 0 / the last layer (ms after the load's start)",
              "forward's stream idle for KV: layer 0 / all layers",
              "layers' compute (all but the last): this / its twin's"],
-            [[r["medium"], r["config"], r["context"], f"{r['h']:g}", _f(r["ttft_ms"]), _f(r.get("twin_ms")),
+            [[r["medium"], r["config"], r["context"], f"{r['h']:g}", _cell(r), _f(r.get("twin_ms")),
               _f(r["before_ms"], ".1f"), _f(r.get("to_lookup_ms"), ".1f"), _f(r["load_ms"], ".1f"), _f(r["reads_ms"], ".1f"), _f(r["after_ms"], ".1f"), _f(r.get("to_offload_ms"), ".1f"), _f(r["floor_ms"]),
               _f(r["ttft_ms"] / r["floor_ms"] if r["floor_ms"] else None, ".2f"),
               f"{_f(r.get('gpu_layer0_ms'), '.1f')} / {_f(r.get('gpu_last_layer_ms'), '.1f')}",
@@ -626,7 +649,7 @@ def split_rows(runs: list, bpt: int = 0) -> list:
                    "before_ms": (load["start_ns"] - sent) / 1e6,
                    "load_ms": (load["finish_ns"] - load["start_ns"]) / 1e6,
                    "reads_ms": load.get("reads_ms"),
-                   "after_ms": (first - load["finish_ns"]) / 1e6, "floor_ms": None,
+                   "after_ms": (first - load["finish_ns"]) / 1e6, "floor_ms": None, "hit_share": hit_share(r),
                    "twin_ms": twins[r["id"]] * 1e3 if twins.get(r["id"]) else None,
                    "to_lookup_ms": (load["lookup_ns"] - sent) / 1e6
                    if sent <= load.get("lookup_ns", 0) <= load["start_ns"] else None,

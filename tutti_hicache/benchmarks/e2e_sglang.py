@@ -740,7 +740,7 @@ def main(description: str = __doc__):
     GUARD.stop()  # no server left to watch
     eq = e2e.outputs_vs(results + refs, tol=args.logprob_tol)
     for run in results:  # the output check, in the JSON beside each run
-        run["outputs_vs_recompute"] = eq.get(f"{run['config']}@{run.get('medium', '')}")
+        run["outputs_vs_recompute"] = eq.get(e2e.run_key(run))
         run["logprob_tol"] = args.logprob_tol
     with open(args.json, "w") as f:
         json.dump(results, f, default=str)
