@@ -108,7 +108,8 @@ def test_host_restores_group_gets_and_time_sglangs_hit_query(tmp_path):
              {"host_op": "exists", "t0_ns": 100 * ms, "t1_ns": 101 * ms, "keys": 4, "found": 4},
              {"host_op": "get", "t0_ns": 130 * ms, "t1_ns": 150 * ms, "keys": 2, "found": 2},
              {"host_op": "get", "t0_ns": 160 * ms, "t1_ns": 170 * ms, "keys": 2, "found": 2},
-             {"host_op": "get", "t0_ns": 500 * ms, "t1_ns": 540 * ms, "keys": 4, "found": 4}]
+             {"host_op": "get", "t0_ns": 500 * ms, "t1_ns": 540 * ms, "keys": 4, "found": 4},
+             {"host_op": "set", "t0_ns": 520 * ms, "t1_ns": 600 * ms, "keys": 4, "found": 4, "thread": "backup"}]
     path = tmp_path / "timeline-x-1.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in reversed(lines)) + "not json\n")
     out = timeline.host_summary([str(path)], 1_000_000)
@@ -116,6 +117,10 @@ def test_host_restores_group_gets_and_time_sglangs_hit_query(tmp_path):
     assert (first["start_ms"], first["ms"], first["calls"], first["pages"]) == (130.0, 40.0, 2, 4)
     assert first["exists_to_get_ms"] == 30.0 and first["GBps"] == pytest.approx(4e6 / 0.04 / 1e9)
     assert (second["calls"], second["pages"], second["exists_to_get_ms"]) == (1, 4, 400.0)
+    # inside the gets 20 + 10 of the first restore's 40 ms (10 ms SGLang's between them); the
+    # set at 0-5 ms overlaps neither, the one at 520-600 ms overlaps the second
+    assert (first["in_calls_ms"], second["in_calls_ms"]) == (30.0, 40.0)
+    assert (first["sets_during"], second["sets_during"]) == (0, 1)
     assert out["exists"] == {"calls": 1, "ms_p50": 1.0, "ms_max": 1.0, "first_ms": 1.0}
-    assert out["sets"]["pages"] == 4 and out["sets"]["calls"] == 1
+    assert out["sets"]["pages"] == 8 and out["sets"]["calls"] == 2
     assert timeline.read([str(path)]) == []  # no linker load among them

@@ -511,11 +511,15 @@ def report_markdown(runs: list, bpt: int, slo_ms: float = 1000.0, tol: float = L
         parts += ["### The host tier's restores (tutti_timeline_file: its get calls grouped per restore; "
                   "exists to get = SGLang's hit query to its first read, ms)", _table(
                       ["medium", "config", "restores", "first: ms / pages / GB/s / exists to get",
-                       "later p50: ms / GB/s / exists to get", "exists calls: p50 / max ms"],
+                       "later p50: ms / GB/s / exists to get",
+                       "inside tutti's gets, ms: first / later p50 (the rest is SGLang's between them)",
+                       "set calls during restores", "exists calls: p50 / max ms"],
                       [[r["medium"], r["config"], r["restores"],
                         f"{_f(r['first_ms'], '.1f')} / {r['first_pages']} / {_f(r['first_GBps'], '.2f')} / "
                         f"{_f(r['first_exists_to_get_ms'], '.1f')}",
                         f"{_f(r['later_ms'], '.1f')} / {_f(r['later_GBps'], '.2f')} / {_f(r['later_exists_to_get_ms'], '.1f')}",
+                        f"{_f(r['first_in_calls_ms'], '.1f')} / {_f(r['later_in_calls_ms'], '.1f')}",
+                        r["sets_during"],
                         f"{_f(r['exists_p50_ms'], '.2f')} / {_f(r['exists_max_ms'], '.2f')}"] for r in hr])]
     hs = host_split_rows(runs)
     if hs:
@@ -580,7 +584,9 @@ def host_restore_rows(runs: list) -> list:
         ex = hc.get("exists") or {}
         rows.append({"medium": run.get("medium"), "config": run["config"], "restores": len(rs),
                      "first_ms": rs[0]["ms"], "first_pages": rs[0]["pages"], "first_GBps": rs[0]["GBps"],
-                     "first_exists_to_get_ms": rs[0]["exists_to_get_ms"], "later_ms": med("ms"),
+                     "first_exists_to_get_ms": rs[0]["exists_to_get_ms"],
+                     "first_in_calls_ms": rs[0].get("in_calls_ms"), "later_in_calls_ms": med("in_calls_ms"),
+                     "sets_during": sum(r.get("sets_during") or 0 for r in rs), "later_ms": med("ms"),
                      "later_GBps": med("GBps"), "later_exists_to_get_ms": med("exists_to_get_ms"),
                      "exists_p50_ms": ex.get("ms_p50"), "exists_max_ms": ex.get("ms_max")})
     return rows

@@ -39,9 +39,11 @@ The host tier's records in the same file (storage.py: one per exists/get/set cal
                           each entered within HOST_GAP_MS of the last one's return): t0_ns,
                           t1_ns (CLOCK_MONOTONIC: a client on the same machine joins them with its
                           requests, e2e_report.host_split_rows), start_ms (from the first call of
-                          the files), ms, calls, pages, GBps, exists_ns, and
+                          the files), ms, calls, pages, GBps, exists_ns,
                           exists_to_get_ms: from the entry of the last exists call before it
-                          (SGLang's hit query) to its first get (SGLang's prefetch queue)
+                          (SGLang's hit query) to its first get (SGLang's prefetch queue),
+                          in_calls_ms: the gets' own time summed (ms - in_calls_ms is SGLang's
+                          between them), sets_during: set calls overlapping the restore
     host_summary(paths, page_bytes) -> dict   the restores, and the exists and set calls' counts
                           and times ({} without host records)
 """
@@ -182,15 +184,19 @@ def host_restores(calls: list, page_bytes: int, gap_ms: float = HOST_GAP_MS) -> 
             cur["t1_ns"] = max(cur["t1_ns"], c["t1_ns"])
             cur["calls"] += 1
             cur["pages"] += c.get("found", 0)
+            cur["in_ns"] += c["t1_ns"] - c["t0_ns"]
             continue
         cur = {"t0_ns": c["t0_ns"], "t1_ns": c["t1_ns"], "calls": 1, "pages": c.get("found", 0),
-               "exists_ns": last_exists["t0_ns"] if last_exists else None}
+               "in_ns": c["t1_ns"] - c["t0_ns"], "exists_ns": last_exists["t0_ns"] if last_exists else None}
         out.append(cur)
+    sets = [c for c in calls if c["host_op"] == "set"]
     rows = []
     for r in out:
         secs = (r["t1_ns"] - r["t0_ns"]) / 1e9
         rows.append({"t0_ns": r["t0_ns"], "t1_ns": r["t1_ns"], "exists_ns": r["exists_ns"],
                      "start_ms": round((r["t0_ns"] - base) / 1e6, 3), "ms": round(secs * 1e3, 3),
+                     "in_calls_ms": round(r["in_ns"] / 1e6, 3),
+                     "sets_during": sum(s["t0_ns"] < r["t1_ns"] and s["t1_ns"] > r["t0_ns"] for s in sets),
                      "calls": r["calls"], "pages": r["pages"],
                      "GBps": round(r["pages"] * page_bytes / secs / 1e9, 2) if secs > 0 and page_bytes else None,
                      "exists_to_get_ms": round((r["t0_ns"] - r["exists_ns"]) / 1e6, 3) if r["exists_ns"] else None})
