@@ -53,6 +53,25 @@ def test_sweep_point_keeps_a_page_aligned_share_of_a_warmed_document(wl, h):
     assert r.ids[r.cached: r.cached + e2e.PAGE] != doc[r.cached: r.cached + e2e.PAGE]
 
 
+@pytest.mark.parametrize("page", [16, 32])
+def test_a_workload_cuts_its_cached_prefixes_to_the_servers_page(page):
+    """--page-size 16 or 32 with the harness's own client: a sweep point keeps the most whole
+    pages of that size under h*C (more than at 64 where 64 does not divide it), the twin shares
+    that prefix, and the warm and reuse prompts count their cached share in those pages."""
+    wl16 = e2e.Workload(contexts=(4096,), docs=2, q_tokens=32, page=page)
+    wl64 = e2e.Workload(contexts=(4096,), docs=2, q_tokens=32)
+    for h in (0.9, 0.95, 0.99):
+        (r,) = [x for x in wl16.sweep([h]) if x.id == f"sweep/4096/{h:g}"]
+        (r64,) = wl64.sweep([h])
+        assert r.cached % page == 0 and r.cached <= h * 4096 < r.cached + page
+        assert r.cached >= r64.cached
+        point, twin = e2e.sweep_requests(wl16, [h])
+        assert twin.cached == point.cached and twin.ids[: point.cached] == point.ids[: point.cached]
+    assert wl16.warm()[0].cached == 4096 and wl16.first().cached == 4096
+    with pytest.raises(ValueError):
+        e2e.Workload(contexts=(4096,), page=0)
+
+
 def test_sweep_requests_interleave_contexts_and_add_a_compute_only_twin(wl):
     reqs = e2e.sweep_requests(wl, [0.5, 0.9])
     assert [r.id for r in reqs] == ["sweep/2048/0.5", "sweep/2048/0.5/l1", "sweep/4096/0.5", "sweep/4096/0.5/l1",

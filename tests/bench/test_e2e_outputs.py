@@ -375,6 +375,17 @@ def test_one_request_asks_for_top_logprobs_and_keeps_them(incremental, generate_
     assert "top_logprobs" not in plain and plain["output_ids"] == [5, 6]
 
 
+def test_misplace_swaps_the_first_document_page_at_the_workloads_page_size(monkeypatch):
+    """misplace(wl, ...) names the first page after the system prompt in the workload's own pages
+    (256 / 16 = page 16 at --page-size 16, page 4 at 64) and keys pages of that size."""
+    seen = []
+    monkeypatch.setattr(misplace, "misplace_docs",
+                        lambda docs, page, dirs, cap, reqs, keys, page_size: seen.append((page, page_size)) or {})
+    for size in (16, 64):
+        misplace.misplace(e2e.Workload((1024,), docs=2, q_tokens=8, page=size), ["/x"], 1.0, [])
+    assert seen == [(16, 16), (4, 64)]
+
+
 def test_misplace_control_names_the_later_requests_and_survives_a_failure(monkeypatch):
     """e2e_sglang.misplace_control: the store under each tutti directory's `tutti`, the server's
     capacity, every request sent after the restart as candidates; a failure is recorded, not raised."""

@@ -523,3 +523,20 @@ def test_a_rate_sweep_split_over_two_calls_is_merged_when_its_shape_is_the_same(
     assert kept is first
     (only,) = e2e_report.merge_runs([failed])
     assert only is failed
+
+
+def test_the_own_client_sweeps_at_a_page_size_of_16(tmp_path, faked, monkeypatch):
+    """--client own --page-size 16 (the issue's page sizes, with the compute-only twin): the
+    servers run page 16, the sweep's points and twins keep 16-token-aligned prefixes, and the
+    warm-up extends behind a head of two 16-token pages."""
+    heads = []
+    monkeypatch.setattr(e2e_sglang, "warm_extend_sizes",
+                        lambda srv, sizes, page_size, seed=11: heads.append(page_size) or {"ok": True})
+    args = _args(tmp_path, client="own", page_size=16, rates=[], fractions=[0.9, 0.99], capacity_configs="")
+    wl = e2e.Workload([4096], 2, page=16)
+    run = e2e_sglang.run_config(args, "tutti-linker", wl, {}, float("inf"))
+    assert "error" not in run and run["page_size"] == 16 and heads == [16]
+    assert all(cmd[cmd.index("--page-size") + 1] == "16" for cmd in FakeServer.starts)
+    cached = {r["id"]: r["cached_tokens"] for r in run["phases"]["sweep"]}
+    assert cached == {"sweep/4096/0.9": 3680, "sweep/4096/0.9/l1": 3680,
+                      "sweep/4096/0.99": 4048, "sweep/4096/0.99/l1": 4048}  # 64-token pages: 3648, 4032

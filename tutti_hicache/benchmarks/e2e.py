@@ -50,16 +50,20 @@ class Request:
 
 
 class Workload:
-    """Seeded documents and questions. `docs` documents per context; questions of `q_tokens`.
+    """Seeded documents and questions. `docs` documents per context; questions of `q_tokens`;
+    `page`: the server's --page-size, to which cached prefixes are cut.
     salt != 0 changes every token that follows a document (questions, a sweep point's new
     tokens, its twin's), never the documents: a second configuration on a store the first one
     wrote then asks nothing that store already holds past the documents."""
 
     def __init__(self, contexts: Iterable[int] = (16384, 32768, 65536), docs: int = 2,
-                 q_tokens: int = 96, seed: int = 0, salt: int = 0):
+                 q_tokens: int = 96, seed: int = 0, salt: int = 0, page: int = PAGE):
         self.contexts = tuple(int(c) for c in contexts)
-        if any(c <= SYSTEM_TOKENS + PAGE for c in self.contexts):
-            raise ValueError(f"contexts must exceed {SYSTEM_TOKENS + PAGE} tokens: {self.contexts}")
+        if page < 1:
+            raise ValueError(f"page: a positive number of tokens, got {page}")
+        self.page = int(page)
+        if any(c <= SYSTEM_TOKENS + self.page for c in self.contexts):
+            raise ValueError(f"contexts must exceed {SYSTEM_TOKENS + self.page} tokens: {self.contexts}")
         self.docs, self.q_tokens, self.seed, self.salt = int(docs), int(q_tokens), int(seed), int(salt)
         self.system = self.tokens("system", SYSTEM_TOKENS)
 
@@ -87,7 +91,7 @@ class Workload:
         return f"{head}~s{self.salt}/{rest}" if rest else f"{head}~s{self.salt}"
 
     def _ask(self, rid: str, doc: list, context: int, *key: int) -> Request:
-        return Request(self.rid(rid), doc + self._question(*key), context, len(doc) // PAGE * PAGE)
+        return Request(self.rid(rid), doc + self._question(*key), context, len(doc) // self.page * self.page)
 
     def warm(self) -> list:
         """Each document once (first seen: computed, its KV written to the tier)."""
@@ -108,7 +112,7 @@ class Workload:
                 if not 0 < h < 1:
                     raise ValueError(f"hit fractions must lie in (0, 1): {h}")
                 d = i % self.docs
-                keep = int(h * c) // PAGE * PAGE
+                keep = int(h * c) // self.page * self.page
                 fresh = self.tokens("fresh", c - keep, c, d, int(round(h * 1000)))
                 ids = self.document(c, d)[:keep] + fresh
                 out.append(Request(self.rid(f"sweep/{c}/{h:g}"), ids + self._question(c, d, 2, i), c, keep))

@@ -576,7 +576,7 @@ def main(description: str = __doc__):
                     help="SGLang's --kv-cache-dtype, every configuration")
     ap.add_argument("--attention-backend", default="triton", help="SGLang's --attention-backend")
     ap.add_argument("--page-size", type=int, default=e2e.PAGE,
-                    help="SGLang's --page-size, every configuration (--client own: 64 only)")
+                    help="SGLang's --page-size, every configuration (both clients cut cached prefixes to it)")
     ap.add_argument("--medium", required=True, help="name of the medium, for the report")
     ap.add_argument("--tutti-dirs", required=True, help="comma-separated: tutti stripes over them")
     ap.add_argument("--one-dir", required=True, help="one directory on the same devices, for file / nixl")
@@ -663,9 +663,8 @@ def main(description: str = __doc__):
     alphas = zipf_alphas(args.zipf_alpha)
     if not alphas or min(alphas) <= 0:
         ap.error("--zipf-alpha: one or more positive numbers, comma-separated")
-    if args.page_size < 1 or (args.client == "own" and args.page_size != e2e.PAGE):
-        ap.error(f"--page-size: a positive size, and {e2e.PAGE} with --client own (its workload's "
-                 "prefixes are cut to 64-token pages)")
+    if args.page_size < 1:
+        ap.error("--page-size: a positive number of tokens")
     args.bpt = configs.kv_bytes_per_token(args.model_shape, args.layers, args.kv_cache_dtype)
     for config in args.configs.split(","):
         configs.split_config(config)  # an unknown configuration or a bad variant fails here, not later
@@ -678,7 +677,7 @@ def main(description: str = __doc__):
     if args.write_model:
         configs.write_model(args.model, args.layers, args.weights, args.weights_seed, args.model_shape)
     deadline = t_start + args.deadline_s if args.deadline_s else float("inf")
-    wl = e2e.Workload([int(c) for c in args.contexts.split(",")], args.docs)
+    wl = e2e.Workload([int(c) for c in args.contexts.split(",")], args.docs, page=args.page_size)
     args.bs_client = None
     if args.client == "bench-serving":  # its imports run while the media are read and servers start
         args.bs_client = serving.Client(os.path.join(args.out_dir, "bench-serving.log"), cwd=args.out_dir)
@@ -711,7 +710,7 @@ def main(description: str = __doc__):
         if base == configs.CLUSTER:
             run = run_cluster(args, config, wl, raw)
         else:
-            run = run_config(args, config, e2e.Workload(wl.contexts, wl.docs, salt=salt) if shared else wl,
+            run = run_config(args, config, e2e.Workload(wl.contexts, wl.docs, salt=salt, page=wl.page) if shared else wl,
                              raw, deadline, writer if shared else "")
         results.append(run)
         ran += 1

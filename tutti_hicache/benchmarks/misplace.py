@@ -115,8 +115,8 @@ def misplace(wl, tutti_dirs: list, capacity_gb: float, requests: list, keys=page
     if wl.docs < 2:
         raise ValueError("--misplace-page swaps a page between two documents: --docs 2 or more")
     c = min(wl.contexts)
-    out = misplace_docs([wl.document(c, d) for d in (0, 1)], SYSTEM_TOKENS // PAGE, tutti_dirs,
-                        capacity_gb, requests, keys)
+    out = misplace_docs([wl.document(c, d) for d in (0, 1)], SYSTEM_TOKENS // wl.page, tutti_dirs,
+                        capacity_gb, requests, keys, page_size=wl.page)
     return {"context": c, "documents": [0, 1], **out}
 
 
