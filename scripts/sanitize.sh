@@ -19,7 +19,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV="$REPO/.venv"
 VARIANTS=()
 PYTEST_ARGS=()
-TESTS=(tests/engine/test_sanitizers.py tests/engine/test_engine.py
+TESTS=(tests/engine/test_sanitizers.py tests/engine/test_engine.py tests/engine/test_enter_failure.py
   tests/store/test_scheduler_io.py tests/store/test_layerwise.py tests/store/test_hosttier.py)
 
 while [[ $# -gt 0 ]]; do

@@ -120,6 +120,7 @@ class Ring {
 
  private:
   static constexpr uint64_t kWake = UINT64_MAX;  // user_data of a read on a stream's eventfd
+  static constexpr uint64_t kDead = UINT64_MAX - 1;  // a NOP left in the SQ by abandon()
   struct Flight {  // ops to (re)submit and in flight
     std::deque<uint32_t> requeue;
     size_t next = 0;
@@ -139,10 +140,19 @@ class Ring {
   template <class End>
   void fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& files,
             AtomicCounters& c, End&& end);
-  void enter(unsigned want, AtomicCounters& c);
+  // 0, or the -errno of an io_uring_enter the kernel refused (not EINTR, EAGAIN or EBUSY)
+  int enter(unsigned want, AtomicCounters& c);
   // Drain available completions: whole ops end(idx, 0 | -errno), partial ones are requeued.
   template <class End>
   void reap(Op op, Plan& plan, Flight& f, AtomicCounters& c, End&& end);
+  // After enter failed with err: no op of the batch may stay with the kernel once its run
+  // returns (the next batch on this ring would reap its completion as one of its own, and its
+  // bytes would land in memory the caller has moved on from). Ops still in the submission
+  // queue become NOPs and end with err, requeued ops and ops never queued too, and the ring
+  // waits (submitting nothing) until every op the kernel took has completed; a read armed on a
+  // stream's eventfd is completed by writing to wake_fd. Every op of the plan has then ended.
+  template <class End>
+  void abandon(Op op, Plan& plan, Flight& f, int err, int wake_fd, AtomicCounters& c, End&& end);
 
   io_uring ring_{};
   unsigned depth_;
@@ -211,11 +221,59 @@ void Ring::fill(Op op, Plan& plan, Flight& f, size_t limit, const FileTable& fil
   }
 }
 
-void Ring::enter(unsigned want, AtomicCounters& c) {
+int Ring::enter(unsigned want, AtomicCounters& c) {
   int r = io_uring_submit_and_wait(&ring_, std::max(1u, want));
   c.enter_calls++;
-  if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)
-    TUTTI_SYS_FAIL(-r, "io_uring_submit_and_wait", "");
+  return r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY ? r : 0;
+}
+
+std::atomic<bool> enter_failed_logged{false};
+
+template <class End>
+void Ring::abandon(Op op, Plan& plan, Flight& f, int err, int wake_fd, AtomicCounters& c,
+                   End&& end) {
+  log_once(enter_failed_logged, "io_uring_submit_and_wait", -err,
+           "the batch's requests not yet done fail with it once those in flight have landed");
+  // The queue from the kernel's head to our tail holds what the failed call did not submit:
+  // NOPs now, ended here, so a later submission on this ring moves no bytes for them.
+  const unsigned head = io_uring_smp_load_acquire(ring_.sq.khead);
+  for (unsigned k = head; k != ring_.sq.sqe_tail; ++k) {
+    io_uring_sqe* sqe = &ring_.sq.sqes[k & ring_.sq.ring_mask];
+    const uint64_t data = sqe->user_data;
+    io_uring_prep_nop(sqe);
+    io_uring_sqe_set_data64(sqe, kDead);
+    if (data == kWake) {
+      wake_target_ = nullptr;
+      f.wake_armed = false;
+    } else if (data < plan.ops.size()) {
+      f.inflight--;
+      f.inflight_bytes -= plan.ops[data].sent;
+      end(static_cast<uint32_t>(data), err);
+    }
+  }
+  auto end_requeued = [&] {
+    for (uint32_t idx : f.requeue) end(idx, err);
+    f.requeue.clear();
+  };
+  end_requeued();
+  for (bool poked = false; f.inflight || f.wake_armed;) {
+    if (f.wake_armed && !poked && wake_fd >= 0) {
+      uint64_t one = 1;
+      if (::write(wake_fd, &one, sizeof one) < 0) { /* counter full: the read completes */ }
+      poked = true;
+    }
+    io_uring_cqe* cqe = nullptr;
+    const int r = io_uring_wait_cqe(&ring_, &cqe);  // submits nothing
+    c.enter_calls++;
+    if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
+      // the kernel still holds ops whose bytes may land: never return before they have
+      ::usleep(1000);
+      continue;
+    }
+    reap(op, plan, f, c, end);
+    end_requeued();  // a partial transfer is not resubmitted
+  }
+  while (f.next < plan.ops.size()) end(static_cast<uint32_t>(f.next++), err);
 }
 
 template <class End>
@@ -230,6 +288,7 @@ void Ring::reap(Op op, Plan& plan, Flight& f, AtomicCounters& c, End&& end) {
       f.wake_armed = false;
       continue;
     }
+    if (cqe->user_data >= plan.ops.size()) continue;  // kDead: a NOP of an abandoned batch
     f.inflight--;
     uint32_t idx = static_cast<uint32_t>(cqe->user_data);
     IoOp& o = plan.ops[idx];
@@ -265,7 +324,10 @@ void Ring::run(Op op, Plan& plan, const Batch& b, Completion* on_done, const Fil
     if (!f.inflight) continue;
     const bool more = f.next < nops || !f.requeue.empty();
     // Wait for all when nothing else is pending; otherwise refill at the low-water mark.
-    enter(more ? f.inflight - std::min(f.inflight, low_water) : f.inflight, c);
+    if (const int err = enter(more ? f.inflight - std::min(f.inflight, low_water) : f.inflight, c)) {
+      abandon(op, plan, f, err, -1, c, end);
+      break;
+    }
     reap(op, plan, f, c, end);
     if (on_done) on_done->flush();  // what the pass completed goes to the checksum threads
   }
@@ -317,10 +379,15 @@ void Ring::run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicC
     // operations are done, or, while the read on the eventfd is armed, for any completion: the
     // wake is one completion, and a wait for more would keep an allowed chunk from the devices
     // until the oldest chunk's operations had landed.
-    enter(more ? f.inflight - std::min(f.inflight, high_water)
-          : f.wake_armed ? 1u
-                         : static_cast<unsigned>(std::min<size_t>(f.inflight, s.ops_left_oldest())),
-          c);
+    const int err = enter(
+        more ? f.inflight - std::min(f.inflight, high_water)
+        : f.wake_armed ? 1u
+                       : static_cast<unsigned>(std::min<size_t>(f.inflight, s.ops_left_oldest())),
+        c);
+    if (err) {  // every op of every chunk ends: the stream's owner sees them fail
+      abandon(Op::kRead, plan, f, err, s.wake_fd(), c, end);
+      break;
+    }
     reap(Op::kRead, plan, f, c, end);
   }
   if (on_done) on_done->flush();  // a chunk is final only once its checksums are
@@ -328,7 +395,7 @@ void Ring::run_stream(StreamPlan& sp, Stream& s, const FileTable& files, AtomicC
     uint64_t one = 1;
     if (::write(s.wake_fd(), &one, sizeof one) < 0) { /* counter full: the read completes */ }
     while (f.wake_armed) {
-      enter(1, c);
+      if (const int err = enter(1, c)) abandon(Op::kRead, plan, f, err, s.wake_fd(), c, end);
       reap(Op::kRead, plan, f, c, end);
     }
   }

@@ -36,9 +36,9 @@ uint64_t xxh3_pieces(const uint64_t* addr, const int64_t* len, int64_t begin, in
 
 void check_groups(const int64_t* start, size_t ngroups, size_t nreq) {
   for (size_t g = 0; g < ngroups; ++g)
-    TUTTI_EXPECT(start[g] >= 0 && start[g] <= start[g + 1] &&
+    TUTTI_EXPECT(start[g] >= 0 && start[g] < start[g + 1] &&
                      static_cast<size_t>(start[g + 1]) <= nreq,
-                 "group starts must be non-decreasing and within the batch");
+                 "groups must be non-empty, increasing and within the batch");
 }
 
 GroupChecksums::GroupChecksums(const uint64_t* addr, const int64_t* nbytes, const int64_t* start,

@@ -50,13 +50,32 @@ void EngineBase::submit(Op op, const Batch& b, int32_t* results, const Groups* g
 std::unique_ptr<ReadStream> EngineBase::read_stream(StreamSpec spec) {
   auto life = live();
   auto s = std::make_unique<Stream>(*this, std::move(spec));
+  bool registered = false;
+  {
+    std::lock_guard lock(streams_mu_);
+    if (!closing_) registered = streams_.insert(s.get()).second;
+  }
+  if (!registered) {  // close() began meanwhile and would not cancel this one
+    s->cancel();
+    TUTTI_EXPECT(false, "engine is closed");
+  }
   stats_.batches++;
   stats_.requests += s->batch().n;
   return s;
 }
 
+void EngineBase::forget(Stream* s) noexcept {
+  std::lock_guard lock(streams_mu_);
+  streams_.erase(s);
+}
+
 void EngineBase::close() {
-  std::unique_lock lock(life_mu_);  // waits for running batches
+  {
+    std::lock_guard streams(streams_mu_);
+    closing_ = true;
+    for (Stream* s : streams_) s->cancel();  // a stream waiting for allow() ends now
+  }
+  std::unique_lock lock(life_mu_);  // waits for running batches and streams
   if (closed_) return;
   closed_ = true;
   release();

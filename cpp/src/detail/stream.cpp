@@ -72,6 +72,7 @@ void Stream::validate_groups() {
 }
 
 Stream::~Stream() {
+  engine_.forget(this);  // before cancel: close() may be cancelling every registered stream
   cancel();
   {
     std::lock_guard joining(join_mu_);

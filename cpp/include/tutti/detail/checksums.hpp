@@ -18,7 +18,9 @@ namespace tutti::detail {
 // XXH3-64 over the pieces [begin, end) in order: the AVX2 build when the CPU has it (same value).
 uint64_t xxh3_pieces(const uint64_t* addr, const int64_t* len, int64_t begin, int64_t end);
 
-// Throws Error unless start[0..ngroups] is non-decreasing and within [0, nreq].
+// Throws Error unless start[0..ngroups] is increasing and within [0, nreq]: a verified read's
+// group is never empty (its sum would be 0, "a request failed", where checksum_groups gives
+// the hash of nothing).
 void check_groups(const int64_t* start, size_t ngroups, size_t nreq);
 
 // The completion hook of a verified read (overlapping verification with the I/O still in

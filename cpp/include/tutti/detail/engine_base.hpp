@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <mutex>
+#include <set>
 #include <shared_mutex>
 #include <string>
 #include <utility>
@@ -36,6 +37,10 @@ class EngineBase : public Engine {
   virtual void run_stream(Stream& s);
   // Workers for per-group checksums during reads (created on first use).
   TaskPool* task_pool();
+  // ~Stream: the stream is gone. read_stream registers each stream, and close() cancels those
+  // still registered before it waits for them: a stream waiting for its owner's allow() holds
+  // the engine's life, and a close() from that owner (or racing its load) would wait forever.
+  void forget(Stream* s) noexcept;
 
  protected:
   // One batch to completion; the caller holds live(). on_done (optional) hears of each request.
@@ -57,6 +62,9 @@ class EngineBase : public Engine {
  private:
   std::shared_mutex life_mu_;
   bool closed_ = false;  // under life_mu_
+  std::mutex streams_mu_;
+  std::set<Stream*> streams_;  // under streams_mu_
+  bool closing_ = false;       // under streams_mu_: close() has begun, no new stream
   std::mutex task_mu_;
   std::unique_ptr<TaskPool> tasks_;
 };
