@@ -191,3 +191,37 @@ def test_a_loads_dram_pages_stay_pinned_until_it_ran(tmp_path):
 def test_the_dram_tier_states_its_size_in_gib():
     with pytest.raises(ValueError, match=r"GiB holds no page"):
         HostTier(100, 2, 2, 4096, torch.device("cpu"), False)
+
+
+def test_dram_hits_count_the_pages_read_from_dram_not_those_copied_in_the_pool(tmp_path):
+    """host_hit_pages counts the DRAM pages a load reads; a page a batch takes twice (two
+    requests) or takes from the last batch's pool pages is copied in the device pool, not read
+    from DRAM, and counts as a copy (load_copied_pages), not a hit. Before, both counted."""
+    lw, k, v = make_lw(tmp_path, tutti_host_gb=HOST_GB)
+    _tier(lw)
+    keys = _keys(8)
+    offload_all(lw, keys, _rows(8))
+    lw._offloader.worker.drain()
+    assert lw.host.present(keys).all()
+    for rid, first in (("r1", 20), ("r2", 30)):  # one batch, two requests, the same 8 pages
+        assert lw.load(rid, keys, _rows(8, first))
+    assert forward(lw, lw.start(), decode=False)
+    lw.drain_loads()
+    s = lw.stats()["linker"]
+    assert (s["host_hit_pages"], s["load_host_pages"], s["load_copied_pages"]) == (8, 8, 8)  # was 16 hits
+    assert restore(lw, keys, _rows(8, 40), rid="r3")  # no forward since: copied from r1's pages
+    lw.drain_loads()
+    s = lw.stats()["linker"]
+    assert (s["host_hit_pages"], s["load_host_pages"], s["load_copied_pages"]) == (8, 8, 16)  # was 24
+    assert _counts(lw)["host_protected_pages"] == 8  # every load touched them all the same
+    lw.close()
+
+
+def test_a_full_tier_counts_only_the_pages_it_had_no_room_for():
+    """host_full_pages: the keys left without a slot, not those after the first that were
+    already resident (they needed none)."""
+    t = HostTier(2 * 2 * 2 * 4096, 2, 2, 4096, torch.device("cpu"), False)  # 2 slots
+    s = t.reserve(["a", "b"], hot=False)
+    t.publish(["a", "b"], s, True, keep_pinned=True)  # both pinned: nothing to evict
+    assert (t.reserve(["c", "a", "b", "d"], hot=False) == -1).all()
+    assert t.stats()["host_full_pages"] == 2  # c and d (was 4)

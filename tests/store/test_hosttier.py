@@ -461,3 +461,36 @@ def test_an_offload_of_a_page_dram_holds_unpinned_completes_after_its_write(tmp_
     assert landed, "reported done before its SSD write landed"
     assert lw.pop_completed() and lw.lookup(a) == 4
     lw.close()
+
+
+def test_a_reservation_walks_the_pinned_pages_once_not_once_per_key():
+    """reserve() of n keys past p pinned probation pages (an offload holds its pages until its
+    SSD write publishes) looks at each page about once: it used to start over from the oldest
+    for every key, n x p steps under the lock SGLang's scheduler takes for each lookup (0.8 s
+    for 2048 keys past 4096 pinned pages). It evicts the same pages, in the same order."""
+    slots = 256
+    t = tier(slots)
+    hot = [f"h{i}" for i in range(slots // 2)]
+    insert(t, hot, hot=True)  # unpinned, protected
+    off = [f"o{i}" for i in range(slots // 2)]
+    s = t.reserve(off, hot=False)
+    t.publish(off, s, True, keep_pinned=True)  # pinned, on probation
+
+    class Counting(dict):  # every page the walk looks at is looked up here
+        looks = 0
+
+        def get(self, *a):
+            Counting.looks += 1
+            return super().get(*a)
+
+        def __getitem__(self, key):
+            Counting.looks += 1
+            return super().__getitem__(key)
+    t._slot_of = Counting(t._slot_of)
+    new = [f"n{i}" for i in range(slots // 4)]
+    got = t.reserve(new, hot=True)
+    assert (got >= 0).all()
+    assert Counting.looks <= 2 * (slots // 2 + len(new))  # was len(new) * (slots // 2) = 4096
+    evicted = [k for k in hot if not t.present([k])[0]]
+    assert evicted == hot[:len(new)]  # the oldest unpinned pages, oldest first
+    assert t.present(off).all()  # pinned pages stay

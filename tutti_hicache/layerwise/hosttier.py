@@ -6,10 +6,13 @@ At a glance (threads: [scheduler] SGLang's, [loader], [offloader]; every method 
                                             GBs take seconds); until then it takes nothing
     host.present(keys) -> bool array        resident and readable (no side effect)
     host.pin(keys) -> slots (-1: not here)  [scheduler] pages held until unpin (never evicted)
-    host.hit(slots)                         [scheduler] pinned pages served: each counts
-                                            (host_hit_pages) and moves from probation to
-                                            protected (a load pins at load(), hits at start(),
-                                            so a cancelled or refused load is none)
+    host.hit(slots, count=True)             [scheduler] pinned pages a load takes: each moves
+                                            from probation to protected and counts
+                                            (host_hit_pages); a load pins at load(), hits at
+                                            start(), so a cancelled or refused load is none
+    host.served(n)                          [scheduler] n hits counted apart (a load that copies
+                                            some of its DRAM pages in the device pool: hit(slots,
+                                            count=False), then served(pages it reads from DRAM))
     host.unpin(slots)                       [loader] the load's last layer was handed over
     host.reserve(keys, hot) -> slots        room for pages about to be written in (-1: no room
                                             or already here); evicts clean, unpinned pages
@@ -233,8 +236,9 @@ class HostTier:
                 self._pins[s] += 1
         return out
 
-    def hit(self, slots) -> None:
-        """Pinned pages (slots of pin(), -1 skipped) are served: counted, and touched (2Q)."""
+    def hit(self, slots, count: bool = True) -> None:
+        """Pinned pages (slots of pin(), -1 skipped) a load takes: touched (2Q), and counted as
+        hits unless count is False (served() counts them then)."""
         slots = np.asarray(slots, dtype=np.int64)
         slots = slots[slots >= 0]
         with self._lock:
@@ -242,7 +246,14 @@ class HostTier:
                 k = self._key_of[s]
                 if k is not None:  # pinned: still this key's
                     self._touch(k)
-            self._counts["host_hit_pages"] += len(slots)
+            if count:
+                self._counts["host_hit_pages"] += len(slots)
+
+    def served(self, n: int) -> None:
+        """n pages a load reads from DRAM: hits (the pages it copies in the device pool from a
+        page another request brought are not)."""
+        with self._lock:
+            self._counts["host_hit_pages"] += int(n)
 
     def unpin(self, slots) -> None:
         slots = np.asarray(slots, dtype=np.int64)
@@ -286,13 +297,14 @@ class HostTier:
         out = np.full(len(keys), -1, dtype=np.int64)
         if not self.online.is_set():
             return out
+        cursors: dict = {}
         with self._lock:
             for i, k in enumerate(keys):
                 if k in self._slot_of:
                     continue
-                s = self._take_slot(hot)
-                if s is None:
-                    self._counts["host_full_pages"] += len(keys) - i
+                s = self._take_slot(hot, cursors)
+                if s is None:  # the pages left without a slot (not those already here)
+                    self._counts["host_full_pages"] += sum(k2 not in self._slot_of for k2 in keys[i:])
                     break
                 out[i] = s
                 self._slot_of[k], self._key_of[s] = s, k
@@ -325,15 +337,25 @@ class HostTier:
         with self._lock:
             self._counts["host_promoted_pages"] += n
 
-    def _take_slot(self, hot: bool) -> Optional[int]:
+    def _take_slot(self, hot: bool, cursors: dict) -> Optional[int]:
+        """A free slot, else the slot of the oldest unpinned page of probation (then protected).
+        cursors: where this reserve() call's walk of each queue stopped. The pages it passed are
+        pinned, and stay so while the lock is held, so each queue is walked once per call, not
+        once per key: an offload pins its probation pages until its SSD write publishes, and a
+        copy-up of 2048 pages past 4096 pinned ones held the lock SGLang's scheduler takes for
+        every lookup for 0.8 s."""
         if self._free:
             return self._free.pop()
         queues = [(self._probation, True)]
         if hot or len(self._probation) < self.slots // 4:
             queues.append((self._protected, False))
         for queue, ghost in queues:
-            for k in queue:
-                s = self._slot_of[k]
+            if id(queue) not in cursors:
+                cursors[id(queue)] = iter(list(queue))
+            for k in cursors[id(queue)]:
+                s = self._slot_of.get(k)
+                if s is None or k not in queue:  # dropped or moved since the walk began
+                    continue
                 if self._pins[s] == 0:
                     self._drop(k, s)
                     self._counts["host_evicted_pages"] += 1

@@ -232,14 +232,16 @@ class Loader:
             for es, sl, *_ in items:
                 self._unpin(es, sl)
             raise
-        if len(job.host_slots):  # the batch runs: its DRAM pages are hits (2Q: protected)
-            self._host.hit(job.host_slots)
+        if len(job.host_slots):  # the batch runs: its DRAM pages are touched (2Q: protected)
+            self._host.hit(job.host_slots, count=False)  # before the copies' plan unpins some
         if self._can_copy and (job.entries or len(job.host_slots)):
             try:
                 self._plan_copies(job, recent)
             except Exception:  # e.g. no device memory for a copy: never into SGLang's scheduler
                 logger.warning("tutti linker: copying pages in the pool failed; reading them "
                                "from the store instead", exc_info=True)
+        if len(job.host_slots):  # hits: the pages read from DRAM, not those copied in the pool
+            self._host.served(len(job.host_slots))
         index = job.index = self._counter.update_producer()
         if self._copy_recent:  # its pages: the next batch's copy sources once it landed
             self._started[index] = ([k for *_, ks in items for k in ks], page_ids)
