@@ -34,6 +34,13 @@ class DeviceMap:
     @classmethod
     def from_pool(cls, pool, page_size: int) -> "DeviceMap":
         kind = type(pool).__name__
+        own = getattr(pool, "page_size", page_size)
+        if own != page_size:  # SGLang's decode context parallelism (--dcp-size N): the allocator
+            # hands out pages of N x the pool's over virtual token locations, stored at local
+            # row loc // N; moving rows page_id * page_size would move other pages' rows
+            raise ValueError(f"tutti linker: the cache's pages are {page_size} tokens and the "
+                             f"device pool's {own} (--dcp-size > 1?); decode context parallelism "
+                             "is not supported")
         if getattr(pool, "k_scale_buffer", None) is not None or \
                 getattr(pool, "kv_cache_layout", None) == "vectorized_5d":
             raise ValueError(f"tutti linker: {kind} with scales or a 5D layout is not supported")

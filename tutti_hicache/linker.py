@@ -66,7 +66,7 @@ class TuttiLinker(UnifiedCacheLinker):
                              cp=(params.attn_cp_rank, params.attn_cp_size), tp=(tp_rank, tp_size))
         self.kv = LayerwiseKV(cfg, geometry, ident, dm.k_bufs, dm.v_bufs, params.page_size,
                               writer=is_writer(geometry.kind, tp_rank),
-                              copy_recent=_copy_recent(server_args), ranks=tp_size)
+                              copy_recent=_copy_recent(server_args), ranks=_ranks_in_step(params))
         self.layer_done_counter = self.kv.counter
         _warn_settings(server_args, params.page_size)
         hashwarm.start()  # SGLang's page-hash module, built now rather than in the first request
@@ -124,6 +124,26 @@ def _tp(params) -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(group=group), torch.distributed.get_world_size(group=group)
     return 0, 1
+
+
+def _ranks_in_step(params) -> int:
+    """How many ranks take one branch on every load: SGLang intersects their lookups and
+    reduces finish() over the attention CP and TP groups (the TP group when neither has two
+    ranks), and later pipeline stages follow stage 0's answers. Above 1, a rank whose page left
+    the store after the agreed lookup must fail the batch, not refuse the load alone (the
+    attention TP group alone said 1 under --attn-cp-size 2: one rank recomputed, the other
+    loaded, and their finish() all-reduce never met)."""
+    def world(group) -> int:
+        if group is None or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return 1
+        return torch.distributed.get_world_size(group=group)
+    attn = [world(getattr(params, g, None)) for g in ("attn_cp_cache_group", "attn_tp_cache_group")]
+    n = 1
+    for size in attn:
+        n *= size
+    if n == 1:
+        n = world(getattr(params, "tp_cache_group", None))
+    return n * max(1, int(getattr(params, "pp_size", 1) or 1))
 
 
 def _warn_settings(server_args, page_size: int) -> None:

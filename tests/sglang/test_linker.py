@@ -305,3 +305,27 @@ def test_the_page_sizes_sglang_backends_use_restore_byte_exact_after_a_restart(s
         assert hit == cached and not failed and [len(x) for x in b.loads] == [cached]
         assert all(torch.equal(x, y[:cached]) for x, y in zip(b.snapshot(b.loads[-1]), want))
         b.close()
+
+
+def test_decode_context_parallelism_is_refused_not_served_from_other_rows(sg, tmp_path):
+    """--dcp-size 2 as SGLang 0.5.23 builds it: a rank-local pool of 4-token pages, an allocator
+    of 8-token pages over virtual locations (stored at local row loc // 2), the cache's
+    page_size the allocator's. The linker used to accept it and move rows page_id * 8...: other
+    pages' rows (SGLang then read stale KV) and rows past the pool's end. It is refused, as
+    SGLang's own direct linker refuses it."""
+    import torch
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+    from tutti_hicache.linker import TuttiLinker
+    dcp, page, size = 2, 4, 64
+    pool = MHATokenToKVPool(size=size, page_size=page, dtype=torch.bfloat16, head_num=2, head_dim=8,
+                            layer_num=2, device="cpu", enable_memory_saver=False, enable_alt_stream=False)
+    alloc = PagedTokenToKVPoolAllocator(size * dcp, page * dcp, torch.bfloat16, "cpu", pool, need_sort=False)
+    r2t = ReqToTokenPool(size=8, max_context_len=512, device="cpu", enable_memory_saver=False)
+    params = CacheInitParams(disable=False, req_to_token_pool=r2t, token_to_kv_pool_allocator=alloc,
+                             page_size=alloc.page_size, tree_components=(ComponentType.FULL,))
+    with pytest.raises(ValueError, match="decode context parallelism"):
+        TuttiLinker(None, params, extra_config={"tutti_dirs": [str(tmp_path)], "tutti_capacity_gb": 0.02})

@@ -113,6 +113,36 @@ def test_a_prefill_graph_replay_waiting_for_the_last_layer_only_finds_every_laye
     lw.close()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="stream ordering: needs CUDA")
+def test_an_offload_gathers_its_pages_only_once_their_ids_are_computed(tmp_path):
+    """SGLang records the offload's ready events (record_offload_ready) before the linker's
+    offload computes the page ids from the device indices, on the same stream. With that stream
+    held back (here by a 1 s sleep kernel), the gather on the I/O stream must still wait for
+    the ids: it used to read the uncomputed block, which the allocator had just given back
+    holding page 20's id, and stored page 20's bytes under every key (valid checksums)."""
+    lw, k, v = make_lw(tmp_path, device="cuda")
+    keys = [f"p{i:063d}" for i in range(8)]
+    rows = torch.arange(PAGE, PAGE * 9, device="cuda")
+    want = [t[PAGE:9 * PAGE].clone() for t in k + v]
+    stale = torch.full((8,), 20, dtype=torch.int64, device="cuda")  # the block page_ids will reuse
+    del stale
+    events = [torch.cuda.Event()]
+    events[0].record()  # what record_offload_ready() does, before the offload's index math
+    torch.cuda._sleep(2_000_000_000)  # the scheduler's stream is busy for about a second
+    assert lw.offload(keys, rows, events)
+    end = time.time() + 60
+    while lw.num_completed() < 1 and time.time() < end:
+        time.sleep(0.01)
+    assert lw.pop_completed()
+    torch.cuda.synchronize()
+    for t in k + v:
+        t[PAGE:9 * PAGE] = -7
+    assert restore(lw, keys, rows)
+    torch.cuda.synchronize()
+    assert all(torch.equal(t[PAGE:9 * PAGE], w) for t, w in zip(k + v, want))
+    lw.close()
+
+
 @pytest.mark.parametrize("writers", [1, 3])
 @pytest.mark.parametrize("engine", ENGINES)
 def test_offload_writers_set_the_chunks_written_at_once_and_stay_byte_exact(tmp_path, engine, writers):

@@ -120,7 +120,12 @@ class Offloader:
             page_ids = device_indices[::ps] // ps
             if len(todo) < len(keys):
                 page_ids = page_ids[torch.tensor(todo, device=page_ids.device)]
-            job = _Offload([keys[i] for i in todo], page_ids, list(ready_events))
+            events = list(ready_events)
+            if page_ids.is_cuda:  # the caller's events came before this index math (SGLang
+                ready = torch.cuda.Event()  # records them first): the gather on the I/O stream
+                ready.record()  # must not read page ids the current stream has yet to compute
+                events.append(ready)
+            job = _Offload([keys[i] for i in todo], page_ids, events)
         except BaseException:
             with self._lock:
                 self._backlog -= len(todo)
