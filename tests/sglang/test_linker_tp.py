@@ -55,9 +55,14 @@ def _rank(rank: int, port: int, dirs: list, mla: bool, q, fp8: bool = False) -> 
 
 
 def _run_ranks(tmp_path, mla: bool, fp8: bool = False) -> dict:
+    return _spawn(_rank, lambda r, port, q: (r, port, [str(tmp_path)], mla, q, fp8))
+
+
+def _spawn(target, args) -> dict:
+    """target(*args(rank, port, queue)) in two spawned processes; {rank: what each put}."""
     ctx = mp.get_context("spawn")
     q, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, [str(tmp_path)], mla, q, fp8)) for r in (0, 1)]
+    procs = [ctx.Process(target=target, args=args(r, port, q)) for r in (0, 1)]
     for p in procs:
         p.start()
     try:
@@ -181,20 +186,7 @@ def test_attention_cp_ranks_take_one_branch_when_a_page_left_one_ranks_store(sgl
     Now both ranks queue the load and both report it failed (SGLang recomputes on both)."""
     if sglang.sglang_version() < "0.5.23":
         pytest.skip("the UnifiedCacheLinker path needs SGLang 0.5.23")
-    ctx = mp.get_context("spawn")
-    q, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_cp_rank, args=(r, port, str(tmp_path), q)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    try:
-        out = dict(q.get(timeout=180) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
-    for r, res in out.items():
-        assert isinstance(res, dict), f"rank {r}: {res}"
+    out = _spawn(_cp_rank, lambda r, port, q: (r, port, str(tmp_path), q))
     assert out[0]["ranks"] == out[1]["ranks"] == 2
     assert out[0]["hit"] == out[1]["hit"] == 24
     assert out[0]["loaded"] == out[1]["loaded"] == 24  # one branch on both ranks
