@@ -98,3 +98,35 @@ def test_the_grower_does_not_delay_a_writer_waiting_for_a_row_another_process_he
     finally:
         b.close()
         a.close()
+
+
+def test_a_growth_that_raises_fails_the_write_and_gives_its_reservations_back(tmp_path):
+    """A write larger than what is free grows for itself; when the new row's scan raises (here
+    a MemoryError, as the scan's buffer allocation can; also a closed engine), the write is a
+    failed result and a log line, and the slots it had reserved go back. Before, the exception
+    reached the caller and its keys stayed reserved: every later store of them was
+    deduplicated (True) and never findable."""
+    s = ObjectStore(cfg_for([tmp_path / "s"]), GEOM, IDENT)
+    try:
+        assert wait_for(lambda: len(s.owned_rows()) == 1)
+        with s._lock:
+            free = len(s._index.free)
+        real = s._scan.scan_rows
+
+        def flaky(rows, grant=False):
+            if grant:
+                s._scan.scan_rows = real  # once
+                raise MemoryError("injected")
+            return real(rows, grant)
+        s._scan.scan_rows = flaky
+        ks = keys(free + 5, "m")
+        src = Pages(free + 5, seed=5)
+        assert not s.write_pages(ks, src.addrs, True).any()
+        assert not s._index.reserved and s.stats()["dedup_skips"] == 0
+        assert s.write_pages(ks[:3], src.addrs[:3], True).all()  # written now, not deduplicated
+        assert s.stats()["dedup_skips"] == 0
+        back = Pages(3, seed=None)
+        assert s.read_pages(ks[:3], back.addrs, True).all()
+        assert all((back.page(i) == src.page(i)).all() for i in range(3))
+    finally:
+        s.close()

@@ -287,3 +287,35 @@ def test_gate_toggled_during_a_read_releases_it():
     g.enabled = True
     late.__exit__(None, None, None)  # never registered: nothing to release
     assert g.write({0}, MB, lambda o, n: ran.append(n)) and ran == [MB, MB]
+
+
+def test_a_write_that_raises_mid_way_gives_its_place_to_later_writes_and_reads():
+    """A chunk that raises (an engine error; a close() racing the write) ends its write: the
+    chunks not yet issued leave the queue and the backlog. They used to stay, and as a younger
+    write never overtakes an older one on a device, every later write there waited forever,
+    and after max_write_wait every read too."""
+    g = Gate(policy(max_write_wait=0.05))  # about 1 MB chunks
+    ran = []
+
+    def failing(off, n):
+        ran.append(off)
+        time.sleep(n / (100 * MB))  # the policy's rate: chunks stay about 1 MB
+        if len(ran) == 2:
+            raise OSError(5, "injected")
+    try:
+        g.write({0}, 4 * MB, failing)
+        raise AssertionError("the write's error was swallowed")
+    except OSError:
+        pass
+    assert len(ran) == 2 and not g.policy.writes and g.policy.backlog == 0 and not g.policy.inflight
+    done = threading.Event()
+    threading.Thread(target=lambda: g.write({0}, 2 * MB, lambda off, n: None) and done.set(), daemon=True).start()
+    assert done.wait(5), "a later write on the device never ran"
+    time.sleep(0.1)  # past max_write_wait: a stuck write would now hold reads back too
+    got = threading.Event()
+
+    def read():
+        with g.reading({0}):
+            got.set()
+    threading.Thread(target=read, daemon=True).start()
+    assert got.wait(5), "a read on the device never started"

@@ -167,6 +167,16 @@ class Policy:
             return chunk
         return None
 
+    def write_abandoned(self, write_id: int) -> None:
+        """A write that raised before its last chunk: its chunks not yet issued leave the queue
+        and the backlog (left there, it would hold every later write on its devices, and, after
+        max_write_wait, every read: a younger write never overtakes an older one)."""
+        for w in self.writes:
+            if w.id == write_id:
+                self.writes.remove(w)
+                self.backlog -= w.remaining
+                break
+
     def chunk_done(self, chunk: Chunk, now: float, seconds: float) -> None:
         for d in chunk.devices:
             here = self.inflight.get(d)
@@ -222,17 +232,23 @@ class Gate:
                 self.stats["refused"] += 1
                 return False
         done = 0
-        while done < nbytes:
-            chunk = self._wait_chunk(wid)
-            t0 = self.clock()
-            try:
-                run(done, chunk.nbytes)
-            finally:
-                with self._cv:
-                    self.policy.chunk_done(chunk, self.clock(), self.clock() - t0)
-                    self.stats["write_chunks"] += 1
-                    self._cv.notify_all()
-            done += chunk.nbytes
+        try:
+            while done < nbytes:
+                chunk = self._wait_chunk(wid)
+                t0 = self.clock()
+                try:
+                    run(done, chunk.nbytes)
+                finally:
+                    with self._cv:
+                        self.policy.chunk_done(chunk, self.clock(), self.clock() - t0)
+                        self.stats["write_chunks"] += 1
+                        self._cv.notify_all()
+                done += chunk.nbytes
+        except BaseException:  # the rest of this write is not issued: it frees its place
+            with self._cv:
+                self.policy.write_abandoned(wid)
+                self._cv.notify_all()
+            raise
         return True
 
     def _wait_chunk(self, wid: int) -> Chunk:

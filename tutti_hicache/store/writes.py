@@ -217,11 +217,18 @@ class Writes:
             else:
                 pending.append((i, k))
         got: dict = {}
-        pending = self._reserve_some(pending, ok, got, evict=False)
-        while pending and self._rows.claim_next(self._claimed, self._no_free_slot):
+        try:
             pending = self._reserve_some(pending, ok, got, evict=False)
-        if pending:
-            self._reserve_some(pending, ok, got, evict=True)
+            while pending and self._rows.claim_next(self._claimed, self._no_free_slot):
+                pending = self._reserve_some(pending, ok, got, evict=False)
+            if pending:
+                self._reserve_some(pending, ok, got, evict=True)
+        except Exception:  # growing failed (a row's scan: memory, a closed engine, the registry):
+            # the batch fails; its reservations go back, or their keys would read as being
+            # written forever (later stores deduplicated, never findable) and their slots lost
+            logger.exception("tutti: reserving slots for %d pages failed; not stored", len(keys))
+            self._abort(list(got.values()))
+            return [], []
         if self._low_water and self._low():
             self._grow.set()
         todo = sorted(got)
