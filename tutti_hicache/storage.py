@@ -98,7 +98,8 @@ class TuttiStorage(HiCacheStorage):
         super().register_mem_pool_host(mem_pool_host)
         if self.store is not None:  # its session's counters end here, the new store's start at 0
             self._export_wear(self.store, force=True)
-            self.store.close()
+            old, self.store, self.hostmap = self.store, None, None  # a failed attach below leaves
+            old.close()  # no store (misses), not the closed one (its pages counted, none readable)
             self._wear_metrics = WearMetrics(self._wear_metrics.min_interval_s)
         hm = HostMap.from_pool(mem_pool_host)
         ident = identity_of(self.cfg, self.storage_config, hm)
@@ -157,9 +158,12 @@ class TuttiStorage(HiCacheStorage):
         t0 = time.monotonic_ns()
         try:
             addrs = addresses()
-            if op == "get":
-                ok = store.read_pages(keys, addrs, aligned)
-                moved = int(ok.sum())
+            if op == "get":  # SGLang takes the leading run of hits and drops the rest unused:
+                lead = store.prefix_len(keys)  # only those are read (and counted)
+                ok = np.zeros(len(keys), dtype=bool)
+                if lead:
+                    ok[:lead] = store.read_pages(keys[:lead], addrs[:lead], aligned)
+                moved = int(np.argmin(ok)) if not ok.all() else len(ok)
             else:
                 ok, moved = _write(store, keys, addrs, aligned)
             done = int(ok.sum())

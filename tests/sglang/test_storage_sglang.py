@@ -81,6 +81,55 @@ def test_missing_page_stops_the_prefix(sglang, tmp_path):
     st.close()
 
 
+def test_a_get_reads_only_the_leading_run_sglang_uses(sglang, tmp_path):
+    """SGLang takes batch_get_v1's answer up to its first False and drops the rest: with the
+    batch's first page gone between the hit query and the get, nothing is read and the prefetch
+    metrics count nothing (7 pages were read and counted, unused); with a later page gone, only
+    the pages before it."""
+    h = sglang
+    pool = make_pool(h, "mha", "layer_first")
+    src, dst = pool.alloc(8 * PAGE), pool.alloc(8 * PAGE)
+    h.fill_random(pool, src, seed=1)
+    keys = h.make_page_keys(8, seed=2)
+    st, sc = tutti(h, [tmp_path], "mha", "layer_first")
+    ctrl = controller(h, st, pool, sc)
+    assert HC.controller_backup(ctrl, keys, src) == 8
+    st.get_stats()
+    page_bytes = st.hostmap.geometry.page_nbytes
+    st.store.forget([keys[0]])
+    r0 = st.tutti_stats()["read_bytes"]
+    assert HC.controller_transfer(ctrl, keys, dst) == 0
+    assert st.tutti_stats()["read_bytes"] == r0 and st.get_stats().prefetch_pgs == []
+    st.store.forget([keys[5]])
+    assert st.batch_get_v1(keys[1:], dst[PAGE:]) == [True] * 4 + [False] * 3
+    assert st.tutti_stats()["read_bytes"] == r0 + 4 * page_bytes and st.get_stats().prefetch_pgs == [4]
+    assert h.page_bytes(pool, dst[PAGE:5 * PAGE]) == h.page_bytes(pool, src[PAGE:5 * PAGE])
+    st.close()
+
+
+def test_a_failed_second_attach_leaves_no_closed_store_behind(sglang, tmp_path):
+    """register_mem_pool_host again (another pool) closes the first store; when the new attach
+    then fails (here its page does not fit tutti_capacity_gb), the backend holds no store, so
+    every call is a clean miss. It used to keep the closed store: batch_exists counted its pages
+    and no get could read one."""
+    h = sglang
+    st, sc = tutti(h, [tmp_path], "mha", "layer_first", tutti_capacity_gb=0.002)
+    a = h.make_mha_host_pool("layer_first", 2, 2, 64, PAGE, torch.bfloat16, 20)
+    st.register_mem_pool_host(a)
+    idx = a.alloc(8 * PAGE)
+    h.fill_random(a, idx, seed=1)
+    keys = h.make_page_keys(8, seed=2)
+    assert st.batch_set_v1(keys, idx) == [True] * 8
+    b = h.make_mha_host_pool("layer_first", 64, 8, 128, PAGE, torch.bfloat16, 4)  # 4 MiB pages
+    with pytest.raises(ValueError, match="tutti_capacity_gb"):
+        st.register_mem_pool_host(b)
+    assert st.store is None
+    assert st.batch_exists(keys) == 0 and st.batch_get_v1(keys, a.alloc(8 * PAGE)) == [False] * 8
+    st.register_mem_pool_host(a)  # an attach that works finds the pages again
+    assert st.batch_exists(keys) == 8
+    st.close()
+
+
 def test_dynamic_factory_path(sglang, tmp_path):
     h = sglang
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
