@@ -164,7 +164,8 @@ def _copy_recent(server_args) -> bool:
     """Whether the loader may copy pages the previous batch restored (layerwise/loader.py): it
     relies on every forward passing through set_consumer. Speculative decoding's verify forwards
     (SGLang calls the target worker without a batch), pipeline stages, HiSparse's KV moves,
-    embedding forwards and split prefills do not: with any of them, such pages are read again."""
+    embedding forwards and split prefills do not, nor does KV a PD-disaggregated node receives
+    from its peer: with any of them, such pages are read again."""
     if server_args is None:
         return True
     get = lambda name, default=None: getattr(server_args, name, default)  # noqa: E731
@@ -172,7 +173,9 @@ def _copy_recent(server_args) -> bool:
                                  ("pipeline parallelism", (get("pp_size", 1) or 1) > 1),
                                  ("HiSparse", get("enable_hisparse", False)),
                                  ("an embedding model", get("is_embedding", False)),
-                                 ("split prefill (PD multiplexing)", get("enable_pdmux", False))) if on]
+                                 ("split prefill (PD multiplexing)", get("enable_pdmux", False)),
+                                 ("PD disaggregation (KV transferred into the pool)",
+                                  get("disaggregation_mode", "null") not in (None, "null"))) if on]
     if off:
         logger.info("tutti linker: with %s, a page the previous batch restored is read again, "
                     "not copied from its slot", " and ".join(off))

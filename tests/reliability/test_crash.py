@@ -351,6 +351,10 @@ def run_trial(mode: str, dirs, trial: int, seed: int, errdir: str) -> Trial:
 def run_trials(mode: str, base: str, trials: int, seed: int, verbose=False) -> list[Trial]:
     dirs = [os.path.join(base, "a"), os.path.join(base, "b")] if mode != "storage" \
         else [os.path.join(base, "s")]
+    if mode == "linker":  # the offload's gather imports the kernels (Triton: seconds) on first
+        import tutti_kernels  # noqa: F401  use; imported here, every fork has them (else only
+        # a suite that had imported them already, e.g. by collecting tests/gpu, gave the writer
+        # time to write before its kill)
     out = []
     with tempfile.TemporaryDirectory(prefix="tutti-crash-err-") as errdir:
         for i in range(trials):

@@ -269,10 +269,11 @@ def test_copies_from_the_last_batch_are_off_where_a_forward_can_bypass_set_consu
     builds its pipeline with copy_recent off (test_load_copies.py covers what that does)."""
     from tutti_hicache.linker import _copy_recent
     plain = dict(speculative_algorithm=None, pp_size=1, enable_hisparse=False, is_embedding=False,
-                 enable_pdmux=False)
+                 enable_pdmux=False, disaggregation_mode="null")
     assert _copy_recent(None) and _copy_recent(SimpleNamespace(**plain))
     for change in (dict(speculative_algorithm="EAGLE"), dict(pp_size=2), dict(enable_hisparse=True),
-                   dict(is_embedding=True), dict(enable_pdmux=True)):
+                   dict(is_embedding=True), dict(enable_pdmux=True), dict(disaggregation_mode="decode"),
+                   dict(disaggregation_mode="prefill")):
         assert not _copy_recent(SimpleNamespace(**{**plain, **change})), change
 
 

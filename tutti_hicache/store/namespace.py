@@ -331,6 +331,7 @@ class FileTable:
         self._lock = threading.Lock()  # opening a handle (check and set)
         self._table = np.full((len(ns.dirs), ns.n_rows), -1, dtype=np.int64)
         self._paths: dict[int, str] = {}
+        self._unopenable: set = set()  # paths an open refused (said once)
         self._dir_of = np.zeros(0, dtype=np.int64)  # handle -> directory; replaced, never mutated
 
     @property
@@ -356,7 +357,15 @@ class FileTable:
                 continue
             with self._lock:
                 if self._table[d, row] < 0:
-                    f = self._engine.open_file(path, self._writable, True)
+                    try:
+                        f = self._engine.open_file(path, self._writable, True)
+                    except OSError as e:  # a directory, no permission: the row stays incomplete
+                        if path not in self._unopenable:  # (every caller copes with that), once
+                            self._unopenable.add(path)
+                            logger.warning("tutti: cannot open segment file %s: %s; its row is "
+                                           "left out until it can be", path, e)
+                        complete = False
+                        continue
                     self._paths[f] = path
                     dir_of = np.zeros(max(len(self._dir_of), f + 1), dtype=np.int64)
                     dir_of[:len(self._dir_of)] = self._dir_of

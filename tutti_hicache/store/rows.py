@@ -61,6 +61,8 @@ class Rows:
         self._share = 1
         self._share_at = -1e9
         self._registry: tuple = (None, None)  # (fd, path) of our writers/ lock file
+        self._registry_warned = False
+        self._live = 1  # the last count of live writers
 
     # -------------------------------------------------------------- writers
     def register(self) -> None:
@@ -92,25 +94,46 @@ class Rows:
                        "being taken); the fair share of rows counts the writers it can see", d)
 
     def _live_writers(self) -> int:
-        """Writers holding their lock file now (stale files of dead processes are removed)."""
+        """Writers holding their lock file now, this one always among them; stale files of dead
+        processes (and entries no writer can hold: unreadable, a directory) are removed. A
+        registry that cannot be listed keeps the last count."""
         d = os.path.join(self._ns.dirs[0], "writers")
-        live = 0
-        for name in os.listdir(d) if os.path.isdir(d) else ():
+        try:
+            names = os.listdir(d) if os.path.isdir(d) else []
+        except OSError as e:
+            if not self._registry_warned:
+                self._registry_warned = True
+                logger.warning("tutti: cannot list the writer registry %s: %s (the fair share of "
+                               "rows keeps its last count)", d, e)
+            return self._live
+        live = 1  # this writer, whether or not its own file is still there
+        for name in names:
             path = os.path.join(d, name)
             if path == self._registry[1]:
-                live += 1
                 continue
-            fds = lock_paths([path])
-            if fds is None:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # (a FIFO: no wait)
+            except OSError:  # no writer holds what cannot be opened: a leftover, removed
+                with contextlib.suppress(OSError):
+                    os.rmdir(path) if os.path.isdir(path) else os.unlink(path)
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # held: a live writer
                 live += 1
-            else:  # a dead writer's; unless the path was created anew since it was opened
-                if _same_file(fds[0], path):
-                    with contextlib.suppress(OSError):
-                        os.unlink(path)
-                else:  # a writer registering now
-                    live += 1
-                os.close(fds[0])
-        return max(1, live)
+                os.close(fd)
+                continue
+            except OSError:
+                os.close(fd)
+                continue
+            if _same_file(fd, path):  # a dead writer's
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            else:  # a writer registering now (it created the path anew since it was opened)
+                live += 1
+            os.close(fd)
+        self._live = live
+        return live
 
     def fair_share(self, recount: bool = False) -> int:
         """Rows this writer may hold: an equal share of the capacity among live writers."""
@@ -120,6 +143,11 @@ class Rows:
     def _fair_share(self, recount: bool = False) -> int:
         now = time.monotonic()
         if recount or now - self._share_at > SHARE_CACHE_S:
+            fd, path = self._registry
+            if fd is not None and not _same_file(fd, path):  # our file was removed: the others
+                os.close(fd)  # no longer count this writer (and would take rows it needs)
+                self._registry = (None, None)
+                self.register()
             self._share = -(-self._ns.n_rows // self._live_writers())
             self._share_at = now
         return self._share
@@ -187,12 +215,21 @@ class Rows:
         try:
             if not self._files.open_row(row, create=True) or not self._try_lock(row):
                 return False
-            self._ns.fit_row(row)
+            try:
+                self._ns.fit_row(row)
+            except OSError:  # held but not sized: given back (never scanned, its slots unusable,
+                self._unlock(row)  # and no other process could take it)
+                raise
         except OSError as e:
             logger.warning("tutti: cannot grow the store with row %d: %s (retry in 10 s)", row, e)
             self._growth_retry_at = time.monotonic() + RETRY_GROWTH_S
             return False
         return True
+
+    def _unlock(self, row: int) -> None:
+        for fd in self._fds.pop(row, ()):
+            os.close(fd)
+        self.owned = frozenset(self._fds)
 
     def release_excess(self, disown: Callable[[int], bool], recount: bool = False) -> list[int]:
         """Hand rows beyond the fair share back (newest first) when more writers have come.

@@ -122,7 +122,7 @@ def read_counters(path: str) -> Optional[dict]:
     out = {}
     for k in COLUMNS:
         v = obj.get(k)
-        if type(v) is not int or v < 0:
+        if type(v) is not int or not 0 <= v < 1 << 63:  # counters are int64 where they are added
             raise ValueError(f"field {k!r} is {v!r}, not a byte count")
         out[k] = v
     since = obj.get("since")

@@ -195,6 +195,8 @@ def _marker(ns: str):
         return None, "holds an impossible value"
     if "check" in m and m["check"] != [m[k] for k in _FIELDS]:  # older markers have none
         return None, "disagrees with itself"
+    if "check" not in m and set(m) - set(_FIELDS):  # a flipped bit in the key's name must not
+        return None, "lacks its check"  # switch the check off (older markers hold the 4 alone)
     return m, ""
 
 
