@@ -6,6 +6,8 @@ At a glance:
     mooncake_timeouts(timeout_s) -> dict     the MC_* variables that bound a hung master or peer
     ClusterTier(storage_config, host_pool, tag, retry_s, timeout_s)
         .store() -> MooncakeStore | None     the store while the tier is up, else None
+        with .call() as mc:                  the same for one call of SGLang's threads: close()
+                                             leaves the client to the last call still in it
         .failed(exc)                         an operation saw an outage: local only, one warning
         .retire_published() -> int          clear(): this client's objects go, never read again
         .wait_up(timeout), .wait_retired(timeout) -> bool   for tests and tools
@@ -43,6 +45,7 @@ outage (failed reads from peers: at most one per 5 minutes), an info line at rec
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -383,6 +386,13 @@ def _master_address(cfg) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+def _close_client(store) -> None:
+    try:
+        store.store.close()  # MooncakeStore.close() leaves it to the destructor
+    except Exception:
+        logger.exception("tutti: closing the Mooncake client failed")
+
+
 def _reachable(addr: tuple[str, int] | None, timeout: float = 1.0) -> bool:
     if addr is None:  # no master address (a standalone client): let setup decide
         return True
@@ -394,15 +404,17 @@ def _reachable(addr: tuple[str, int] | None, timeout: float = 1.0) -> bool:
 
 
 # A Mooncake client's setup in a child process: the master must answer it (a TCP accept does not
-# prove that: the kernel completes it for a stopped process). No segment is mounted; the child
-# exits without closing the client (a close waits on the master too).
+# prove that: the kernel completes it for a stopped process), over the configured transport (one
+# that cannot start, e.g. RDMA without its device, retries inside setup for about 20 s holding
+# the GIL: in the server that froze every thread at each retry). No segment is mounted; the
+# child exits without closing the client (a close waits on the master too).
 _ANSWER_CHECK = r"""
 import json, os, sys
 a = json.loads(sys.argv[1])
 from mooncake.store import MooncakeDistributedStore
 print("imported", flush=True)
 client = MooncakeDistributedStore()
-rc = client.setup(a["host"], "P2PHANDSHAKE", 0, 1 << 20, "tcp", "", a["master"])
+rc = client.setup(a["host"], "P2PHANDSHAKE", 0, 1 << 20, a["protocol"], a["device"], a["master"])
 print("setup", rc, flush=True)
 os._exit(0)
 """
@@ -445,6 +457,8 @@ class ClusterTier:
         self._endpoint: Optional[str] = None  # where this client's segment serves its objects
         self._up = False
         self._closed = False
+        self._calls = 0  # under _lock: SGLang's threads inside a call of the client (call())
+        self._close_after: Any = None  # under _lock: the client the last such call closes
         self._off = False  # the pool cannot be served: no retry
         self._down_at = 0.0  # when the gate last closed (monotonic)
         self._peer_failure = False  # the gate closed for a failed transfer, not an outage
@@ -474,6 +488,27 @@ class ClusterTier:
     def store(self):
         """The MooncakeStore while the tier is up; None: serve locally."""
         return self._store if self._up else None
+
+    @contextlib.contextmanager
+    def call(self):
+        """The MooncakeStore for one call of SGLang's threads (None: serve locally). close()
+        never closes the client under a call: the last call still in it closes it (closed under
+        a running get, the Mooncake client crashed the process)."""
+        with self._lock:
+            store = self._store if self._up and not self._closed else None
+            if store is not None:
+                self._calls += 1
+        try:
+            yield store
+        finally:
+            if store is not None:
+                with self._lock:
+                    self._calls -= 1
+                    last = self._calls == 0 and self._close_after is store
+                    if last:
+                        self._close_after = None
+                if last:
+                    _close_client(store)
 
     def failed(self, exc: BaseException) -> None:
         """An operation failed with an outage, a failed transfer or an exception: close the gate
@@ -555,14 +590,14 @@ class ClusterTier:
         self._thread.join(timeout=5)
         with self._lock:
             store, self._store = self._store, None
+            in_calls = store is not None and self._calls > 0
+            if in_calls:
+                self._close_after = store  # the last of SGLang's calls in it closes it
         peers = self._peers
-        if store is not None and (self._thread.is_alive() or (peers and peers.busy())):
+        if store is not None and (in_calls or self._thread.is_alive() or (peers and peers.busy())):
             logger.debug("tutti: a Mooncake call is still running; the client closes after it")
         elif store is not None:
-            try:
-                store.store.close()  # MooncakeStore.close() leaves it to the destructor
-            except Exception:
-                logger.exception("tutti: closing the Mooncake client failed")
+            _close_client(store)
 
     # ------------------------------------------------------- background thread
     def _run(self) -> None:
@@ -608,7 +643,9 @@ class ClusterTier:
         if self._address is None:
             return
         host = (self._cfg.local_hostname or "127.0.0.1").strip()
-        arg = json.dumps({"host": host, "master": self._cfg.master_server_address.strip()})
+        arg = json.dumps({"host": host, "master": self._cfg.master_server_address.strip(),
+                          "protocol": str(getattr(self._cfg, "protocol", "tcp") or "tcp"),
+                          "device": str(getattr(self._cfg, "device_name", "") or "")})
         try:
             proc = subprocess.Popen([sys.executable, "-c", _ANSWER_CHECK, arg],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -624,8 +661,9 @@ class ClusterTier:
             limit = self._timeout_s + 2.0  # its first master request answers or times out
             line = _read_line(proc, buf, limit)
             if line is None:
-                raise ConnectionError(f"a listener at {self._address} accepts connections but "
-                                      f"does not answer (no client setup within {limit:.0f} s)")
+                raise ConnectionError(f"no client setup against {self._address} within {limit:.0f} s "
+                                      "(the master does not answer, or the transport "
+                                      f"{getattr(self._cfg, 'protocol', 'tcp')!r} cannot start)")
             if line != "setup 0":
                 raise ConnectionError(f"a client's setup against {self._address} failed ({line})")
         finally:

@@ -34,6 +34,7 @@ SGLang's generic path) is TuttiStorage's: local only.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
@@ -55,6 +56,11 @@ def cluster_tag(fingerprint: bytes, layout: str) -> str:
     """What the Mooncake keys of one identity start with (16 hex digits)."""
     text = f"{TAG_FORMAT}:{fingerprint.hex()}:{layout}"
     return "tutti" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _leading(flags: np.ndarray) -> int:
+    """The length of the leading run of True."""
+    return int(np.argmin(flags)) if not flags.all() else len(flags)
 
 
 def _pages_of(host_indices: torch.Tensor, pages: np.ndarray, page_size: int) -> torch.Tensor:
@@ -96,9 +102,16 @@ class TieredStorage(TuttiStorage):
                                    self.cfg.cluster_retry_s, self.cfg.cluster_timeout_s)
 
     # ----------------------------------------------------------- queries
+    @contextlib.contextmanager
     def _remote(self):
+        """(the cluster tier, its client for this call or None): close() leaves the client open
+        until the calls in it have returned."""
         cluster = self.cluster  # once: close() may set it to None
-        return cluster, (cluster.store() if cluster is not None else None)
+        if cluster is None:
+            yield None, None
+            return
+        with cluster.call() as mc:
+            yield cluster, mc
 
     def batch_exists(self, keys: List[str], extra_info=None) -> int:
         keys = list(keys)
@@ -113,18 +126,22 @@ class TieredStorage(TuttiStorage):
         rest = np.flatnonzero(~local)
         if not len(rest):
             return len(keys)
-        cluster, mc = self._remote()
-        if mc is None:
-            return int(rest[0])
-        try:
-            found = mc.batch_exists([keys[i] for i in rest])
-        except Exception as exc:
-            cluster.failed(exc)
-            return int(rest[0])
+        with self._remote() as (cluster, mc):
+            if mc is None:
+                return int(rest[0])
+            try:
+                found = mc.batch_exists([keys[i] for i in rest])
+            except Exception as exc:
+                cluster.failed(exc)
+                return int(rest[0])
         return int(rest[found]) if found < len(rest) else len(keys)
 
     # ------------------------------------------------------ zero-copy I/O
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor, extra_info=None) -> List[bool]:
+        """The local tier's pages and, for the others, the cluster's; SGLang takes the answer up to
+        its first False and drops the rest, so only pages before the first one found nowhere are
+        read from the SSD, counted and promoted (the remote get is one call for all the others:
+        it runs first, its pages past that point are reported False)."""
         keys = list(keys)
         store, hm = self.store, self.hostmap
         if store is None or hm is None:
@@ -132,43 +149,64 @@ class TieredStorage(TuttiStorage):
             return [False] * len(keys)
         ok = np.zeros(len(keys), dtype=bool)
         try:
-            t0 = time.perf_counter()
             addrs = hm.page_addresses(host_indices, len(keys))
-            local = np.flatnonzero(store.present(keys))
-            if len(local):
-                ok[local] = store.read_pages([keys[i] for i in local], addrs[local], hm.aligned)
-                self._record("get", int(ok[local].sum()), time.perf_counter() - t0)
+            local = store.present(keys)
         except Exception:
             logger.exception("tutti: batch get of %d pages failed; reported as a miss", len(keys))
             return [False] * len(keys)
-        self._remote_get(keys, host_indices, addrs, ok)
+        remote, fetched = self._remote_get(keys, host_indices, local)
+        cut = _leading(local | remote)
+        try:
+            t0 = time.perf_counter()
+            mine = np.flatnonzero(local[:cut])
+            if len(mine):
+                ok[mine] = store.read_pages([keys[i] for i in mine], addrs[mine], hm.aligned)
+                self._record("get", int(ok[mine].sum()), time.perf_counter() - t0)
+        except Exception:
+            logger.exception("tutti: batch get of %d pages failed; reported as a miss", len(keys))
+            return [False] * len(keys)
+        ok[:cut] |= remote[:cut]
+        cut = _leading(ok)
+        ok[cut:] = False
+        if fetched is not None:
+            self._remote_done(keys, addrs, fetched, remote, cut)
         if self.cfg.cluster_publish == "hit":
-            hits = local[ok[local]]
+            hits = np.flatnonzero(local[:cut])
             if len(hits):
                 self._publish(keys, host_indices, hits)
         self._dump_stats()
         return ok.tolist()
 
-    def _remote_get(self, keys, host_indices, addrs, ok: np.ndarray) -> None:
-        """Fill the pages not served locally from Mooncake; promote what arrived."""
-        rest = np.flatnonzero(~ok)
-        cluster, mc = self._remote()
-        if not len(rest) or mc is None:
-            return
+    def _remote_get(self, keys, host_indices, local: np.ndarray):
+        """The pages not held locally from Mooncake: (per key whether it arrived, (the keys
+        asked, seconds) or None when nothing was asked)."""
+        remote = np.zeros(len(keys), dtype=bool)
+        rest = np.flatnonzero(~local)
+        if not len(rest):
+            return remote, None
         page = self.hostmap.page_size
-        try:
-            t0 = time.perf_counter()
-            got = np.array(mc.batch_get_v1([keys[i] for i in rest],
-                                           _pages_of(host_indices, rest, page)), dtype=bool)
-        except Exception as exc:
-            cluster.failed(exc)
-            return
-        ok[rest] = got
-        self._record("get", int(got.sum()), time.perf_counter() - t0)
-        self._count(remote_hits=int(got.sum()), remote_misses=int((~got).sum()))
-        fetched = rest[got]
-        if len(fetched) and self.cfg.cluster_promote and self.store.writer:
-            self._promote([keys[i] for i in fetched], addrs[fetched])
+        with self._remote() as (cluster, mc):
+            if mc is None:
+                return remote, None
+            try:
+                t0 = time.perf_counter()
+                got = np.array(mc.batch_get_v1([keys[i] for i in rest],
+                                               _pages_of(host_indices, rest, page)), dtype=bool)
+            except Exception as exc:
+                cluster.failed(exc)
+                return remote, None
+        remote[rest] = got
+        return remote, (rest, time.perf_counter() - t0)
+
+    def _remote_done(self, keys, addrs, fetched, remote: np.ndarray, cut: int) -> None:
+        """Count the remote get's pages SGLang takes (before cut), and promote those."""
+        rest, seconds = fetched
+        asked = rest[rest < cut]
+        used = asked[remote[asked]]
+        self._record("get", len(used), seconds)
+        self._count(remote_hits=len(used), remote_misses=int((~remote[asked]).sum()))
+        if len(used) and self.cfg.cluster_promote and self.store is not None and self.store.writer:
+            self._promote([keys[i] for i in used], addrs[used])
 
     def _promote(self, keys: list, addrs: np.ndarray) -> None:
         """Remote hits into the local SSD tier: copied out of the host pool and written on the
@@ -199,16 +237,16 @@ class TieredStorage(TuttiStorage):
     def _publish(self, keys, host_indices, pages: np.ndarray) -> np.ndarray:
         """Put the selected pages into this node's Mooncake segment; per key whether it is there."""
         out = np.zeros(len(keys), dtype=bool)
-        cluster, mc = self._remote()
-        if mc is None:
-            return out
-        try:
-            put = np.array(mc.batch_set_v1([keys[i] for i in pages],
-                                           _pages_of(host_indices, pages, self.hostmap.page_size)),
-                           dtype=bool)
-        except Exception as exc:
-            cluster.failed(exc)
-            return out
+        with self._remote() as (cluster, mc):
+            if mc is None:
+                return out
+            try:
+                put = np.array(mc.batch_set_v1([keys[i] for i in pages],
+                                               _pages_of(host_indices, pages, self.hostmap.page_size)),
+                               dtype=bool)
+            except Exception as exc:
+                cluster.failed(exc)
+                return out
         out[pages] = put
         self._count(published=int(put.sum()))
         return out

@@ -126,6 +126,44 @@ def test_cluster_timeout_is_a_setting():
 
 @pytest.mark.sglang
 @pytest.mark.slow
+def test_a_transport_that_cannot_start_freezes_no_thread(cluster, caplog):
+    """protocol rdma with no such device: Mooncake's setup retries for about 20 s holding the
+    GIL. The child process's check used to set up over tcp whatever the configuration said, so
+    it passed, and the real setup froze the whole process for about 20 s at every retry. Now the
+    check uses the configured transport: no other thread stalls, the tier stays local only
+    with one warning naming the transport."""
+    import threading
+    _, nodes = cluster
+    stalls, stop = [], threading.Event()
+
+    def ticker():
+        last = time.monotonic()
+        while not stop.wait(0.01):
+            now = time.monotonic()
+            stalls.append(now - last)
+            last = now
+    t = threading.Thread(target=ticker, daemon=True)
+    with caplog.at_level(logging.WARNING, logger="tutti_hicache"):
+        t.start()
+        st, pool = nodes.open("rdma", up=False, protocol="rdma", device_name="tutti-no-such-device",
+                              tutti_cluster_timeout_s=1.0, tutti_cluster_retry_s=1.0)
+        deadline = time.monotonic() + 40.0
+        while not _cluster_warnings(caplog) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(2.0)  # another attempt meanwhile
+        stop.set()
+        t.join()
+        warned = _cluster_warnings(caplog)
+    assert max(stalls) < 2.0, f"a thread stalled {max(stalls):.1f} s"  # was about 20 s per attempt
+    assert len(warned) == 1 and "'rdma'" in warned[0], warned
+    k = keys(2, 9)
+    want = nodes.write(st, pool, k, 9)
+    assert nodes.read(st, pool, k) == ([True, True], want)  # the local tier serves
+
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
 def test_a_master_hung_at_start_freezes_no_thread_and_is_retried(cluster, caplog):
     """The master accepts TCP connects but answers nothing. Mooncake's setup would hold the GIL
     for 20 x MC_RPC_TIMEOUT_MS (60 s here, 600 s by default): the whole process frozen. The
@@ -149,7 +187,7 @@ def test_a_master_hung_at_start_freezes_no_thread_and_is_retried(cluster, caplog
             time.sleep(0.05)
         time.sleep(1.0)  # a second attempt meanwhile: still one warning
         warned = _cluster_warnings(caplog)
-    assert len(warned) == 1 and "does not answer" in warned[0], warned
+    assert len(warned) == 1 and "does not answer" in warned[0], warned  # (or the transport...)
     assert st.tutti_stats()["cluster_state"] == "connecting"
     master.resume()
     assert st.cluster.wait_up(30.0)
@@ -341,3 +379,38 @@ def test_published_keys_are_bounded(cluster):
     finally:
         type(own).MIN_CAP = floor
     assert len(own.published) == 6  # k[6:] and the new page: still in the segment
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_close_during_a_cluster_get_leaves_the_client_to_that_get(cluster, caplog):
+    """SGLang's detach joins its storage threads for 10 s, then closes the backend whatever
+    they do. A get held by a hung master (2 x tutti_cluster_timeout_s) can still be in the
+    Mooncake client then: close() used to close the client under it, and the process crashed
+    (a segfault in the client's batch get). Now the client stays open until that get returns,
+    which closes it; the get answers a miss, and no exception reaches SGLang's thread."""
+    import threading
+    master, nodes = cluster
+    st, pool = nodes.open("a", tutti_cluster_timeout_s=1.0)
+    k = keys(4, 3)
+    nodes.write(st, pool, k, 3)  # published to the cluster
+    assert st.store.forget(k) == 4  # now only the cluster has them
+    master.pause()
+    idx = pool.alloc(4 * 16)
+    out = {}
+
+    def get():
+        try:
+            out["got"] = st.batch_get_v1(k, idx)
+        except BaseException as e:  # noqa: BLE001 (what reached SGLang's thread)
+            out["raised"] = repr(e)
+    with caplog.at_level(logging.DEBUG, logger="tutti_hicache.cluster"):
+        t = threading.Thread(target=get, daemon=True)
+        t.start()
+        t.join(0.3)
+        assert t.is_alive(), "the get did not wait on the hung master"
+        st.close()
+        t.join(60)
+    assert not t.is_alive() and "raised" not in out, out
+    assert out["got"] == [False] * 4
+    assert any("client closes after it" in r.getMessage() for r in caplog.records)

@@ -100,6 +100,25 @@ def test_mixed_local_and_remote_prefix_is_the_union(cluster):
     assert s["hits"] - before["hits"] == 10 and s["checksum_failures"] == 0
 
 
+def test_pages_past_the_first_one_found_nowhere_are_neither_read_nor_counted(cluster):
+    """SGLang takes a get's answer up to its first False. B holds pages 0-3, 5 and 7, page 4 is
+    nowhere, page 6 only in A's segment: B's get reads and counts pages 0-3 only (it used to read
+    and count 5 and 7 from its SSD, take 6 from A, count it a remote hit and promote it, for a
+    restore of 4 pages)."""
+    a, b = cluster.node("A"), cluster.node("B")
+    k = keys(8, 7)
+    _, want = b.call("write", "kv", k[0:4], 11)
+    b.call("write", "kv", [k[5]], 12)
+    b.call("write", "kv", [k[7]], 13)
+    a.call("write", "kv", [k[6]], 14)
+    before = b.call("stats", "kv")
+    assert b.call("read", "kv", k) == (4, want)
+    b.call("drain", "kv")
+    s = b.call("stats", "kv")
+    assert s["hits"] - before["hits"] == 4  # was 6
+    assert s["remote_hits"] - before["remote_hits"] == 0 and s["promoted"] == before["promoted"]  # were 1
+
+
 def test_other_model_or_layout_finds_nothing(cluster):
     a, b = cluster.node("A"), cluster.node("B")
     k = keys(8, 7)
