@@ -155,6 +155,18 @@ def test_repair_exits_1_when_a_namespace_cannot_be_checked(two, capsys):
     assert all("cannot check: no identity.json" in out for _, out in runs)
 
 
+def test_a_segment_file_that_is_a_directory_leaves_the_other_rows_checked(two, capsys):
+    """A segment file of row 1 replaced by a directory: fsck names it and checks the pages of
+    the other rows (opening the row used to raise, and nothing of the namespace was checked)."""
+    dirs, ks, loc, ns = two
+    path = sorted(p for p in glob.glob(f"{ns[0]}/seg-*"))[1]
+    os.unlink(path)
+    os.mkdir(path)
+    rc, out = fsck(capsys, "fsck", *dirs)
+    assert rc == 1 and "not a regular file" in out and "cannot check" not in out
+    assert " pages checked" in out and not out.startswith(f"{os.path.basename(ns[0])}: 0 pages checked")
+
+
 # ------------------------------------------------------------ a live writer
 def test_pages_rewritten_after_the_scan_are_not_bad(two):
     dirs, ks, loc, ns = two
