@@ -154,7 +154,7 @@ class TieredStorage(TuttiStorage):
         except Exception:
             logger.exception("tutti: batch get of %d pages failed; reported as a miss", len(keys))
             return [False] * len(keys)
-        remote, fetched = self._remote_get(keys, host_indices, local)
+        remote, fetched = self._remote_get(keys, host_indices, local, hm.page_size)
         cut = _leading(local | remote)
         try:
             t0 = time.perf_counter()
@@ -177,14 +177,13 @@ class TieredStorage(TuttiStorage):
         self._dump_stats()
         return ok.tolist()
 
-    def _remote_get(self, keys, host_indices, local: np.ndarray):
+    def _remote_get(self, keys, host_indices, local: np.ndarray, page: int):
         """The pages not held locally from Mooncake: (per key whether it arrived, (the keys
         asked, seconds) or None when nothing was asked)."""
         remote = np.zeros(len(keys), dtype=bool)
         rest = np.flatnonzero(~local)
         if not len(rest):
             return remote, None
-        page = self.hostmap.page_size
         with self._remote() as (cluster, mc):
             if mc is None:
                 return remote, None
