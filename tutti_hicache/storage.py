@@ -163,7 +163,7 @@ class TuttiStorage(HiCacheStorage):
                 ok = np.zeros(len(keys), dtype=bool)
                 if lead:
                     ok[:lead] = store.read_pages(keys[:lead], addrs[:lead], aligned)
-                moved = int(np.argmin(ok)) if not ok.all() else len(ok)
+                moved = leading(ok)
             else:
                 ok, moved = _write(store, keys, addrs, aligned)
             done = int(ok.sum())
@@ -294,6 +294,11 @@ class TuttiStorage(HiCacheStorage):
             self._warned.add(tag)
         if first:
             logger.warning(msg, *args, exc_info=exc_info)
+
+
+def leading(flags: np.ndarray) -> int:
+    """The length of the leading run of True (what SGLang takes of a get's answer)."""
+    return int(np.argmin(flags)) if not flags.all() else len(flags)
 
 
 def _write(store: ObjectStore, keys: list, addrs, aligned: bool):

@@ -45,7 +45,7 @@ import torch
 
 from .cluster import ClusterTier, mooncake_missing
 from .promote import Promoter
-from .storage import TuttiStorage
+from .storage import TuttiStorage, leading
 
 logger = logging.getLogger("tutti_hicache.tiered")
 
@@ -56,11 +56,6 @@ def cluster_tag(fingerprint: bytes, layout: str) -> str:
     """What the Mooncake keys of one identity start with (16 hex digits)."""
     text = f"{TAG_FORMAT}:{fingerprint.hex()}:{layout}"
     return "tutti" + hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _leading(flags: np.ndarray) -> int:
-    """The length of the leading run of True."""
-    return int(np.argmin(flags)) if not flags.all() else len(flags)
 
 
 def _pages_of(host_indices: torch.Tensor, pages: np.ndarray, page_size: int) -> torch.Tensor:
@@ -155,7 +150,7 @@ class TieredStorage(TuttiStorage):
             logger.exception("tutti: batch get of %d pages failed; reported as a miss", len(keys))
             return [False] * len(keys)
         remote, fetched = self._remote_get(keys, host_indices, local, hm.page_size)
-        cut = _leading(local | remote)
+        cut = leading(local | remote)
         try:
             t0 = time.perf_counter()
             mine = np.flatnonzero(local[:cut])
@@ -166,7 +161,7 @@ class TieredStorage(TuttiStorage):
             logger.exception("tutti: batch get of %d pages failed; reported as a miss", len(keys))
             return [False] * len(keys)
         ok[:cut] |= remote[:cut]
-        cut = _leading(ok)
+        cut = leading(ok)
         ok[cut:] = False
         if fetched is not None:
             self._remote_done(keys, addrs, fetched, remote, cut)

@@ -395,6 +395,27 @@ class FileTable:
             return dict(self._paths)
 
 
+def registry_entry(path: str) -> tuple[str, int]:
+    """How an entry of a namespace's writers/ registry stands (Rows.register makes them):
+    ("live", -1) another process holds its flock; ("unopenable", -1) no writer can hold it (no
+    permission, a directory, gone); ("taken", fd) this process now holds its flock (a dead
+    writer's, or one a writer is registering: the caller tells them apart and closes fd);
+    ("unknown", -1) the flock failed otherwise. A FIFO is never waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return "unopenable", -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return "live", -1
+    except OSError:
+        os.close(fd)
+        return "unknown", -1
+    return "taken", fd
+
+
 def lock_paths(paths: list[str]):
     """Exclusive non-blocking flocks on every path, or None (nothing held) if any fails."""
     fds = []

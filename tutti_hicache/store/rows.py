@@ -38,7 +38,7 @@ import time
 from typing import Callable
 
 from .repair.heal import quarantines
-from .namespace import FileTable, Namespace, lock_paths
+from .namespace import FileTable, Namespace, lock_paths, registry_entry
 
 logger = logging.getLogger("tutti_hicache.store")
 RETRY_HELD_S = 5.0  # a row another process holds is tried again after this long
@@ -111,27 +111,19 @@ class Rows:
             path = os.path.join(d, name)
             if path == self._registry[1]:
                 continue
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # (a FIFO: no wait)
-            except OSError:  # no writer holds what cannot be opened: a leftover, removed
+            state, fd = registry_entry(path)
+            if state == "live":
+                live += 1
+            elif state == "unopenable":  # no writer holds it: a leftover, removed
                 with contextlib.suppress(OSError):
                     os.rmdir(path) if os.path.isdir(path) else os.unlink(path)
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:  # held: a live writer
-                live += 1
+            elif state == "taken":
+                if _same_file(fd, path):  # a dead writer's
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                else:  # a writer registering now (it created the path anew since it was opened)
+                    live += 1
                 os.close(fd)
-                continue
-            except OSError:
-                os.close(fd)
-                continue
-            if _same_file(fd, path):  # a dead writer's
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-            else:  # a writer registering now (it created the path anew since it was opened)
-                live += 1
-            os.close(fd)
         self._live = live
         return live
 

@@ -35,7 +35,6 @@ means the placement found is wrong (or files were moved): it is reported and not
 from __future__ import annotations
 
 import collections
-import fcntl
 import os
 import re
 import threading
@@ -51,7 +50,7 @@ from .heal import _marker as heal_marker, _read as read_json, _stripe_order, \
 from .witness import NONE, witness
 from ..index import SlotIndex
 from ...layout import HEADER_NBYTES, PageGeometry, Placement, SlotLayout, strided
-from ..namespace import FileTable, Namespace, lock_paths, segment_census, segment_name
+from ..namespace import FileTable, Namespace, lock_paths, registry_entry, segment_census, segment_name
 from ..rows import Rows
 from ..scan import Scanner
 from ..scheduler import Gate
@@ -242,17 +241,9 @@ def _live_writers(ns_dirs: list[str]) -> int:
         except OSError:
             continue
         for name in names:
-            try:
-                fd = os.open(os.path.join(d, name), os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                live += 1
-            except OSError:
-                pass
-            finally:
+            state, fd = registry_entry(os.path.join(d, name))
+            live += state == "live"
+            if state == "taken":
                 os.close(fd)
     return live
 
