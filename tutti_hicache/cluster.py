@@ -5,9 +5,9 @@ At a glance:
     mooncake_missing() -> str | None         why the Mooncake client cannot be used here (None: it can)
     mooncake_timeouts(timeout_s) -> dict     the MC_* variables that bound a hung master or peer
     ClusterTier(storage_config, host_pool, tag, retry_s, timeout_s)
-        .store() -> MooncakeStore | None     the store while the tier is up, else None
-        with .call() as mc:                  the same for one call of SGLang's threads: close()
-                                             leaves the client to the last call still in it
+        with .call() as mc:                  the MooncakeStore for one call of SGLang's threads
+                                             while the tier is up, else None; close() leaves
+                                             the client to the last call still in it
         .failed(exc)                         an operation saw an outage: local only, one warning
         .retire_published() -> int          clear(): this client's objects go, never read again
         .wait_up(timeout), .wait_retired(timeout) -> bool   for tests and tools
@@ -484,10 +484,6 @@ class ClusterTier:
         if self._up:
             return "up"
         return "connecting" if self._store is None else "down"
-
-    def store(self):
-        """The MooncakeStore while the tier is up; None: serve locally."""
-        return self._store if self._up else None
 
     @contextlib.contextmanager
     def call(self):
