@@ -339,30 +339,39 @@ class HostTier:
 
     def _take_slot(self, hot: bool, cursors: dict) -> Optional[int]:
         """A free slot, else the slot of the oldest unpinned page of probation (then protected).
-        cursors: where this reserve() call's walk of each queue stopped. The pages it passed are
-        pinned, and stay so while the lock is held, so each queue is walked once per call, not
-        once per key: an offload pins its probation pages until its SSD write publishes, and a
-        copy-up of 2048 pages past 4096 pinned ones held the lock SGLang's scheduler takes for
-        every lookup for 0.8 s."""
+        cursors: where this reserve() call's walk of each queue stopped. An unpinned oldest page
+        needs no walk; past a pinned one the queue is walked once per call, not once per key
+        (the pages passed stay pinned while the lock is held): an offload pins its probation
+        pages until its SSD write publishes, and a copy-up of 2048 pages past 4096 pinned ones
+        held the lock SGLang's scheduler takes for every lookup for 0.8 s."""
         if self._free:
             return self._free.pop()
         queues = [(self._probation, True)]
         if hot or len(self._probation) < self.slots // 4:
             queues.append((self._protected, False))
         for queue, ghost in queues:
-            if id(queue) not in cursors:
-                cursors[id(queue)] = iter(list(queue))
-            for k in cursors[id(queue)]:
+            walk = cursors.get(id(queue))
+            if walk is None:
+                head = next(iter(queue), None)
+                if head is not None and self._pins[self._slot_of[head]] == 0:
+                    return self._evict(head, ghost)
+                walk = cursors[id(queue)] = iter(list(queue))
+            for k in walk:
                 s = self._slot_of.get(k)
                 if s is None or k not in queue:  # dropped or moved since the walk began
                     continue
                 if self._pins[s] == 0:
-                    self._drop(k, s)
-                    self._counts["host_evicted_pages"] += 1
-                    if ghost:
-                        self._remember(k)
-                    return self._free.pop()
+                    return self._evict(k, ghost)
         return None
+
+    def _evict(self, key: str, ghost: bool) -> int:
+        """Drop an unpinned page (remembered on the ghost list when it leaves probation) and
+        take its slot."""
+        self._drop(key, self._slot_of[key])
+        self._counts["host_evicted_pages"] += 1
+        if ghost:
+            self._remember(key)
+        return self._free.pop()
 
     def _drop(self, key: str, slot: int) -> None:
         del self._slot_of[key]
