@@ -203,8 +203,11 @@ def cmd_fsck(a) -> int:
             print(f"{name}: cannot check: {e}")
             left += 1
             continue
+        healed: list[str] = []
         try:
             r = store.check(repair=a.repair, progress=sys.stderr.isatty())
+            if a.repair and not r["refused"] and (r["notes"] or r["issues"]):
+                healed, r["notes"], r["issues"] = store.heal()  # what attach would heal
         finally:
             store.close()
         left += (r["bad"] - r["dropped"] + r["bad_headers"] - r["cleared"] + r["foreign_headers"]
@@ -225,6 +228,8 @@ def cmd_fsck(a) -> int:
             print(f"  --repair would refuse: {r['refused']}")
         for why in r["not_repaired"]:
             print(f"  not repaired: {why}")
+        for line in healed:
+            print(f"  healed: {line}")
         for line in r["notes"]:
             print(f"  metadata: {line}")
         for line in r["issues"]:
@@ -451,7 +456,8 @@ def parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fsck", help="verify every slot; --repair drops bad ones")
     f.add_argument("dirs", nargs="+", help="the store's directories (the server's tutti_dirs)")
     f.add_argument("--repair", action="store_true",
-                   help="tombstone the bad slots (of rows no live server holds)")
+                   help="tombstone the bad slots (of rows no live server holds) and heal "
+                        "what a server's attach would: metadata, missing or cut segment files")
     f.set_defaults(fn=cmd_fsck)
     pr = sub.add_parser("profile", help="measure per-layer compute windows -> slack table")
     pr.add_argument("--out", required=True, help="slack table file to write (JSON)")

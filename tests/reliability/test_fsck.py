@@ -84,10 +84,13 @@ def test_repair_keeps_every_page_when_a_marker_digit_flips(two, capsys, field, v
     dirs, ks, loc, ns = two
     edit_marker(ns[0], **{field: value})  # its "check" copy now disagrees: damage, not placement
     before = segments(dirs)
-    rc, out = fsck(capsys, "fsck", *dirs, "--repair")
+    rc, out = fsck(capsys, "fsck", *dirs)
+    assert rc == 1 and f"metadata: {ns[0]}/placement.json disagrees with itself" in out
+    rc, out = fsck(capsys, "fsck", *dirs, "--repair")  # rebuilds the marker, as attach would
+    assert rc == 0 and f"{N} pages checked, 0 bad payloads, 0 unreadable headers" in out
+    assert f"healed: {ns[0]}/placement.json disagrees with itself: rebuilt" in out
+    assert "metadata:" not in out and fsck(capsys, "fsck", *dirs)[0] == 0
     assert served(dirs) == N and segments(dirs) == before
-    assert rc == 1 and f"{N} pages checked, 0 bad payloads, 0 unreadable headers" in out
-    assert f"metadata: {ns[0]}/placement.json disagrees with itself" in out
 
 
 def test_stripes_come_from_the_slot_headers_not_the_markers(two, capsys):
@@ -95,10 +98,13 @@ def test_stripes_come_from_the_slot_headers_not_the_markers(two, capsys):
     edit_marker(ns[0], keep_check=True, dir_index=1)  # both markers valid, stripes swapped
     edit_marker(ns[1], keep_check=True, dir_index=0)
     before = segments(dirs)
-    rc, out = fsck(capsys, "fsck", *dirs, "--repair")
+    rc, out = fsck(capsys, "fsck", *dirs)
+    assert rc == 1 and out.count("its slot headers") == 2  # both markers named
+    rc, out = fsck(capsys, "fsck", *dirs, "--repair")  # both rebuilt from the headers
+    assert rc == 0 and f"{N} pages checked, 0 bad payloads, 0 unreadable headers" in out
+    assert out.count("placement.json rebuilt (stripe ") == 2
+    assert fsck(capsys, "fsck", *dirs)[0] == 0
     assert segments(dirs) == before and served(dirs) == N
-    assert rc == 1 and f"{N} pages checked, 0 bad payloads, 0 unreadable headers" in out
-    assert out.count("its slot headers") == 2  # both markers named, attach rebuilds them
 
 
 def test_a_header_that_verifies_for_another_slot_is_never_cleared(two, capsys):
@@ -294,3 +300,94 @@ def test_messages_name_the_real_cause(two, capsys, tmp_path):
     rc, out = fsck(capsys, "fsck", *dirs)
     assert rc == 1 and "pass all of them" not in out
     assert f"metadata: {dirs[1]} has no {name} (removed?)" in out and "pages checked" in out
+
+
+# ------------------------------------------------------------ --repair heals what attach heals
+@pytest.mark.parametrize("row, how, lost", [(0, "delete", 28), (0, "truncate", 28),
+                                            (1, "delete", 2), (0, "cut", 1),
+                                            (0, "cut-header", 1)])
+def test_repair_remakes_a_lost_or_cut_segment_file(two, capsys, row, how, lost):
+    """A segment file deleted, emptied or cut mid-slot: --repair makes it its row's size again
+    (the slots it gains are empty; a header cut in two is cleared, not left half zeros), so
+    fsck passes afterwards; the pages elsewhere are kept, every byte checked, and the page cut
+    in half is dropped, never served."""
+    dirs, ks, loc, ns = two
+    seg = os.path.join(ns[1], f"seg-{row:06d}.dat")
+    size = os.path.getsize(seg)
+    if how == "delete":
+        os.unlink(seg)
+    else:
+        os.truncate(seg, {"truncate": 0, "cut": size - SLOT // 2,
+                          "cut-header": size - SLOT + 100}[how])  # the last slot's header cut
+    rc, out = fsck(capsys, "fsck", *dirs, "--repair")
+    assert rc == 0 and f"healed: {seg}" in out and "segments:" not in out, out
+    # the last row: as far as the other files show the capacity (a server's attach grows it on)
+    assert os.path.getsize(seg) == (size if row == 0 else 3 * SLOT)
+    assert fsck(capsys, "fsck", *dirs)[0] == 0
+    assert served(dirs) == N - lost
+
+
+def test_repair_rebuilds_metadata_and_a_lost_namespace_directory(two, capsys):
+    dirs, ks, loc, ns = two
+    with open(os.path.join(ns[0], "identity.json"), "w") as f:
+        f.write("{")  # damaged
+    os.unlink(os.path.join(ns[1], "placement.json"))
+    rc, out = fsck(capsys, "fsck", *dirs, "--repair")
+    assert rc == 0 and "metadata:" not in out and out.count("healed:") == 2, out
+    assert fsck(capsys, "fsck", *dirs)[0] == 0 and served(dirs) == N
+
+    shutil.rmtree(ns[1])  # b lost the namespace: its stripe's pages are gone
+    rc, out = fsck(capsys, "fsck", *dirs, "--repair")
+    assert rc == 0 and f"healed: {ns[1]} was missing: recreated empty" in out, out
+    assert fsck(capsys, "fsck", *dirs)[0] == 0
+    assert served(dirs) == N // 2
+
+
+def test_repair_leaves_the_rows_a_live_server_holds(two, capsys):
+    """A server holds its rows: --repair rebuilds the metadata but sizes none of its files,
+    says what is left, and exits 1."""
+    dirs, ks, loc, ns = two
+    server = ObjectStore(cfg_for(dirs), GEOM, IDENT)
+    try:
+        seg = os.path.join(ns[1], "seg-000000.dat")
+        size = os.path.getsize(seg)
+        os.truncate(seg, size - SLOT)
+        rc, out = fsck(capsys, "fsck", *dirs, "--repair")
+        assert rc == 1 and f"segments: {seg}: holds 27 of the 28 slots" in out, out
+        assert os.path.getsize(seg) == size - SLOT
+    finally:
+        server.close()
+
+
+def test_repair_then_fsck_passes_after_random_damage(tmp_path, capsys):
+    """1-3 random damages (a bit flipped, a file cut, a file deleted) to any file the store
+    wrote, then `fsck --repair`: the next `fsck` passes unless the damage took what only a
+    server knows (every identity.json: the geometry) or a whole row from every directory; no
+    trial serves a wrong byte."""
+    import random
+    from tutti_hicache.testing.damage import store_files, flip as flip_bit
+    for t in range(40):
+        rng = random.Random(f"fsck-random-{t}")
+        dirs = [str(tmp_path / f"{t}" / "a"), str(tmp_path / f"{t}" / "b")]
+        s = ObjectStore(cfg_for(dirs), GEOM, IDENT)
+        write(s, keys_of(N))
+        s.close()
+        files = store_files(dirs)
+        for _ in range(rng.randint(1, 3)):
+            p = rng.choice(files)
+            if not os.path.exists(p):
+                continue
+            size, k = os.path.getsize(p), rng.random()
+            if k < 0.5 and size:
+                flip_bit(p, rng.randrange(size), rng.randrange(8))
+            elif k < 0.8:
+                os.truncate(p, rng.randrange(size + 1))
+            else:
+                os.unlink(p)
+        _, repaired = fsck(capsys, "fsck", *dirs, "--repair")
+        rc, out = fsck(capsys, "fsck", *dirs)
+        assert rc == 0 or "cannot check: no identity.json" in repaired or \
+            "seg-000000.dat is in no directory" in repaired, (t, repaired, out)
+        served(dirs)  # every byte checked
+        shutil.rmtree(tmp_path / f"{t}")
+

@@ -22,14 +22,17 @@ At a glance:
     ns.issues                                   segment files missing, short, cut or stray
     ns.live_writers                             writers registered now (writers/, flock'd)
     ns.check(repair=False) -> dict              read and checksum every indexed page; see check()
+    ns.heal() -> (healed, notes, issues)        --repair, after check(): what attach heals, done
     ns.wear() -> [counters | {"error": why} | None]   each directory's wear.json (wear.py)
     ns.close()
 
-Unlike ObjectStore it never makes directories or metadata, grows, fits or removes segment files,
-registers as a writer, or runs a re-scan thread. Repair writes tombstones only: over a header
-that fails its own checksum or magic, or over the header of a page whose payload fails its
-checksum, and only in rows it holds. A header that verifies but names another slot or namespace
-means the placement found is wrong (or files were moved): it is reported and nothing is repaired.
+Unlike ObjectStore it never grows the store, removes segment rows, registers as a writer, or
+runs a re-scan thread; without --repair it writes nothing. Repair writes tombstones: over a
+header that fails its own checksum or magic, or over the header of a page whose payload fails
+its checksum, and only in rows it holds. A header that verifies but names another slot or
+namespace means the placement found is wrong (or files were moved): it is reported and nothing
+is repaired. Otherwise ns.heal() then does what attach would for the placement found: the
+metadata (heal.rewrite), and in the rows it holds, segment files made or sized to their row.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from .. import header
 from ...config import TuttiConfig
 from ...engine import engine_for, extension
 from .heal import _marker as heal_marker, _read as read_json, _stripe_order, \
-    quarantines
+    quarantines, rewrite
 from .witness import NONE, witness
 from ..index import SlotIndex
 from ...layout import HEADER_NBYTES, PageGeometry, Placement, SlotLayout, strided
@@ -251,6 +254,7 @@ def _live_writers(ns_dirs: list[str]) -> int:
 class ExistingNamespace:
     def __init__(self, dirs: list[str], name: str, writer: bool = False, given=None):
         found = _find(list(dirs), name, given)
+        self._name, self._given, self._writer = name, given, writer
         placement = found.placement
         self.identity = found.identity
         self.dirs = found.dirs
@@ -378,6 +382,55 @@ class ExistingNamespace:
                 "refused": refused, "not_repaired": not_repaired,
                 "issues": [x for x in self.issues if x in now_issues], "notes": list(self.notes),
                 "live_writers": max(self.live_writers, _live_writers(self._ns.dirs))}
+
+    def heal(self) -> tuple[list[str], list[str], list[str]]:
+        """fsck --repair, after check(): what a server's attach would heal, done now (writer
+        only). The metadata of every directory (heal.rewrite, for the placement found here),
+        and the segment files of the rows held here: a missing one made, a short, cut or
+        overlong one sized as its row needs (the slots it gains are empty: their pages were
+        already lost, and check() dropped a page cut mid-slot). Rows a live writer holds and
+        stray files are left. Returns (what was healed, the metadata notes left, the segment
+        issues left), one line each."""
+        assert self._writer, "heal() needs writer=True"
+        healed = rewrite(self._ns.dirs, self.identity, self._ns.placement)
+        slot_nbytes = self._ns.placement.slot_nbytes
+        for r in sorted(set(self._rows.owned) | self._held):
+            cut = []  # slots a file ended inside: their zero-filled rest must not read as a header
+            for d in self._ns.row_dirs(r):
+                path, slots = self._ns.segment_path(d, r), self._ns.file_slots(d, r)
+                try:
+                    if not os.path.exists(path):
+                        self._ns.create_segment(path, len(slots))
+                        healed.append(f"{path} was missing: recreated empty")
+                    elif (size := os.path.getsize(path)) != len(slots) * slot_nbytes:
+                        healed.append(f"{path} sized to its row")
+                        if size % slot_nbytes and size // slot_nbytes < len(slots):
+                            cut.append(slots[size // slot_nbytes])
+                except OSError as e:
+                    healed.append(f"{path}: cannot be made ({e.strerror or e}): left")
+                    break
+            else:
+                try:
+                    self._ns.fit_row(r)
+                except OSError as e:
+                    healed.append(f"row {r}: cannot be sized ({e.strerror or e}): left")
+                    continue
+                if cut and not self._io.tombstones(*self._files.slot_files(
+                        np.array(cut, dtype=np.int64))).all():
+                    healed.append(f"row {r}: a slot cut mid-way could not be cleared: left")
+        rows = segment_census(self._ns.dirs, self._ns.placement).rows
+        for r in range(self._ns.n_rows, rows):  # past the capacity the files show: no row held
+            paths = [p for p in (self._ns.segment_path(d, r) for d in range(len(self._ns.dirs)))
+                     if os.path.isfile(p) and os.path.getsize(p) % slot_nbytes]
+            fds = lock_paths(paths) if paths else None
+            for p in paths if fds is not None else ():  # a slot cut mid-way holds no page
+                os.truncate(p, os.path.getsize(p) // slot_nbytes * slot_nbytes)
+                healed.append(f"{p} cut back to whole slots")
+            for fd in fds or ():
+                os.close(fd)
+        found = _find([os.path.dirname(p) for p in self._ns.dirs], self._name, self._given)
+        issues = segment_census(self._ns.dirs, self._ns.placement).issues
+        return healed, found.notes, issues
 
     def _row(self, slot: int) -> int:
         return int(self._ns.placement.locate([slot])[1][0])

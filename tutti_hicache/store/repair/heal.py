@@ -141,6 +141,38 @@ def _resolve(paths: list[str], identity: dict, layout: SlotLayout, fingerprint: 
     return Resolved(dirs, placement, quarantined, notes, wrote)
 
 
+def rewrite(paths: list[str], identity: dict, placement: Placement) -> list[str]:
+    """fsck --repair: make the namespace dirs `paths` (in stripe order, as fsck found them) hold
+    what attach would write for that placement: identity.json, each placement.json, no
+    non-regular segment or `writers` entry, no stale *.tmp (a missing dir is made). Under
+    attach's lock. A marker keeps the configuration record its directories agree on, so the next
+    attach says nothing new. Returns what was healed, one line each."""
+    notes: list[str] = []
+    sps = placement.slots_per_segment
+    fd = _lock(os.path.join(min(os.path.dirname(p) for p in paths),
+                            os.path.basename(paths[0]) + ".lock"))
+    try:
+        old = [_marker(ns) if os.path.isdir(ns) else (None, "new") for ns in paths]
+        records = {m["configured"] for m, _ in old
+                   if m is not None and isinstance(m.get("configured"), str)}
+        seen = ({"configured": records.pop()} if len(records) == 1
+                else _seen(paths, placement.segment_file_nbytes))
+        for j, ns in enumerate(paths):
+            if not os.path.isdir(ns):
+                notes.append(f"{ns} was missing: recreated empty")
+            marker = {"n_dirs": len(paths), "slot_nbytes": placement.slot_nbytes,
+                      "slots_per_segment": sps, "dir_index": j}
+            marker = {**marker, "check": list(marker.values()), **seen}
+            if old[j][0] is not None and old[j][0] != marker:
+                notes.append(f"{ns}/placement.json rebuilt (stripe {j})")
+            elif old[j][1] not in ("", "new"):
+                notes.append(f"{ns}/placement.json {old[j][1]}: rebuilt")
+            _heal_files(ns, identity, marker, old[j], notes)
+    finally:
+        os.close(fd)
+    return notes
+
+
 def _stripe_order(markers, stripes, chosen, notes: list[str], paths: list[str]) -> list[int]:
     """order[stripe] = config position of the directory holding that stripe. What a directory's
     slot headers say comes first (witness.py), then markers of the chosen placement (one whose
