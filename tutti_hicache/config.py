@@ -137,7 +137,7 @@ class TuttiConfig:
         "always verified).")
     revision: str = setting("",
         "Weights revision, part of the identity: a weight update never replays stale KV.")
-    model: str = setting("", "Model identity override (default: SGLang's model_name).")
+    model: str = setting("", "Model identity override (default: SGLang's --model-path; set one name where servers load the same weights from different paths).")
     segment_gb: float = setting(0.0,
         "Size of one preallocated segment file (an existing namespace keeps the size it was "
         "created with). 0: 1 GiB, or an eighth of the directory's filesystem where that is "

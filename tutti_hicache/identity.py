@@ -1,7 +1,9 @@
 """The identity of a store namespace: what makes two processes' pages interchangeable.
 
-    identity_for(cfg, pool, geometry, model, pp, cp, tp, kv_cache_dtype) -> dict   of a KV pool
-                                                 (host or device)
+    identity_for(cfg, pool, geometry, model, pp, cp, tp, kv_cache_dtype, weights) -> dict
+                                                 of a KV pool (host or device)
+    weights_of(model_args, spec_args=None) -> (model, weights)   what the KV depends on beyond
+                                                 the pool, from SGLang's server args
     kv_dtype(pool_dtype, kv_cache_dtype) -> str  the dtype it names (a byte pool: the server's)
     is_writer(kind, tp_rank) -> bool             whether this rank writes pages (the MLA rule)
     make_identity(cfg, model, geometry, dtype, pp, cp, tp, heads, first_layer) -> dict
@@ -17,6 +19,7 @@ head geometry are stated once.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Optional
 
 from .config import TuttiConfig
@@ -58,22 +61,66 @@ def kv_dtype(pool_dtype, kv_cache_dtype: Optional[str] = None) -> str:
     return f"uint8:{s}" if s and s != "auto" else "uint8"
 
 
+def weights_of(model_args, spec_args=None) -> tuple[str, dict]:
+    """(model, weights): what a server's KV depends on beyond its pool, from SGLang's server
+    args (a ServerArgs, or 0.5.23's published `model` and `spec` bags; spec_args defaults to
+    model_args). model: the weights' path (--model-path), not the name the server answers to:
+    two servers may serve other weights under one --served-model-name. weights: only what is
+    set, so a plain server's identity is what it was: SGLang's --revision of the weights,
+    --quantization (other weights compute other KV), the fp8 KV scales (--quantization-param-path:
+    the stored bytes are K / k_scale, so another file makes them other numbers; named by a hash
+    of the file's contents, else by its path), and the draft model of speculative decoding
+    (--speculative-draft-model-path and its revision: a NextN/MTP draft's layers live in the host
+    pool beside the target's)."""
+    spec_args = model_args if spec_args is None else spec_args
+
+    def get(obj, name):
+        try:
+            v = getattr(obj, name, None) if obj is not None else None
+        except (AttributeError, ValueError):  # a bag without that leaf
+            return None
+        return str(v) if v not in (None, "") else None
+
+    weights = {"model_revision": get(model_args, "revision"),
+               "quantization": get(model_args, "quantization"),
+               "kv_scales": _file_digest(get(model_args, "quantization_param_path")),
+               "draft": get(spec_args, "speculative_draft_model_path"),
+               "draft_revision": get(spec_args, "speculative_draft_model_revision")}
+    if weights["draft"] is None:
+        weights["draft_revision"] = None
+    return get(model_args, "model_path") or "", {k: v for k, v in weights.items() if v}
+
+
+def _file_digest(path: Optional[str]) -> Optional[str]:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return "sha256:" + hashlib.sha256(f.read()).hexdigest()[:32]
+    except OSError:
+        return path
+
+
 def identity_for(cfg: TuttiConfig, pool, geometry: PageGeometry, *, model: str, pp: tuple,
-                 cp: tuple, tp: tuple, kv_cache_dtype: Optional[str] = None) -> dict:
+                 cp: tuple, tp: tuple, kv_cache_dtype: Optional[str] = None,
+                 weights: Optional[dict] = None) -> dict:
     """The identity of an SGLang KV pool (its dtype and heads) at these rank coordinates;
-    kv_cache_dtype: the server's --kv-cache-dtype, which names a byte pool's KV (kv_dtype)."""
+    kv_cache_dtype: the server's --kv-cache-dtype, which names a byte pool's KV (kv_dtype);
+    model, weights: weights_of()."""
     return make_identity(cfg, model=model, geometry=geometry,
                          dtype=kv_dtype(pool.dtype, kv_cache_dtype), pp=pp, cp=cp, tp=tp,
                          heads=pool_heads(pool, geometry.kind),
-                         first_layer=int(getattr(pool, "start_layer", 0) or 0))
+                         first_layer=int(getattr(pool, "start_layer", 0) or 0), weights=weights)
 
 
 def make_identity(cfg: TuttiConfig, *, model: str, geometry: PageGeometry, dtype, pp: tuple,
-                  cp: tuple, tp: tuple, heads: Optional[list], first_layer: int = 0) -> dict:
+                  cp: tuple, tp: tuple, heads: Optional[list], first_layer: int = 0,
+                  weights: Optional[dict] = None) -> dict:
     """first_layer: the model layer of the pool's layer 0 (a pipeline stage's start_layer): two
     stages with the same rank and layer count may hold different layers (another partition,
     SGLANG_PP_LAYER_PARTITION). Named only where it is not 0, so the identity of every store
-    without a later stage stays what it was."""
+    without a later stage stays what it was. weights: weights_of()'s, each key named only when
+    set; tutti_model replaces the model's path, never these."""
     g = geometry
     ident = {
         "format": FORMAT, "model": cfg.model or model or "", "revision": cfg.revision,
@@ -82,6 +129,7 @@ def make_identity(cfg: TuttiConfig, *, model: str, geometry: PageGeometry, dtype
         "v_token_bytes": g.v_token_bytes, "order": g.order,
         "pp": [int(pp[0]), int(pp[1])], "cp": [int(cp[0]), int(cp[1])],
     }
+    ident.update({k: str(v) for k, v in (weights or {}).items() if v})
     if first_layer:
         ident["first_layer"] = int(first_layer)
     if g.kind == "mha":

@@ -35,8 +35,9 @@ from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCache
 from . import hashwarm
 from .config import TuttiConfig
 from .devicemap import DeviceMap
-from .identity import identity_for, is_writer
+from .identity import identity_for, is_writer, weights_of
 from .layerwise import LayerwiseKV
+from .prefetch import server_args as published_args, spec_bag
 
 logger = logging.getLogger("tutti_hicache.linker")
 
@@ -61,9 +62,12 @@ class TuttiLinker(UnifiedCacheLinker):
         dm = DeviceMap.from_pool(pool, params.page_size)
         geometry = dm.geometry
         tp_rank, tp_size = _tp(params)
-        ident = identity_for(cfg, pool, geometry, model=_model_name(server_args),
+        model, weights = weights_of(*((server_args, None) if server_args is not None else
+                                      ((published_args() or (None, None))[1], spec_bag())))
+        ident = identity_for(cfg, pool, geometry, model=model or _model_name(server_args),
                              pp=(params.pp_rank, params.pp_size),
-                             cp=(params.attn_cp_rank, params.attn_cp_size), tp=(tp_rank, tp_size))
+                             cp=(params.attn_cp_rank, params.attn_cp_size), tp=(tp_rank, tp_size),
+                             weights=weights)
         self.kv = LayerwiseKV(cfg, geometry, ident, dm.k_bufs, dm.v_bufs, params.page_size,
                               writer=is_writer(geometry.kind, tp_rank),
                               copy_recent=_copy_recent(server_args), ranks=_ranks_in_step(params))

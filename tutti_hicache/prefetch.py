@@ -2,6 +2,7 @@
 
 At a glance:
     server_args() -> (memory, model) | None   the server's settings in this process
+    spec_bag() -> settings | None         its speculative-decoding settings (the draft model)
     server_settings() -> dict | None      SGLang's HiCache settings in effect in this process
                                           (None outside a server: nothing to check)
     cuts(settings, host_tokens, device_tokens, bytes_per_token) -> [str]
@@ -50,6 +51,19 @@ def server_args() -> Optional[tuple]:
     except (ValueError, RuntimeError):  # not published in this process
         return None
     return None if bag is None else (bag, model)
+
+
+def spec_bag():
+    """The speculative-decoding settings of the server in this process (0.5.23's `spec` bag,
+    0.5.17's global server args); None when none were published."""
+    try:
+        from sglang.srt.runtime_context import get_spec
+        return get_spec()
+    except ImportError:  # 0.5.17
+        found = server_args()
+        return found[1] if found else None
+    except (ValueError, RuntimeError):
+        return None
 
 
 def server_settings() -> Optional[dict]:

@@ -38,8 +38,8 @@ from .config import TuttiConfig
 from .store.namespace import check_dirs
 from .hostmap import HostMap
 from . import hashwarm
-from .prefetch import server_args, warn_cuts
-from .identity import identity_for, is_writer
+from .prefetch import server_args, spec_bag, warn_cuts
+from .identity import identity_for, is_writer, weights_of
 from .statsfile import StatsFile, TimelineFile
 from .store import ObjectStore
 from .wearmetrics import WearMetrics
@@ -66,16 +66,16 @@ def is_storage_writer(sc: HiCacheStorageConfig) -> bool:
 def identity_of(cfg: TuttiConfig, sc: HiCacheStorageConfig, hm: HostMap) -> dict:
     """The namespace identity of a host pool under SGLang's storage config (a byte pool's KV
     dtype from the server's --kv-cache-dtype: identity.kv_dtype)."""
-    kv = None
-    if str(hm.pool.dtype).endswith("uint8"):
-        found = server_args()
-        kv = getattr(found[1], "kv_cache_dtype", None) if found else None
-        if not kv:
-            logger.warning("tutti: the host pool holds its KV as bytes and the server's "
-                           "--kv-cache-dtype is not known here: the store's identity names it uint8")
-    return identity_for(cfg, hm.pool, hm.geometry, model=sc.model_name or "",
+    found = server_args()
+    kv = getattr(found[1], "kv_cache_dtype", None) if found else None
+    if str(hm.pool.dtype).endswith("uint8") and not kv:
+        raise ValueError("tutti: the host pool holds its KV as bytes (fp8 or fp4) and this "
+                         "process has published no server args to say which (--kv-cache-dtype): "
+                         "fp8_e4m3 and fp8_e5m2 bytes are other numbers, so no store is attached")
+    model, weights = weights_of(found[1], spec_bag()) if found else ("", {})
+    return identity_for(cfg, hm.pool, hm.geometry, model=model or sc.model_name or "",
                         pp=(sc.pp_rank, sc.pp_size), cp=(sc.attn_cp_rank, sc.attn_cp_size),
-                        tp=(sc.tp_rank, sc.tp_size), kv_cache_dtype=kv)
+                        tp=(sc.tp_rank, sc.tp_size), kv_cache_dtype=kv, weights=weights)
 
 
 class TuttiStorage(HiCacheStorage):

@@ -8,6 +8,8 @@ A server started with another --kv-cache-dtype, geometry or page size attaches t
 namespace (identity.py: dtype, geometry and page size are part of it), so its lookups miss; the
 pages of the first stay on disk and serve it again when it comes back."""
 
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -76,7 +78,7 @@ def test_linker_mha_and_mla_and_page_sizes_keep_apart(sg, tmp_path):
 PAGE = 16
 
 
-def _storage(h, dirs, kind, dtype, page=PAGE, tp_rank=0, tp_size=1, kv=None):
+def _storage(h, dirs, kind, dtype, page=PAGE, tp_rank=0, tp_size=1, kv=None, args=None):
     """A TuttiStorage on a real host pool of this dtype, attached as in a server started with
     --kv-cache-dtype kv (published in SGLang's runtime context while it attaches)."""
     from sglang.srt.runtime_context import get_context
@@ -92,7 +94,8 @@ def _storage(h, dirs, kind, dtype, page=PAGE, tp_rank=0, tp_size=1, kv=None):
            "tutti_rescan_interval_s": 0.0}
     sc = h.make_storage_config(tp_rank=tp_rank, tp_size=tp_size, is_mla=kind == "mla", extra_config=cfg)
     st = TuttiStorage(sc, {})
-    override = get_context().override_server_args(model_path="dummy", kv_cache_dtype=kv)
+    override = get_context().override_server_args(**{"model_path": "dummy", "kv_cache_dtype": kv,
+                                                      **(args or {})})
     override.install()
     try:
         st.register_mem_pool_host(pool)
@@ -194,3 +197,89 @@ def test_host_tier_pipeline_stages_of_other_layers_keep_apart(sglang, tmp_path):
     st, pool = stage(10)  # the first partition again: its pages
     assert st.batch_exists(keys) == 4
     st.close()
+
+
+# ------------------------------------------------------------------ the weights behind the KV
+def _scales(tmp_path, name, k):
+    """An fp8 KV scales file (--quantization-param-path) giving every layer scale k."""
+    import json
+    p = tmp_path / name
+    p.write_text(json.dumps({"model_type": "llama", "kv_cache": {
+        "dtype": "float8_e4m3fn", "scaling_factor": {"0": {str(i): k for i in range(2)}}}}))
+    return str(p)
+
+
+def _weights_cases(tmp_path):
+    """(server args of the first server, of others whose KV means something else): another
+    checkpoint served under the same name, another --revision of the weights, other fp8 KV
+    scales (the stored bytes are K / k_scale), another --quantization, another draft model."""
+    base = {"model_path": "org/m", "served_model_name": "chat"}
+    s1, s2 = _scales(tmp_path, "s1.json", 0.05), _scales(tmp_path, "s2.json", 1.0)
+    return {**base, "quantization_param_path": s1}, [
+        {**base, "model_path": "org/m-instruct", "quantization_param_path": s1},
+        {**base, "revision": "v2", "quantization_param_path": s1},
+        {**base, "quantization_param_path": s2},
+        {**base},
+        {**base, "quantization_param_path": s1, "quantization": "fp8"},
+        {**base, "quantization_param_path": s1, "speculative_draft_model_path": "org/m-nextn"},
+    ]
+
+
+def test_host_tier_servers_of_other_weights_or_kv_scales_never_meet(sglang, tmp_path):
+    """Two servers may answer to one --served-model-name with other weights, a --revision, other
+    fp8 KV scales, quantization or draft: each gets its own namespace (before, the identity
+    named the served name alone, and the second server read the first's bytes as its own)."""
+    h = sglang
+    keys = h.make_page_keys(4, seed=51)
+    first, others = _weights_cases(tmp_path)
+    st, pool = _storage(h, [tmp_path / "store"], "mha", FP8, args=first)
+    src = pool.alloc(4 * PAGE)
+    h.fill_random(pool, src, seed=52)
+    assert all(st.batch_set_v1(keys, src))
+    st.close()
+    for args in others:
+        st, _ = _storage(h, [tmp_path / "store"], "mha", FP8, args=args)
+        assert st.batch_exists(keys) == 0, args
+        st.close()
+    copy = tmp_path / "copy.json"  # the same scales under another path: the same KV
+    copy.write_text(Path(first["quantization_param_path"]).read_text())
+    st, _ = _storage(h, [tmp_path / "store"], "mha", FP8,
+                     args={**first, "quantization_param_path": str(copy),
+                           "served_model_name": "other-name"})
+    assert st.batch_exists(keys) == 4
+    st.close()
+
+
+def test_host_tier_byte_pool_without_a_known_kv_dtype_attaches_no_store(sglang, tmp_path):
+    """An fp8 host pool holds bytes; with no server args published, e4m3 and e5m2 cannot be
+    told apart: attaching refuses with a message rather than naming both uint8."""
+    from sglang.srt.runtime_context import get_context
+
+    from tutti_hicache.storage import TuttiStorage
+    h = sglang
+    pool = h.make_mha_host_pool("layer_first", 2, 2, 64, PAGE, FP8, 24)
+    cfg = {"tutti_dirs": [str(tmp_path)], "tutti_capacity_gb": 0.1, "tutti_segment_gb": 1 / 64}
+    st = TuttiStorage(h.make_storage_config(extra_config=cfg), {})
+    override = get_context().override_server_args(model_path="dummy", kv_cache_dtype=None)
+    override.install()
+    try:
+        with pytest.raises(ValueError, match="--kv-cache-dtype"):
+            st.register_mem_pool_host(pool)
+    finally:
+        override.restore()
+    assert st.store is None
+
+
+def test_linker_servers_of_other_weights_or_kv_scales_never_meet(sg, tmp_path):
+    toks = list(range(200, 216))
+    first, others = _weights_cases(tmp_path)
+    a = Rig([tmp_path / "store"], dtype=FP8, args=first)
+    want = _write(a, toks, seed=3)
+    a.close()
+    for args in others:
+        b = Rig([tmp_path / "store"], dtype=FP8, args=args)
+        assert b.restore(toks)[0] == 0, args
+        b.close()
+    c = Rig([tmp_path / "store"], dtype=FP8, args={**first, "served_model_name": "renamed"})
+    assert _restores(c, toks, want)  # the same weights under another name: its pages
+    c.close()

@@ -3,7 +3,7 @@
 from types import SimpleNamespace
 
 from tutti_hicache.config import TuttiConfig
-from tutti_hicache.identity import identity_for, is_writer
+from tutti_hicache.identity import identity_for, is_writer, make_identity
 from tutti_hicache.layout import PageGeometry
 
 
@@ -52,3 +52,29 @@ def test_a_pipeline_stage_is_named_by_its_first_layer():
     before = identity_for(cfg, SimpleNamespace(dtype="torch.bfloat16", head_num=8, head_dim=128), g,
                           model="m", pp=(1, 3), cp=(0, 1), tp=(0, 1))
     assert ident(0) == ident(None) == before and "first_layer" not in before
+
+
+def test_weights_of_names_the_weights_and_only_what_is_set(tmp_path):
+    """A plain server's identity is what it was (its model path, which is SGLang's default
+    served name, and nothing more); each setting that changes the KV is named when set."""
+    from tutti_hicache.identity import weights_of
+    plain = SimpleNamespace(model_path="org/m", served_model_name="chat", revision=None,
+                            quantization=None, quantization_param_path=None,
+                            speculative_draft_model_path=None,
+                            speculative_draft_model_revision="main")
+    assert weights_of(plain) == ("org/m", {})
+    assert weights_of(None) == ("", {})
+    scales = tmp_path / "scales.json"
+    scales.write_text("{}")
+    model, w = weights_of(SimpleNamespace(**{**vars(plain), "revision": "v2", "quantization": "fp8",
+                                             "quantization_param_path": str(scales),
+                                             "speculative_draft_model_path": "org/d"}))
+    assert model == "org/m" and w["model_revision"] == "v2" and w["quantization"] == "fp8"
+    assert w["kv_scales"].startswith("sha256:") and w["draft"] == "org/d"
+    assert w["draft_revision"] == "main"
+    cfg = TuttiConfig(dirs=("/tmp",))
+    g = PageGeometry("mha", 2, 16, 256, 256)
+    base = dict(model="org/m", geometry=g, dtype="bfloat16", pp=(0, 1), cp=(0, 1), tp=(0, 1),
+                heads=[2, 64, 64])
+    assert make_identity(cfg, **base, weights={}) == make_identity(cfg, **base)
+    assert make_identity(cfg, **base, weights=w) != make_identity(cfg, **base)

@@ -27,7 +27,7 @@ P, LAYERS = 4, 4
 class Rig:
     """One rank: device pool + allocator + UnifiedRadixCache + TuttiLinker over `dirs`."""
 
-    def __init__(self, dirs, mla=False, dtype=torch.bfloat16, page=P, **extra):
+    def __init__(self, dirs, mla=False, dtype=torch.bfloat16, page=P, args=None, **extra):
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
@@ -38,9 +38,10 @@ class Rig:
         cfg = {"linker": "TuttiLinker", "linker_module_path": "tutti_hicache.linker",
                "linker_extra_config": {"tutti_dirs": [str(d) for d in dirs],
                                        "tutti_capacity_gb": 0.02, "tutti_stage_mb": 1, **extra}}
-        self.override = get_context().override_server_args(
-            model_path="dummy", page_size=page, enable_unified_cache_external_linker=True,
-            unified_cache_external_linker_backend="dynamic", unified_cache_external_linker_config=cfg)
+        self.override = get_context().override_server_args(**{
+            "model_path": "dummy", "page_size": page, "enable_unified_cache_external_linker": True,
+            "unified_cache_external_linker_backend": "dynamic",
+            "unified_cache_external_linker_config": cfg, **(args or {})})
         self.override.install()
         if mla:
             self.pool = MLATokenToKVPool(size=256, page_size=page, dtype=dtype, kv_lora_rank=16,
