@@ -446,7 +446,10 @@ class ClusterTier:
         extra = dict(storage_config.extra_config or {})
         user_tag = extra.get("extra_backend_tag")
         extra["extra_backend_tag"] = f"{user_tag}_{tag}" if user_tag is not None else tag
-        self._sc = dataclasses.replace(storage_config, extra_config=extra)
+        # SGLang's metrics are the tiered backend's own (get_stats): the inner store's would
+        # grow by one entry per remote get and publish, drained by no one
+        self._sc = dataclasses.replace(storage_config, extra_config=extra,
+                                       enable_storage_metrics=False)
         self._pool = host_pool
         self._retry_s = retry_s
         self._timeout_s = timeout_s

@@ -109,7 +109,12 @@ class TieredStorage(TuttiStorage):
             yield cluster, mc
 
     def batch_exists(self, keys: List[str], extra_info=None) -> int:
-        keys = list(keys)
+        t0 = time.monotonic_ns()
+        n = self._exists(list(keys))
+        self._trace("exists", t0, len(keys), n)
+        return n
+
+    def _exists(self, keys: list) -> int:
         store = self.store
         if store is None:
             return 0
@@ -138,45 +143,62 @@ class TieredStorage(TuttiStorage):
         read from the SSD, counted and promoted (the remote get is one call for all the others:
         it runs first, its pages past that point are reported False)."""
         keys = list(keys)
+        t0 = time.monotonic_ns()
+        ok = self._get(keys, host_indices)
+        self._trace("get", t0, len(keys), int(ok.sum()))
+        return ok.tolist()
+
+    def _get(self, keys: list, host_indices: torch.Tensor) -> np.ndarray:
         store, hm = self.store, self.hostmap
+        ok = np.zeros(len(keys), dtype=bool)
         if store is None or hm is None:
             self._warn_once("noattach", "tutti: storage called before register_mem_pool_host")
-            return [False] * len(keys)
-        ok = np.zeros(len(keys), dtype=bool)
+            return ok
         try:
             addrs = hm.page_addresses(host_indices, len(keys))
             local = store.present(keys)
         except Exception:
             logger.exception("tutti: batch get of %d pages failed; reported as a miss", len(keys))
-            return [False] * len(keys)
-        remote, fetched = self._remote_get(keys, host_indices, local, hm.page_size)
+            return ok
+        remote, fetched = self._remote_get(keys, host_indices, ~local, hm.page_size)
         cut = leading(local | remote)
         try:
             t0 = time.perf_counter()
             mine = np.flatnonzero(local[:cut])
             if len(mine):
                 ok[mine] = store.read_pages([keys[i] for i in mine], addrs[mine], hm.aligned)
-                self._record("get", int(ok[mine].sum()), time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
         except Exception:
             logger.exception("tutti: batch get of %d pages failed; reported as a miss", len(keys))
-            return [False] * len(keys)
+            return np.zeros(len(keys), dtype=bool)
+        read = mine[ok[mine]]  # the pages read from the local tier
+        failed = mine[~ok[mine]]
+        if len(failed):  # a local read that failed (damage, an I/O error): the cluster's copy
+            want = np.zeros(len(keys), dtype=bool)
+            want[failed] = True
+            again, more = self._remote_get(keys, host_indices, want, hm.page_size)
+            remote |= again
+            if more is not None:
+                fetched = more if fetched is None else \
+                    (np.concatenate([fetched[0], more[0]]), fetched[1] + more[1])
         ok[:cut] |= remote[:cut]
         cut = leading(ok)
         ok[cut:] = False
+        self._record("get", int((read < cut).sum()), seconds)  # what SGLang keeps of them
         if fetched is not None:
             self._remote_done(keys, addrs, fetched, remote, cut)
         if self.cfg.cluster_publish == "hit":
-            hits = np.flatnonzero(local[:cut])
+            hits = read[read < cut]
             if len(hits):
                 self._publish(keys, host_indices, hits)
         self._dump_stats()
-        return ok.tolist()
+        return ok
 
-    def _remote_get(self, keys, host_indices, local: np.ndarray, page: int):
-        """The pages not held locally from Mooncake: (per key whether it arrived, (the keys
-        asked, seconds) or None when nothing was asked)."""
+    def _remote_get(self, keys, host_indices, wanted: np.ndarray, page: int):
+        """The `wanted` pages from Mooncake: (per key whether it arrived, (the keys asked,
+        seconds) or None when nothing was asked)."""
         remote = np.zeros(len(keys), dtype=bool)
-        rest = np.flatnonzero(~local)
+        rest = np.flatnonzero(wanted)
         if not len(rest):
             return remote, None
         with self._remote() as (cluster, mc):
@@ -195,10 +217,9 @@ class TieredStorage(TuttiStorage):
     def _remote_done(self, keys, addrs, fetched, remote: np.ndarray, cut: int) -> None:
         """Count the remote get's pages SGLang takes (before cut), and promote those."""
         rest, seconds = fetched
-        asked = rest[rest < cut]
-        used = asked[remote[asked]]
+        used = rest[(rest < cut) & remote[rest]]
         self._record("get", len(used), seconds)
-        self._count(remote_hits=len(used), remote_misses=int((~remote[asked]).sum()))
+        self._count(remote_hits=len(used), remote_misses=int((~remote[rest]).sum()))
         if len(used) and self.cfg.cluster_promote and self.store is not None and self.store.writer:
             self._promote([keys[i] for i in used], addrs[used])
 

@@ -117,6 +117,50 @@ def test_pages_past_the_first_one_found_nowhere_are_neither_read_nor_counted(clu
     s = b.call("stats", "kv")
     assert s["hits"] - before["hits"] == 4  # was 6
     assert s["remote_hits"] - before["remote_hits"] == 0 and s["promoted"] == before["promoted"]  # were 1
+    assert s["remote_misses"] - before["remote_misses"] == 1  # page 4, asked of the cluster (was 0)
+
+
+def test_a_local_page_that_fails_its_read_comes_from_the_cluster(cluster, tmp_path):
+    """B's copy of page 1 is damaged on its SSD; A published the same page: B's get reads pages
+    0, 2, 3 locally, fails page 1's checksum and takes it from the cluster, so SGLang keeps all
+    4 (it kept 1, and recomputed 3 pages the cluster held). Its prefetch metric counts the
+    local pages SGLang keeps."""
+    a, b = cluster.node("A"), cluster.node("B")
+    k = keys(4, 21)
+    for node in (a, b):
+        cluster.open(node, "damaged", extra={"tutti_timeline_file": str(tmp_path / f"{id(node)}.jsonl")})
+    _, want = a.call("write", "damaged", k, 21)
+    assert b.call("write", "damaged", k, 21)[1] == want
+    path, off = b.call("locate", "damaged", k[1])
+    with open(path, "r+b") as f:  # inside the page's first object, past its 4 KiB header
+        f.seek(off + 4096 + 100)
+        byte = f.read(1)[0]
+        f.seek(off + 4096 + 100)
+        f.write(bytes([byte ^ 0xFF]))
+    before = b.call("stats", "damaged")
+    b.call("prefetch_pgs", "damaged")  # drained: what the read below adds
+    assert b.call("exists", "damaged", k) == 4
+    assert b.call("read", "damaged", k) == (4, want)
+    s = b.call("stats", "damaged")
+    assert s["checksum_failures"] - before["checksum_failures"] == 1
+    assert s["remote_hits"] - before["remote_hits"] == 1
+    assert b.call("prefetch_pgs", "damaged") == [3, 1]  # local, then remote (was [3]: SGLang kept 1)
+    import json
+    with open(tmp_path / f"{id(b)}.jsonl") as f:
+        ops = [json.loads(line).get("host_op") for line in f]
+    assert ops.count("get") >= 1 and "exists" in ops  # the tiered backend's calls are traced too
+
+
+def test_sglang_metrics_of_the_cluster_tier_are_not_kept_twice(cluster):
+    """With SGLang's storage metrics on, the cluster tier's own MooncakeStore kept its own
+    prefetch and backup lists, one entry per remote get and publish, drained by no one."""
+    a, b = cluster.node("A"), cluster.node("B")
+    for node in (a, b):
+        cluster.open(node, "metrics", metrics=True)
+    k = keys(4, 23)
+    _, want = a.call("write", "metrics", k, 23)
+    assert b.call("read", "metrics", k) == (4, want)
+    assert a.call("inner_metrics", "metrics") == 0 and b.call("inner_metrics", "metrics") == 0
 
 
 def test_other_model_or_layout_finds_nothing(cluster):

@@ -164,7 +164,8 @@ class _Node:
         logging.getLogger("tutti_hicache").addHandler(self.records)
 
     def open(self, name, dirs, extra, model="test-model", layout="page_first", tp=(0, 1),
-             n_pages=160, layers=2, heads=2, head_dim=64, page=PAGE, pin=False, capacity_gb=0.1):
+             n_pages=160, layers=2, heads=2, head_dim=64, page=PAGE, pin=False, capacity_gb=0.1,
+             metrics=False):
         import torch
 
         from ..tiered import TieredStorage
@@ -175,7 +176,7 @@ class _Node:
                "tutti_rescan_interval_s": 0.0, "tutti_cluster_retry_s": 0.3, **extra}
         sc = self.h.make_storage_config(tp_rank=tp[0], tp_size=tp[1], model_name=model,
                                         is_page_first_layout=layout == "page_first",
-                                        extra_config=cfg)
+                                        extra_config=cfg, enable_storage_metrics=metrics)
         backend = TieredStorage(sc, {})
         ctrl = HC.make_controller(backend, pool, page, sc, zero_copy=True)
         self.backends[name] = (backend, pool, ctrl)
@@ -249,6 +250,21 @@ class _Node:
 
     def stats(self, name):
         return self.backends[name][0].tutti_stats()
+
+    def locate(self, name, key):
+        """(segment file, byte offset) of a page in the backend's local tier."""
+        return self.backends[name][0].store.locate(key)
+
+    def prefetch_pgs(self, name):
+        """SGLang's prefetch metric since the last call (get_stats drains it): pages per get."""
+        m = self.backends[name][0].get_stats()
+        return list(m.prefetch_pgs) if m is not None else []
+
+    def inner_metrics(self, name):
+        """How many entries the cluster tier's own MooncakeStore holds in SGLang's metric lists
+        (its prefetch_pgs and backup_pgs)."""
+        store = self.backends[name][0].cluster._store
+        return sum(len(getattr(store, m, ())) for m in ("prefetch_pgs", "backup_pgs"))
 
     def warnings(self):
         out, self.records.messages = self.records.messages, []
