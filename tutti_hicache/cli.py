@@ -131,6 +131,8 @@ def _drive_lines(drives: dict) -> list[str]:
 def _stores(a) -> dict:
     """{namespace: dirs} under a.dirs; ValueError for a missing directory or no store at all."""
     from .store.repair.fsck import namespaces, quarantined
+    # spelled as a server's tutti_dirs are: fsck --repair takes attach's lock, at min(dirs)
+    a.dirs = [os.path.abspath(d) for d in a.dirs]
     for d in a.dirs:
         if not os.path.isdir(d):
             raise ValueError(f"{d}: no such directory (give the store directories, tutti_dirs)")

@@ -391,3 +391,89 @@ def test_repair_then_fsck_passes_after_random_damage(tmp_path, capsys):
         served(dirs)  # every byte checked
         shutil.rmtree(tmp_path / f"{t}")
 
+
+
+def test_repair_keeps_the_pages_a_writer_has_yet_to_rehome(tmp_path, capsys, monkeypatch):
+    """A namespace set aside at attach (tutti_dirs grew) waits for a writer to re-home its pages
+    by key. fsck --repair remaking a lost segment file must not reclaim those files: fsck
+    knows only the capacity the files show, not the server's (it deleted them all, and the
+    next attach served none of the 60 old pages)."""
+    from tutti_hicache.store.repair import rehome
+    a, b = tmp_path / "a", tmp_path / "b"
+    cap = {"tutti_capacity_gb": 256 * SLOT / 2**30}
+    s = ObjectStore(cfg_for([a], **cap), GEOM, IDENT)
+    write(s, keys_of(60, "old"))
+    s.close()
+
+    def stopped(self):  # the server stops before its re-home ran
+        for fd in self._held.values():
+            os.close(fd)
+        self._held.clear()
+        self._done.set()
+    with monkeypatch.context() as m:
+        m.setattr(rehome.Rehome, "_run", stopped)
+        s = ObjectStore(cfg_for([a, b], **cap), GEOM, IDENT)
+        write(s, keys_of(40, "new"))
+        s.close()
+    set_aside = glob.glob(f"{a}/*quarantine*/seg-*")
+    assert set_aside
+    os.unlink(sorted(glob.glob(f"{b}/tutti-*/seg-*"))[-1])
+    rc, out = fsck(capsys, "fsck", str(a), str(b), "--repair")
+    assert rc == 0 and "was missing: recreated empty" in out
+    assert glob.glob(f"{a}/*quarantine*/seg-*") == set_aside
+    s = ObjectStore(cfg_for([a, b], **cap), GEOM, IDENT)  # re-homes them
+    try:
+        assert s.rehome_wait(60)
+        ok, wrong = read_all(s, keys_of(60, "old"))
+        assert ok.all() and not wrong
+    finally:
+        s.close()
+
+
+def test_a_segment_size_fsck_can_only_guess_is_not_written(tmp_path, capsys):
+    """One directory, a capacity of 20 slots inside a 28-slot segment, placement.json damaged:
+    neither slot headers nor a marker tell the segment size, and the file's 20 slots are only a
+    guess. --repair leaves the marker to attach (exit 1, noted) rather than writing 20, which
+    the next attach would have kept as the namespace's segment size."""
+    a = tmp_path / "a"
+    cap = {"tutti_capacity_gb": 20 * SLOT / 2**30}
+    s = ObjectStore(cfg_for([a], **cap), GEOM, IDENT)
+    write(s, keys_of(20))
+    s.close()
+    marker = glob.glob(f"{a}/tutti-*/placement.json")[0]
+    with open(marker, "w") as f:
+        f.write("{")
+    rc, out = fsck(capsys, "fsck", str(a), "--repair")
+    assert rc == 1 and "placement.json damaged" in out and "attach rebuilds it" in out
+    s = ObjectStore(cfg_for([a], **cap), GEOM, IDENT)
+    try:
+        assert s.placement.slots_per_segment == 28
+        ok, wrong = read_all(s, keys_of(20))
+        assert ok.all() and not wrong
+    finally:
+        s.close()
+    assert fsck(capsys, "fsck", str(a))[0] == 0
+
+
+def test_repair_takes_attachs_lock_however_the_directories_are_spelled(two, capsys, monkeypatch):
+    """Attach locks <min(tutti_dirs)>/<namespace>.lock; fsck given relative paths locked
+    another file and rewrote metadata beside a running attach."""
+    import fcntl
+    dirs, ks, loc, ns = two
+    edit_marker(ns[0], dir_index=1)  # something to heal
+    name = os.path.basename(ns[0])
+    fd = os.open(os.path.join(min(dirs), name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    seen = []
+    real = fcntl.flock
+
+    def flock(f, op):  # fsck reaching attach's lock while it is held: proven, then let go
+        if op == fcntl.LOCK_EX and os.fstat(f).st_ino == os.fstat(fd).st_ino:
+            seen.append(True)
+            real(fd, fcntl.LOCK_UN)
+        return real(f, op)
+    monkeypatch.setattr(fcntl, "flock", flock)
+    monkeypatch.chdir(dirs[1])
+    rc, out = fsck(capsys, "fsck", os.path.relpath(dirs[0]), ".", "--repair")
+    os.close(fd)
+    assert rc == 0 and seen == [True]

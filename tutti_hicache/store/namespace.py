@@ -270,10 +270,14 @@ class Namespace:
         return out
 
     # ------------------------------------------------------------------- files
-    def create_segment(self, path: str, n_slots: int) -> None:
+    def create_segment(self, path: str, n_slots: int, reclaim_space: bool = True) -> None:
+        """Make and fallocate a segment file. reclaim_space: first delete set-aside segments
+        (heal.reclaim) until the store fits its capacity; fsck, which knows only the capacity
+        the files show, passes False (it would delete pages a writer has yet to re-home)."""
         nbytes = n_slots * self.placement.slot_nbytes
-        reclaim(self.dirs, nbytes, self.capacity_slots * self.placement.slot_nbytes, path,
-                self.free_space_floor, len(self.dirs) * self.placement.segment_file_nbytes)
+        if reclaim_space:
+            reclaim(self.dirs, nbytes, self.capacity_slots * self.placement.slot_nbytes, path,
+                    self.free_space_floor, len(self.dirs) * self.placement.segment_file_nbytes)
         st = os.statvfs(os.path.dirname(path))
         free = st.f_bavail * st.f_frsize
         if free < nbytes:

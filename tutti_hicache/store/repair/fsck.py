@@ -101,6 +101,7 @@ class _Found:
     fingerprint: bytes
     placement: Placement
     notes: list = field(default_factory=list)
+    sized: bool = True  # the segment size was told by slot headers or markers, not guessed
 
 
 def _find(held: list[str], name: str, given=None) -> _Found:
@@ -145,7 +146,9 @@ def _find(held: list[str], name: str, given=None) -> _Found:
                 if w.slots_per_segment and w.slots_per_segment * slot <= bound}
     sps = (next(iter(told_sps)) if len(told_sps) == 1 else
            _majority(m["slots_per_segment"] for m, _ in markers
-                     if m is not None and m["n_dirs"] == n) or _sps_from_files(paths, slot))
+                     if m is not None and m["n_dirs"] == n))
+    sized = sps is not None
+    sps = sps or _sps_from_files(paths, slot)
     chosen = (n, slot, sps)
     stripes = [w.stripe for w in wit]
     order = _stripe_order(markers, stripes, chosen, [], paths)  # attach's rules, its notes unused
@@ -164,7 +167,7 @@ def _find(held: list[str], name: str, given=None) -> _Found:
             by = "its slot headers" if stripes[i] is not None else "the other directories"
             notes.append(f"{where} says stripe {m['dir_index']}, {by} {j}: {ATTACH_HEALS}")
     return _Found([dirs[i] for i in order], identity, geometry, fp,
-                  Placement(n, slot, sps * slot), notes)
+                  Placement(n, slot, sps * slot), notes, sized)
 
 
 def _identity(paths: list[str], fp: bytes, name: str, notes: list[str]):
@@ -255,6 +258,7 @@ class ExistingNamespace:
     def __init__(self, dirs: list[str], name: str, writer: bool = False, given=None):
         found = _find(list(dirs), name, given)
         self._name, self._given, self._writer = name, given, writer
+        self._sized = found.sized
         placement = found.placement
         self.identity = found.identity
         self.dirs = found.dirs
@@ -392,7 +396,9 @@ class ExistingNamespace:
         stray files are left. Returns (what was healed, the metadata notes left, the segment
         issues left), one line each."""
         assert self._writer, "heal() needs writer=True"
-        healed = rewrite(self._ns.dirs, self.identity, self._ns.placement)
+        # a segment size guessed from the files is not written into the markers (attach
+        # writes the configured one): they stay noted, and fsck exits 1 until it runs
+        healed = rewrite(self._ns.dirs, self.identity, self._ns.placement, markers=self._sized)
         slot_nbytes = self._ns.placement.slot_nbytes
         for r in sorted(set(self._rows.owned) | self._held):
             cut = []  # slots a file ended inside: their zero-filled rest must not read as a header
@@ -400,7 +406,7 @@ class ExistingNamespace:
                 path, slots = self._ns.segment_path(d, r), self._ns.file_slots(d, r)
                 try:
                     if not os.path.exists(path):
-                        self._ns.create_segment(path, len(slots))
+                        self._ns.create_segment(path, len(slots), reclaim_space=False)
                         healed.append(f"{path} was missing: recreated empty")
                     elif (size := os.path.getsize(path)) != len(slots) * slot_nbytes:
                         healed.append(f"{path} sized to its row")

@@ -141,12 +141,16 @@ def _resolve(paths: list[str], identity: dict, layout: SlotLayout, fingerprint: 
     return Resolved(dirs, placement, quarantined, notes, wrote)
 
 
-def rewrite(paths: list[str], identity: dict, placement: Placement) -> list[str]:
+def rewrite(paths: list[str], identity: dict, placement: Placement,
+            markers: bool = True) -> list[str]:
     """fsck --repair: make the namespace dirs `paths` (in stripe order, as fsck found them) hold
     what attach would write for that placement: identity.json, each placement.json, no
     non-regular segment or `writers` entry, no stale *.tmp (a missing dir is made). Under
     attach's lock. A marker keeps the configuration record its directories agree on, so the next
-    attach says nothing new. Returns what was healed, one line each."""
+    attach says nothing new (with none to keep, fsck's directories and the recorded segment
+    size make one, which a server listing its directories in another order notes once).
+    markers=False: the placement.json files are left as they are. Returns what was healed, one
+    line each."""
     notes: list[str] = []
     sps = placement.slots_per_segment
     fd = _lock(os.path.join(min(os.path.dirname(p) for p in paths),
@@ -163,7 +167,9 @@ def rewrite(paths: list[str], identity: dict, placement: Placement) -> list[str]
             marker = {"n_dirs": len(paths), "slot_nbytes": placement.slot_nbytes,
                       "slots_per_segment": sps, "dir_index": j}
             marker = {**marker, "check": list(marker.values()), **seen}
-            if old[j][0] is not None and old[j][0] != marker:
+            if not markers:
+                marker = old[j][0]
+            elif old[j][0] is not None and old[j][0] != marker:
                 notes.append(f"{ns}/placement.json rebuilt (stripe {j})")
             elif old[j][1] not in ("", "new"):
                 notes.append(f"{ns}/placement.json {old[j][1]}: rebuilt")
