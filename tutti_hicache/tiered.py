@@ -109,8 +109,9 @@ class TieredStorage(TuttiStorage):
             yield cluster, mc
 
     def batch_exists(self, keys: List[str], extra_info=None) -> int:
+        keys = list(keys)
         t0 = time.monotonic_ns()
-        n = self._exists(list(keys))
+        n = self._exists(keys)
         self._trace("exists", t0, len(keys), n)
         return n
 
