@@ -206,14 +206,16 @@ def cmd_fsck(a) -> int:
             left += 1
             continue
         healed: list[str] = []
+        failed: list[str] = []
         try:
             r = store.check(repair=a.repair, progress=sys.stderr.isatty())
             if a.repair and not r["refused"] and (r["notes"] or r["issues"]):
-                healed, r["notes"], r["issues"] = store.heal()  # what attach would heal
+                healed, failed, r["notes"], r["issues"] = store.heal()  # what attach would heal
+                r["not_repaired"] += failed
         finally:
             store.close()
         left += (r["bad"] - r["dropped"] + r["bad_headers"] - r["cleared"] + r["foreign_headers"]
-                 + len(r["issues"]) + len(r["notes"]))
+                 + len(r["issues"]) + len(r["notes"]) + len(failed))
         pages = _repaired(r["bad"], r["dropped"], "bad payloads", "dropped", a.repair)
         heads = _repaired(r["bad_headers"], r["cleared"], "unreadable headers", "cleared", a.repair)
         print(f"{name}: {r['checked']} pages checked, {pages}, {heads}"

@@ -477,3 +477,20 @@ def test_repair_takes_attachs_lock_however_the_directories_are_spelled(two, caps
     rc, out = fsck(capsys, "fsck", os.path.relpath(dirs[0]), ".", "--repair")
     os.close(fd)
     assert rc == 0 and seen == [True]
+
+
+def test_a_file_repair_cannot_make_is_left_and_exits_1(two, capsys, monkeypatch):
+    """A missing segment file that cannot be made (a full disk): --repair says so under "not
+    repaired", never under "healed", and exits 1."""
+    import errno
+    from tutti_hicache.store.namespace import Namespace
+    dirs, ks, loc, ns = two
+    seg = os.path.join(ns[1], "seg-000000.dat")
+    os.unlink(seg)
+
+    def full(self, path, n_slots, reclaim_space=True):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+    monkeypatch.setattr(Namespace, "create_segment", full)
+    rc, out = fsck(capsys, "fsck", *dirs, "--repair")
+    assert rc == 1 and f"not repaired: {seg}: cannot be made (No space left on device)" in out
+    assert "healed: " + seg not in out and not os.path.exists(seg)

@@ -22,7 +22,7 @@ At a glance:
     ns.issues                                   segment files missing, short, cut or stray
     ns.live_writers                             writers registered now (writers/, flock'd)
     ns.check(repair=False) -> dict              read and checksum every indexed page; see check()
-    ns.heal() -> (healed, notes, issues)        --repair, after check(): what attach heals, done
+    ns.heal() -> (healed, failed, notes, issues)   --repair, after check(): what attach heals
     ns.wear() -> [counters | {"error": why} | None]   each directory's wear.json (wear.py)
     ns.close()
 
@@ -387,18 +387,19 @@ class ExistingNamespace:
                 "issues": [x for x in self.issues if x in now_issues], "notes": list(self.notes),
                 "live_writers": max(self.live_writers, _live_writers(self._ns.dirs))}
 
-    def heal(self) -> tuple[list[str], list[str], list[str]]:
+    def heal(self) -> tuple[list[str], list[str], list[str], list[str]]:
         """fsck --repair, after check(): what a server's attach would heal, done now (writer
         only). The metadata of every directory (heal.rewrite, for the placement found here),
         and the segment files of the rows held here: a missing one made, a short, cut or
         overlong one sized as its row needs (the slots it gains are empty: their pages were
         already lost, and check() dropped a page cut mid-slot). Rows a live writer holds and
-        stray files are left. Returns (what was healed, the metadata notes left, the segment
-        issues left), one line each."""
+        stray files are left. Returns (what was healed, what could not be, the metadata notes
+        left, the segment issues left), one line each."""
         assert self._writer, "heal() needs writer=True"
         # a segment size guessed from the files is not written into the markers (attach
         # writes the configured one): they stay noted, and fsck exits 1 until it runs
         healed = rewrite(self._ns.dirs, self.identity, self._ns.placement, markers=self._sized)
+        failed: list[str] = []
         slot_nbytes = self._ns.placement.slot_nbytes
         for r in sorted(set(self._rows.owned) | self._held):
             cut = []  # slots a file ended inside: their zero-filled rest must not read as a header
@@ -413,17 +414,17 @@ class ExistingNamespace:
                         if size % slot_nbytes and size // slot_nbytes < len(slots):
                             cut.append(slots[size // slot_nbytes])
                 except OSError as e:
-                    healed.append(f"{path}: cannot be made ({e.strerror or e}): left")
+                    failed.append(f"{path}: cannot be made ({e.strerror or e})")
                     break
             else:
                 try:
                     self._ns.fit_row(r)
                 except OSError as e:
-                    healed.append(f"row {r}: cannot be sized ({e.strerror or e}): left")
+                    failed.append(f"row {r}: cannot be sized ({e.strerror or e})")
                     continue
                 if cut and not self._io.tombstones(*self._files.slot_files(
                         np.array(cut, dtype=np.int64))).all():
-                    healed.append(f"row {r}: a slot cut mid-way could not be cleared: left")
+                    failed.append(f"row {r}: a slot header cut in two could not be cleared")
         rows = segment_census(self._ns.dirs, self._ns.placement).rows
         for r in range(self._ns.n_rows, rows):  # past the capacity the files show: no row held
             paths = [p for p in (self._ns.segment_path(d, r) for d in range(len(self._ns.dirs)))
@@ -436,7 +437,7 @@ class ExistingNamespace:
                 os.close(fd)
         found = _find([os.path.dirname(p) for p in self._ns.dirs], self._name, self._given)
         issues = segment_census(self._ns.dirs, self._ns.placement).issues
-        return healed, found.notes, issues
+        return healed, failed, found.notes, issues
 
     def _row(self, slot: int) -> int:
         return int(self._ns.placement.locate([slot])[1][0])
