@@ -37,7 +37,7 @@ from .config import TuttiConfig
 from .devicemap import DeviceMap
 from .identity import identity_for, is_writer, weights_of
 from .layerwise import LayerwiseKV
-from .prefetch import server_args as published_args, spec_bag
+from .prefetch import published_weights
 
 logger = logging.getLogger("tutti_hicache.linker")
 
@@ -62,8 +62,9 @@ class TuttiLinker(UnifiedCacheLinker):
         dm = DeviceMap.from_pool(pool, params.page_size)
         geometry = dm.geometry
         tp_rank, tp_size = _tp(params)
-        model, weights = weights_of(*((server_args, None) if server_args is not None else
-                                      ((published_args() or (None, None))[1], spec_bag())))
+        # SGLang hands the linker its ServerArgs; a caller without them: what was published
+        model, weights = weights_of(server_args) if server_args is not None else \
+            published_weights()
         ident = identity_for(cfg, pool, geometry, model=model or _model_name(server_args),
                              pp=(params.pp_rank, params.pp_size),
                              cp=(params.attn_cp_rank, params.attn_cp_size), tp=(tp_rank, tp_size),

@@ -3,6 +3,7 @@
 At a glance:
     server_args() -> (memory, model) | None   the server's settings in this process
     spec_bag() -> settings | None         its speculative-decoding settings (the draft model)
+    published_weights() -> (model, weights)   identity.weights_of over those ("", {}: none)
     server_settings() -> dict | None      SGLang's HiCache settings in effect in this process
                                           (None outside a server: nothing to check)
     cuts(settings, host_tokens, device_tokens, bytes_per_token) -> [str]
@@ -64,6 +65,13 @@ def spec_bag():
         return found[1] if found else None
     except (ValueError, RuntimeError):
         return None
+
+
+def published_weights() -> tuple[str, dict]:
+    """identity.weights_of for the server in this process, from its published settings."""
+    from .identity import weights_of
+    found = server_args()
+    return weights_of(found[1], spec_bag()) if found else ("", {})
 
 
 def server_settings() -> Optional[dict]:

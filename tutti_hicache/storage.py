@@ -38,8 +38,8 @@ from .config import TuttiConfig
 from .store.namespace import check_dirs
 from .hostmap import HostMap
 from . import hashwarm
-from .prefetch import server_args, spec_bag, warn_cuts
-from .identity import identity_for, is_writer, weights_of
+from .prefetch import published_weights, server_args, warn_cuts
+from .identity import identity_for, is_writer
 from .statsfile import StatsFile, TimelineFile
 from .store import ObjectStore
 from .wearmetrics import WearMetrics
@@ -72,7 +72,7 @@ def identity_of(cfg: TuttiConfig, sc: HiCacheStorageConfig, hm: HostMap) -> dict
         raise ValueError("tutti: the host pool holds its KV as bytes (fp8 or fp4) and this "
                          "process has published no server args to say which (--kv-cache-dtype): "
                          "fp8_e4m3 and fp8_e5m2 bytes are other numbers, so no store is attached")
-    model, weights = weights_of(found[1], spec_bag()) if found else ("", {})
+    model, weights = published_weights()
     return identity_for(cfg, hm.pool, hm.geometry, model=model or sc.model_name or "",
                         pp=(sc.pp_rank, sc.pp_size), cp=(sc.attn_cp_rank, sc.attn_cp_size),
                         tp=(sc.tp_rank, sc.tp_size), kv_cache_dtype=kv, weights=weights)

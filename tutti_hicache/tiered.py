@@ -142,7 +142,8 @@ class TieredStorage(TuttiStorage):
         """The local tier's pages and, for the others, the cluster's; SGLang takes the answer up to
         its first False and drops the rest, so only pages before the first one found nowhere are
         read from the SSD, counted and promoted (the remote get is one call for all the others:
-        it runs first, its pages past that point are reported False)."""
+        it runs first, its pages past that point are reported False; local pages whose read
+        failed are asked of the cluster in a second call)."""
         keys = list(keys)
         t0 = time.monotonic_ns()
         ok = self._get(keys, host_indices)
