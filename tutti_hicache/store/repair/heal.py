@@ -134,9 +134,7 @@ def _resolve(paths: list[str], identity: dict, layout: SlotLayout, fingerprint: 
         notes.append(f"{PREFIX}dirs order changed: directories mapped by their placement.json")
     wrote = []
     for j, ns in enumerate(dirs):
-        marker = {"n_dirs": n, "slot_nbytes": slot_nbytes, "slots_per_segment": chosen[2],
-                  "dir_index": j}
-        wrote.append(_heal_files(ns, identity, {**marker, "check": list(marker.values()), **seen},
+        wrote.append(_heal_files(ns, identity, _new_marker(n, slot_nbytes, chosen[2], j, seen),
                                  markers[order[j]], notes))
     return Resolved(dirs, placement, quarantined, notes, wrote)
 
@@ -164,9 +162,7 @@ def rewrite(paths: list[str], identity: dict, placement: Placement,
         for j, ns in enumerate(paths):
             if not os.path.isdir(ns):
                 notes.append(f"{ns} was missing: recreated empty")
-            marker = {"n_dirs": len(paths), "slot_nbytes": placement.slot_nbytes,
-                      "slots_per_segment": sps, "dir_index": j}
-            marker = {**marker, "check": list(marker.values()), **seen}
+            marker = _new_marker(len(paths), placement.slot_nbytes, sps, j, seen)
             if not markers:
                 marker = old[j][0]
             elif old[j][0] is not None and old[j][0] != marker:
@@ -177,6 +173,15 @@ def rewrite(paths: list[str], identity: dict, placement: Placement,
     finally:
         os.close(fd)
     return notes
+
+
+def _new_marker(n_dirs: int, slot_nbytes: int, slots_per_segment: int, dir_index: int,
+                seen: dict) -> dict:
+    """placement.json as attach writes it: the four numbers, their check copy, and the record
+    of the configuration that wrote it (_seen)."""
+    m = {"n_dirs": n_dirs, "slot_nbytes": slot_nbytes, "slots_per_segment": slots_per_segment,
+         "dir_index": dir_index}
+    return {**m, "check": list(m.values()), **seen}
 
 
 def _stripe_order(markers, stripes, chosen, notes: list[str], paths: list[str]) -> list[int]:
