@@ -74,6 +74,26 @@ def listening(pid: int) -> set[tuple[str, int]]:
     return out
 
 
+def stop_process(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP `pid` and wait until each of its threads shows state T in /proc: kill() returns
+    once the signal is queued, and a thread stops only when it next leaves the kernel."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rpartition(")")[2].split()[0])
+            except OSError:  # the thread exited meanwhile
+                continue
+        if all(st in ("T", "t") for st in states):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"process {pid} did not stop within {timeout} s: {states}")
+        time.sleep(0.005)
+
+
 def master_binary() -> str:
     import mooncake
 
@@ -118,8 +138,9 @@ class Master:
         raise RuntimeError(f"mooncake_master did not listen on {self.address} in {timeout} s")
 
     def pause(self) -> None:
-        """SIGSTOP: a hung master. Its listening socket stays: connects still succeed."""
-        os.kill(self.proc.pid, signal.SIGSTOP)
+        """SIGSTOP: a hung master. Its listening socket stays: connects still succeed. Returns
+        once every thread of it has stopped."""
+        stop_process(self.proc.pid)
 
     def resume(self) -> None:
         os.kill(self.proc.pid, signal.SIGCONT)
@@ -339,8 +360,9 @@ class Node:
         return cls(proc, parent)
 
     def pause(self) -> None:
-        """SIGSTOP the node process: a frozen node (its segment stays mounted for a while)."""
-        os.kill(self.proc.pid, signal.SIGSTOP)
+        """SIGSTOP the node process: a frozen node (its segment stays mounted for a while).
+        Returns once every thread of it has stopped."""
+        stop_process(self.proc.pid)
 
     def resume(self) -> None:
         os.kill(self.proc.pid, signal.SIGCONT)
