@@ -56,9 +56,31 @@ def kv_dtype(pool_dtype, kv_cache_dtype: Optional[str] = None) -> str:
     if name != "uint8":
         return name
     s = str(kv_cache_dtype or "").lower().replace("torch.", "")
+    if s in ("fp8_e4m3", "fp8_e5m2") and _on_rocm():
+        return _rocm_fp8(s)
     if s in BYTE_KV_DTYPES:
         return BYTE_KV_DTYPES[s]
     return f"uint8:{s}" if s and s != "auto" else "uint8"
+
+
+def _on_rocm() -> bool:
+    import torch  # a byte pool is a torch tensor: torch is loaded
+
+    return bool(getattr(torch.version, "hip", None))
+
+
+def _rocm_fp8(kv_cache_dtype: str) -> str:
+    """On ROCm SGLang keeps both fp8 KV kinds in its platform's fp8 type: float8_e4m3fnuz on
+    gfx94x (MI300), whose bytes mean other numbers than CUDA's float8_e4m3fn, else
+    float8_e4m3fn. Named as the device pool there names it; a platform it cannot ask is named
+    apart from every CUDA server's KV."""
+    import torch
+
+    try:
+        arch = torch.cuda.get_device_properties(0).gcnArchName
+    except Exception:
+        return f"uint8:rocm:{kv_cache_dtype}"
+    return "float8_e4m3fnuz" if "gfx94" in arch else "float8_e4m3fn"
 
 
 def weights_of(model_args, spec_args=None) -> tuple[str, dict]:

@@ -38,6 +38,33 @@ def test_a_byte_pool_is_named_by_the_servers_kv_cache_dtype():
     assert kv_dtype("torch.uint8", "int4") == "uint8:int4"
 
 
+def test_rocm_fp8_bytes_are_named_as_its_device_pools_name_them(monkeypatch):
+    """SGLang on ROCm keeps fp8_e4m3 and fp8_e5m2 KV in the platform's fp8 type: e4m3fnuz on
+    MI300 (gfx94x), whose bytes are other numbers than CUDA's e4m3fn, so a ROCm server and a
+    CUDA one must not share pages; elsewhere on ROCm both kinds are e4m3fn bytes."""
+    import torch
+
+    from tutti_hicache import identity
+
+    monkeypatch.setattr(torch.version, "hip", "6.3.0", raising=False)
+    arch = {"name": "gfx942:sramecc+:xnack-"}
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(gcnArchName=arch["name"]))
+    mi300 = identity.kv_dtype("torch.uint8", "fp8_e4m3")
+    assert mi300 == "float8_e4m3fnuz" == identity.kv_dtype("torch.float8_e4m3fnuz")
+    assert identity.kv_dtype("torch.uint8", "fp8_e5m2") == mi300  # the same bytes there
+    arch["name"] = "gfx950"
+    assert identity.kv_dtype("torch.uint8", "fp8_e5m2") == "float8_e4m3fn"
+
+    def no_device(i):
+        raise RuntimeError("no ROCm device")
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", no_device)
+    assert identity.kv_dtype("torch.uint8", "fp8_e4m3") == "uint8:rocm:fp8_e4m3"
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert identity.kv_dtype("torch.uint8", "fp8_e4m3") == "float8_e4m3fn"
+
+
 def test_a_pipeline_stage_is_named_by_its_first_layer():
     """Stage 1 of 3 holds layers [10, 21) under one partition and [11, 22) under another
     (SGLANG_PP_LAYER_PARTITION): the same rank and layer count, other layers, so other pages. A
