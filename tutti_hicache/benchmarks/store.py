@@ -37,6 +37,7 @@ GEOMETRIES = {
     "small": ("mha", 8, 8, 128, 64, "bfloat16"),
     "llama3-8b": ("mha", 32, 8, 128, 64, "bfloat16"),
     "llama3-70b-tp8": ("mha", 80, 1, 128, 64, "bfloat16"),
+    "qwen3-30b-a3b": ("mha", 48, 4, 128, 64, "bfloat16"),
     "deepseek-v3": ("mla", 61, 512, 64, 64, "bfloat16"),
 }
 BATCH = 128  # SGLang's STORAGE_BATCH_SIZE
