@@ -154,7 +154,7 @@ def test_a_transport_that_cannot_start_freezes_no_thread(cluster, caplog):
         stop.set()
         t.join()
         warned = _cluster_warnings(caplog)
-    assert max(stalls) < 2.0, f"a thread stalled {max(stalls):.1f} s"  # was about 20 s per attempt
+    assert max(stalls) < 5.0, f"a thread stalled {max(stalls):.1f} s"  # was about 20 s per attempt
     assert len(warned) == 1 and "'rdma'" in warned[0], warned
     k = keys(2, 9)
     want = nodes.write(st, pool, k, 9)
