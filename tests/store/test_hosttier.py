@@ -4,6 +4,7 @@ on CPU: offloaded pages served from DRAM byte-exact, a batch mixing DRAM and SSD
 read twice from the SSD copied up, a page in DRAM only still found, and a restart that starts
 with an empty tier and loads from the SSD."""
 
+import threading
 import time
 
 import numpy as np
@@ -349,15 +350,16 @@ def test_a_clean_shutdown_writes_every_page_it_reported_done(tmp_path):
     lw, k, v = make_lw(tmp_path, tutti_host_gb=0.004)
     keys = [f"p{i:063d}" for i in range(48)]
     rows = torch.arange(PAGE, PAGE * 49)
-    land = lw.store.land_pages
+    land, held = lw.store.land_pages, threading.Event()
 
-    def slow(*a, **kw):  # SSD writes far behind the DRAM copies
-        time.sleep(0.2)
+    def slow(*a, **kw):  # SSD writes behind the DRAM copies until the check below
+        assert held.wait(60)
         return land(*a, **kw)
     lw.store.land_pages = slow
     offload_all(lw, keys, rows)
     assert lw.stats()["linker"]["offload_backlog_pages"] > 0  # done, not yet durable
     want = _pool(k, v)
+    held.set()
     lw.close()
     lw2, k2, v2 = make_lw(tmp_path, tutti_host_gb=0.004)
     assert lw2.store.present(keys).all()

@@ -200,19 +200,29 @@ def test_bandwidth_estimate_follows_completed_chunks():
 
 def test_gate_read_waits_for_one_chunk_only():
     g = Gate(policy(default_window=0.05, write_bw=20 * MB))
-    order = []
+    order, first_held = [], threading.Event()
 
     def run(off, n):
         order.append(("w", off))
+        if len(order) == 1:
+            assert first_held.wait(30)  # in flight until the read waits for it
         time.sleep(0.05)
 
+    def read():
+        with g.reading({0}):
+            order.append(("r", None))
     t = threading.Thread(target=g.write, args=({0}, 4 * MB, run))
     t.start()
     while not order:
         time.sleep(0.001)
-    with g.reading({0}):
-        order.append(("r", None))
+    r = threading.Thread(target=read)
+    r.start()
+    deadline = time.monotonic() + 30
+    while g.stats["read_waits"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    first_held.set()
     t.join()
+    r.join()
     kinds = [k for k, _ in order]
     # the read went in after the chunk in flight, ahead of the rest of the 4 MB write
     assert kinds[0] == "w" and "r" in kinds and kinds.index("r") <= 2 and len(kinds) > 3
