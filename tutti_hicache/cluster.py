@@ -657,7 +657,9 @@ class ClusterTier:
                 if proc.poll() is None:
                     raise ConnectionError("the master check did not start within 60 s")
                 return self._check_unavailable(f"exit status {proc.returncode}")
-            limit = self._timeout_s + 2.0  # its first master request answers or times out
+            # its first master request answers or times out; a loaded machine's setup (the
+            # transfer engine starting) takes seconds of its own
+            limit = max(self._timeout_s + 2.0, 5.0)
             line = _read_line(proc, buf, limit)
             if line is None:
                 raise ConnectionError(f"no client setup against {self._address} within {limit:.0f} s "

@@ -154,7 +154,9 @@ def test_a_transport_that_cannot_start_freezes_no_thread(cluster, caplog):
         stop.set()
         t.join()
         warned = _cluster_warnings(caplog)
-    assert max(stalls) < 5.0, f"a thread stalled {max(stalls):.1f} s"  # was about 20 s per attempt
+    # the defect froze every thread about 20 s per attempt; other in-process Mooncake calls can
+    # hold the GIL about 4 s on a loaded machine
+    assert max(stalls) < 10.0, f"threads stalled {sorted(stalls)[-3:]} s"
     assert len(warned) == 1 and "'rdma'" in warned[0], warned
     k = keys(2, 9)
     want = nodes.write(st, pool, k, 9)
@@ -176,12 +178,12 @@ def test_a_master_hung_at_start_freezes_no_thread_and_is_retried(cluster, caplog
         st, pool = nodes.open("a", up=False, tutti_cluster_timeout_s=3.0)
         k = keys(4, 1)
         want = nodes.write(st, pool, k, 1)
-        calls = 0
-        while time.monotonic() - t0 < 2.0:  # the cluster thread meets the hung master meanwhile
-            assert st.batch_exists(k) == 4
+        t1, calls = time.monotonic(), 0
+        while calls < 2 or time.monotonic() - t1 < 2.0:  # the cluster thread meets the hung
+            assert st.batch_exists(k) == 4              # master meanwhile
             assert nodes.read(st, pool, k) == ([True] * 4, want)
             calls += 1
-        assert time.monotonic() - t0 < 20.0 and calls > 1
+        assert time.monotonic() - t0 < 20.0
         deadline = time.monotonic() + 30.0
         while not _cluster_warnings(caplog) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -413,8 +415,11 @@ def test_close_during_a_cluster_get_leaves_the_client_to_that_get(cluster, caplo
     with caplog.at_level(logging.DEBUG, logger="tutti_hicache.cluster"):
         t = threading.Thread(target=get, daemon=True)
         t.start()
-        t.join(0.3)
-        assert t.is_alive(), "the get did not wait on the hung master"
+        deadline = time.monotonic() + 10.0  # until the get is inside the Mooncake client
+        while st.cluster._calls == 0 and t.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        assert t.is_alive() and st.cluster._calls == 1, "the get did not wait on the hung master"
         st.close()
         t.join(60)
     assert not t.is_alive() and "raised" not in out, out

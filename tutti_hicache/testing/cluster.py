@@ -107,6 +107,7 @@ class Master:
 
     def __init__(self, rpc_port: Optional[int] = None, log_path: Optional[str] = None,
                  lease_ms: Optional[int] = None):
+        self._fixed_port = rpc_port is not None
         self.rpc_port = rpc_port or free_port()
         self.metrics_port = free_port()
         self.log_path = log_path or os.devnull
@@ -118,6 +119,19 @@ class Master:
         return f"127.0.0.1:{self.rpc_port}"
 
     def start(self, timeout: float = 20.0) -> "Master":
+        """Ports it chose itself were free when chosen, not when the master binds them (another
+        process may take one meanwhile): a master that exits at start, or one whose port
+        another process answers on, is started again on fresh ports, up to 3 times."""
+        for attempt in range(3):
+            why = self._start_once(timeout)
+            if why is None:
+                return self
+            if self._fixed_port or attempt == 2:
+                raise RuntimeError(why)
+            self.rpc_port, self.metrics_port = free_port(), free_port()
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> Optional[str]:
         args = [master_binary(), f"--rpc_port={self.rpc_port}", "--rpc_address=127.0.0.1",
                 "--metrics_host=127.0.0.1", f"--metrics_port={self.metrics_port}",
                 "--enable_metric_reporting=false", "--rpc_thread_num=2"]
@@ -128,14 +142,15 @@ class Master:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"mooncake_master exited with {self.proc.returncode}")
+                return f"mooncake_master exited with {self.proc.returncode}"
             try:
-                with socket.create_connection(("127.0.0.1", self.rpc_port), timeout=0.5):
-                    return self
-            except OSError:
-                time.sleep(0.1)
+                if ("127.0.0.1", self.rpc_port) in listening(self.proc.pid):
+                    return None
+            except OSError:  # it exited meanwhile: the poll above says so next
+                pass
+            time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"mooncake_master did not listen on {self.address} in {timeout} s")
+        return f"mooncake_master did not listen on {self.address} in {timeout} s"
 
     def pause(self) -> None:
         """SIGSTOP: a hung master. Its listening socket stays: connects still succeed. Returns
