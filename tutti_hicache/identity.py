@@ -51,16 +51,20 @@ def kv_dtype(pool_dtype, kv_cache_dtype: Optional[str] = None) -> str:
     """The KV dtype an identity names. SGLang's host pools hold fp8 (and fp4) KV as bytes:
     their dtype is uint8 whether the server runs fp8_e4m3 or fp8_e5m2, whose bytes mean other
     numbers. A byte pool is therefore named by the server's --kv-cache-dtype (kv_cache_dtype),
-    so the two never share a namespace; device pools report the real dtype already."""
+    so the two never share a namespace; device pools report the real dtype already. Under
+    --kv-cache-dtype auto a pool holds bytes only when the checkpoint says FP8, which SGLang
+    makes e4m3: named so, as the linker's device pool names it."""
     name = str(pool_dtype).replace("torch.", "")
     if name != "uint8":
         return name
     s = str(kv_cache_dtype or "").lower().replace("torch.", "")
+    if s == "auto":  # a byte pool under auto: SGLang read FP8 from the checkpoint's
+        s = "fp8_e4m3"  # kv_cache_quant_algo, the one fp8 auto resolves to (e4m3)
     if s in ("fp8_e4m3", "fp8_e5m2") and _on_rocm():
         return _rocm_fp8(s)
     if s in BYTE_KV_DTYPES:
         return BYTE_KV_DTYPES[s]
-    return f"uint8:{s}" if s and s != "auto" else "uint8"
+    return f"uint8:{s}" if s else "uint8"
 
 
 def _on_rocm() -> bool:

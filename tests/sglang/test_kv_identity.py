@@ -120,12 +120,13 @@ def test_host_tier_fp8_pools_roundtrip_and_never_meet_bf16_pages(sglang, tmp_pat
         st, pool = _storage(h, [tmp_path], kind, dtype, kv=kv)  # e5m2: the same bytes per token
         assert st.batch_exists(keys) == 0, kv
         st.close()
-    st, pool = _storage(h, [tmp_path], kind, FP8)  # a restart with the same one
-    assert st.batch_exists(keys) == 8
-    dst = pool.alloc(8 * PAGE)
-    assert all(st.batch_get_v1(keys, dst))
-    assert h.page_bytes(pool, dst) == want
-    st.close()
+    for kv in ("fp8_e4m3", "auto"):  # a restart with the same one; auto on an FP8 checkpoint
+        st, pool = _storage(h, [tmp_path], kind, FP8, kv=kv)  # (its fp8 KV is SGLang's e4m3)
+        assert st.batch_exists(keys) == 8, kv
+        dst = pool.alloc(8 * PAGE)
+        assert all(st.batch_get_v1(keys, dst))
+        assert h.page_bytes(pool, dst) == want
+        st.close()
 
 
 def test_host_tier_page_sizes_and_kinds_keep_apart(sglang, tmp_path):
@@ -283,3 +284,36 @@ def test_linker_servers_of_other_weights_or_kv_scales_never_meet(sg, tmp_path):
     c = Rig([tmp_path / "store"], dtype=FP8, args={**first, "served_model_name": "renamed"})
     assert _restores(c, toks, want)  # the same weights under another name: its pages
     c.close()
+
+
+# ------------------------------------------------------------------------------- both seams
+@pytest.mark.parametrize("dtype,kv", [(torch.bfloat16, "auto"), (FP8, "fp8_e4m3"), (FP8, "auto")],
+                         ids=["bf16", "fp8_e4m3", "fp8-auto"])
+def test_both_seams_name_one_kv_alike(sg, tmp_path, dtype, kv):
+    """The host tier (a byte host pool named by --kv-cache-dtype) and the linker (a device pool
+    that names its dtype) give one server's KV one identity, so their pages are one namespace;
+    auto on an FP8 checkpoint is SGLang's e4m3 on both (it was "uint8" on the host tier)."""
+    from tutti_hicache.testing.linker_rig import LAYERS, P
+    r = Rig([tmp_path / "l"], dtype=dtype, args={"kv_cache_dtype": kv})
+    try:
+        linker = dict(r.linker.store.identity)
+    finally:
+        r.close()
+    h = sg
+    from sglang.srt.runtime_context import get_context
+
+    from tutti_hicache.storage import TuttiStorage
+    pool = h.make_mha_host_pool("layer_first", LAYERS, 2, 8, P, dtype, 24)
+    st = TuttiStorage(h.make_storage_config(extra_config={
+        "tutti_dirs": [str(tmp_path / "h")], "tutti_capacity_gb": 0.02}), {})
+    override = get_context().override_server_args(model_path="dummy", kv_cache_dtype=kv)
+    override.install()
+    try:
+        st.register_mem_pool_host(pool)
+    finally:
+        override.restore()
+    try:
+        assert st.store.identity == linker
+        assert linker["dtype"] == str(dtype).replace("torch.", "")
+    finally:
+        st.close()

@@ -34,7 +34,9 @@ def test_a_byte_pool_is_named_by_the_servers_kv_cache_dtype():
     assert kv_dtype("torch.uint8", "fp8_e5m2") == "float8_e5m2"
     assert kv_dtype("torch.uint8", "fp8_e4m3") != kv_dtype("torch.uint8", "fp8_e5m2")
     assert kv_dtype("torch.bfloat16", "fp8_e4m3") == "bfloat16"  # a pool that says what it holds
-    assert kv_dtype("torch.uint8", None) == "uint8" == kv_dtype("torch.uint8", "auto")
+    assert kv_dtype("torch.uint8", None) == "uint8"  # unknown: the host tier attaches nothing
+    # auto holds bytes only for a checkpoint whose kv_cache_quant_algo is FP8: SGLang's e4m3
+    assert kv_dtype("torch.uint8", "auto") == "float8_e4m3fn"
     assert kv_dtype("torch.uint8", "int4") == "uint8:int4"
 
 
@@ -61,6 +63,10 @@ def test_rocm_fp8_bytes_are_named_as_its_device_pools_name_them(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", no_device)
     assert identity.kv_dtype("torch.uint8", "fp8_e4m3") == "uint8:rocm:fp8_e4m3"
+    arch["name"] = "gfx942"
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(gcnArchName=arch["name"]))
+    assert identity.kv_dtype("torch.uint8", "auto") == "float8_e4m3fnuz"  # its fp8 there
     monkeypatch.setattr(torch.version, "hip", None)
     assert identity.kv_dtype("torch.uint8", "fp8_e4m3") == "float8_e4m3fn"
 
