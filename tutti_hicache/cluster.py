@@ -657,8 +657,8 @@ class ClusterTier:
                 if proc.poll() is None:
                     raise ConnectionError("the master check did not start within 60 s")
                 return self._check_unavailable(f"exit status {proc.returncode}")
-            # its first master request answers or times out; a loaded machine's setup (the
-            # transfer engine starting) takes seconds of its own
+            # its first master request answers or times out; at least 5 s, so that a loaded
+            # machine's client setup is not taken for a hung master
             limit = max(self._timeout_s + 2.0, 5.0)
             line = _read_line(proc, buf, limit)
             if line is None:

@@ -87,7 +87,7 @@ def stop_process(pid: int, timeout: float = 10.0) -> None:
                     states.append(f.read().rpartition(")")[2].split()[0])
             except OSError:  # the thread exited meanwhile
                 continue
-        if all(st in ("T", "t") for st in states):
+        if all(st in ("T", "t", "Z", "X") for st in states):  # stopped, or an exited thread
             return
         if time.monotonic() > deadline:
             raise RuntimeError(f"process {pid} did not stop within {timeout} s: {states}")
