@@ -2,7 +2,8 @@
 # The C++ extension under AddressSanitizer (+ UndefinedBehaviorSanitizer) and ThreadSanitizer:
 # builds each variant into build/sanitize-VARIANT (the installed extension stays as it is), then
 # runs the engine, read-stream, layer-wise and DRAM-tier tests against it. Any sanitizer report
-# fails.
+# fails, except that a variant whose only report is its runtime failing to map its own memory
+# (errno 12) runs once more.
 #
 # Usage: scripts/sanitize.sh [--venv DIR] [address] [thread] [-- PYTEST_ARGS...]
 #   --venv DIR   a venv made by scripts/setup_env.sh (default: .venv in the repository root)
@@ -61,6 +62,7 @@ build() {
 # Runs the tests under one variant; returns 1 on a report or a failing test.
 run_variant() {
   local variant=$1 so logs lib norandom="" rc=0
+  RUNTIME_ONLY=0
   so=$(build "$variant") || { log "$variant: build FAILED"; return 1; }
   logs=$(mktemp -d)
   case $variant in
@@ -88,9 +90,14 @@ assert s == '$variant', f'loaded a {s} build, not $variant'") || rc=1
       -p no:cacheprovider "${TESTS[@]}" "${PYTEST_ARGS[@]}") || rc=1
   fi
   unset ASAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS OMP_NUM_THREADS
+  RUNTIME_ONLY=0
   if compgen -G "$logs/*" >/dev/null; then
     for f in "$logs"/*; do echo "==== $variant report: $(basename "$f")"; cat "$f"; done
     rc=1
+    # the runtime failing to map its own shadow memory (errno 12, seen twice on this kernel in
+    # TSan, in mid-run) is not a finding about our code: every report is that line alone
+    grep -qvh -e "Sanitizer failed to allocate .* (errno: 12)" -e '^[[:space:]]*$' "$logs"/* ||
+      RUNTIME_ONLY=1
   fi
   rm -rf "$logs"
   log "$variant: $([[ $rc -eq 0 ]] && echo clean || echo FAILED)"
@@ -98,5 +105,14 @@ assert s == '$variant', f'loaded a {s} build, not $variant'") || rc=1
 }
 
 status=0
-for v in "${VARIANTS[@]}"; do run_variant "$v" || status=1; done
+for v in "${VARIANTS[@]}"; do
+  if ! run_variant "$v"; then
+    if [[ $RUNTIME_ONLY == 1 ]]; then  # once more; a second such failure is a failure
+      log "$v: the sanitizer runtime could not map its memory (no report on our code); again"
+      run_variant "$v" || status=1
+    else
+      status=1
+    fi
+  fi
+done
 exit $status
