@@ -3,7 +3,7 @@
 # builds each variant into build/sanitize-VARIANT (the installed extension stays as it is), then
 # runs the engine, read-stream, layer-wise and DRAM-tier tests against it. Any sanitizer report
 # fails, except that a variant whose only report is its runtime failing to map its own memory
-# (errno 12) runs again, up to 3 times in all.
+# (errno 12) runs again, up to 5 times in all.
 #
 # Usage: scripts/sanitize.sh [--venv DIR] [address] [thread] [-- PYTEST_ARGS...]
 #   --venv DIR   a venv made by scripts/setup_env.sh (default: .venv in the repository root)
@@ -106,9 +106,9 @@ assert s == '$variant', f'loaded a {s} build, not $variant'") || rc=1
 
 status=0
 for v in "${VARIANTS[@]}"; do
-  for attempt in 1 2 3; do  # a runtime that could not map its memory is tried up to 3 times
+  for attempt in 1 2 3 4 5; do  # a runtime that could not map its memory: up to 5 tries
     if run_variant "$v"; then break; fi
-    if [[ $RUNTIME_ONLY == 1 && $attempt -lt 3 ]]; then
+    if [[ $RUNTIME_ONLY == 1 && $attempt -lt 5 ]]; then
       log "$v: the sanitizer runtime could not map its memory (no report on our code); again"
     else
       status=1; break
