@@ -78,16 +78,18 @@ def test_linker_mha_and_mla_and_page_sizes_keep_apart(sg, tmp_path):
 PAGE = 16
 
 
-def _storage(h, dirs, kind, dtype, page=PAGE, tp_rank=0, tp_size=1, kv=None, args=None):
+def _storage(h, dirs, kind, dtype, page=PAGE, tp_rank=0, tp_size=1, kv=None, args=None,
+             mha=(2, 2, 64)):
     """A TuttiStorage on a real host pool of this dtype, attached as in a server started with
-    --kv-cache-dtype kv (published in SGLang's runtime context while it attaches)."""
+    --kv-cache-dtype kv (published in SGLang's runtime context while it attaches); mha: an MHA
+    pool's (layers, heads, head_dim)."""
     from sglang.srt.runtime_context import get_context
 
     from tutti_hicache.storage import TuttiStorage
     if kv is None:
         kv = "fp8_e4m3" if dtype == FP8 else "auto"
     if kind == "mha":
-        pool = h.make_mha_host_pool("layer_first", 2, 2, 64, page, dtype, 24)
+        pool = h.make_mha_host_pool("layer_first", *mha, page, dtype, 24)
     else:
         pool = h.make_mla_host_pool("layer_first", 2, 32, 16, page, dtype, 24)
     cfg = {"tutti_dirs": [str(d) for d in dirs], "tutti_capacity_gb": 0.1, "tutti_segment_gb": 1 / 64,
@@ -299,19 +301,7 @@ def test_both_seams_name_one_kv_alike(sg, tmp_path, dtype, kv):
         linker = dict(r.linker.store.identity)
     finally:
         r.close()
-    h = sg
-    from sglang.srt.runtime_context import get_context
-
-    from tutti_hicache.storage import TuttiStorage
-    pool = h.make_mha_host_pool("layer_first", LAYERS, 2, 8, P, dtype, 24)
-    st = TuttiStorage(h.make_storage_config(extra_config={
-        "tutti_dirs": [str(tmp_path / "h")], "tutti_capacity_gb": 0.02}), {})
-    override = get_context().override_server_args(model_path="dummy", kv_cache_dtype=kv)
-    override.install()
-    try:
-        st.register_mem_pool_host(pool)
-    finally:
-        override.restore()
+    st, _ = _storage(sg, [tmp_path / "h"], "mha", dtype, page=P, kv=kv, mha=(LAYERS, 2, 8))
     try:
         assert st.store.identity == linker
         assert linker["dtype"] == str(dtype).replace("torch.", "")
