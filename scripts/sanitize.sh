@@ -90,7 +90,6 @@ assert s == '$variant', f'loaded a {s} build, not $variant'") || rc=1
       -p no:cacheprovider "${TESTS[@]}" "${PYTEST_ARGS[@]}") || rc=1
   fi
   unset ASAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS OMP_NUM_THREADS
-  RUNTIME_ONLY=0
   if compgen -G "$logs/*" >/dev/null; then
     for f in "$logs"/*; do echo "==== $variant report: $(basename "$f")"; cat "$f"; done
     rc=1

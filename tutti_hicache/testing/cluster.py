@@ -122,14 +122,14 @@ class Master:
         """Ports it chose itself were free when chosen, not when the master binds them (another
         process may take one meanwhile): a master that exits at start, or one whose port
         another process answers on, is started again on fresh ports, up to 3 times."""
-        for attempt in range(3):
+        for _ in range(3):
             why = self._start_once(timeout)
             if why is None:
                 return self
-            if self._fixed_port or attempt == 2:
-                raise RuntimeError(why)
+            if self._fixed_port:
+                break
             self.rpc_port, self.metrics_port = free_port(), free_port()
-        raise AssertionError("unreachable")
+        raise RuntimeError(why)
 
     def _start_once(self, timeout: float) -> Optional[str]:
         args = [master_binary(), f"--rpc_port={self.rpc_port}", "--rpc_address=127.0.0.1",
